@@ -2,10 +2,15 @@
 cost of node churn. Prints a table; asserts nothing (a measurement, not a test).
 
 What is measured:
-- in-process simulation (``experiments.inprocess.run_inprocess``): mean round time;
-- Ray simulation through ``flwr run`` (only with ``--ray``): mean round time;
-- deployment (``deploy.run_deployment``, N SuperNode processes on loopback): mean round time of
-  the undisturbed rounds, the time from ``flwr run`` to round 1's line, and the whole run;
+- in-process simulation (``experiments.inprocess.run_inprocess``): median round time;
+- Ray simulation through ``flwr run`` (only with ``--ray``): median round time;
+- deployment (``deploy.run_deployment``, N SuperNode processes on loopback), once per variant
+  (``--variants``): ``tuned`` (``deploy.tuning``: SuperNode idle sleep 0.2 s, SuperExec poll
+  0.1 s, one long-lived client worker per SuperNode) and ``defaults`` (Flower's: idle sleep 3 s,
+  SuperExec poll 1 s, a fresh ClientApp process per message, the model and workload rebuilt in it): median round time of rounds 2+,
+  round 1, the time from ``flwr run`` to round 1's line, and the whole run;
+- where a round's seconds go: the poll intervals on the path (from ``deploy.tuning``) and the
+  measured cost of a cold ClientApp process's imports, workload build and training;
 - a SuperNode's start -> registered time (what a churn grace must cover without look-ahead);
 - SIGTERM of a node 2 s into a round -> the server closes that round (line written);
 - SIGKILL of a node 2 s into a round -> the server closes that round (heartbeat expiry, ~60 s,
@@ -13,7 +18,11 @@ What is measured:
 - the churn driver's grace: ``round-start-delay`` seconds per round when the ServerApp has it
   (a sleep, so its cost is exactly D per round); with look-ahead starts it can be ~0-1 s.
 
-    python benchmarks/deploy_latency.py [--nodes 4] [--rounds 5] [--ray]
+    python benchmarks/deploy_latency.py [--nodes 4] [--rounds 6] [--ray] [--no-churn]
+        [--variants tuned defaults]
+
+The ServerApp pulls replies every 0.1 s (``server_app.network.fast_pull``); ``defaults`` sets
+``FLCHURN_PULL_INTERVAL=3`` on the SuperLink, Flower's own 3 s.
 """
 
 from __future__ import annotations
@@ -49,7 +58,7 @@ def inprocess(n: int, rounds: int, tmp: Path) -> float:
     from experiments.inprocess import run_inprocess
 
     run_dir = run_inprocess(workload(n, rounds, tmp, "inproc"))
-    return statistics.mean(r["round-time"] for r in rows(run_dir))
+    return statistics.median(r["round-time"] for r in rows(run_dir))
 
 
 def ray(n: int, rounds: int, tmp: Path) -> float:
@@ -66,22 +75,64 @@ def ray(n: int, rounds: int, tmp: Path) -> float:
         out = subprocess.run(["pgrep", "-f", str(home)], capture_output=True, text=True).stdout.split()
         for pid in out:
             subprocess.run(["kill", pid])
-    return statistics.mean(r["round-time"] for r in rows(tmp / "ray"))
+    return statistics.median(r["round-time"] for r in rows(tmp / "ray"))
 
 
-def deployment(n: int, rounds: int, tmp: Path) -> dict:
+def variant_options(name: str, n: int) -> dict:
+    """Deployment(...) keyword arguments of a variant. ``tuned`` is deploy.tuning as the launcher
+    applies it (given explicitly, in case the launcher does not yet); ``defaults`` overrides it
+    back to Flower's defaults on the nodes."""
+    from deploy import tuning
+    from deploy.tuning import CLIENT_WORKER
+
+    if name == "tuned":
+        return {"node_env": {i: dict(tuning.ENV) for i in range(n)},
+                "node_config_extra": {i: dict(tuning.NODE_CONFIG) for i in range(n)}}
+    if name == "defaults":
+        return {"node_env": {i: {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "1.0"} for i in range(n)},
+                "node_config_extra": {i: {CLIENT_WORKER: False} for i in range(n)}}
+    raise SystemExit(f"unknown variant {name!r}: use tuned or defaults")
+
+
+def deployment_class(variant: str):
+    """The launcher's Deployment; for ``defaults``, with plain ``flower-supernode`` nodes and the
+    ServerApp pulling replies every 3 s (Flower's HttpGrid)."""
+    from deploy import launch, tuning
+    from server_app.network import PULL_INTERVAL_VAR
+
+    k = len(tuning.SUPERNODE)
+
+    class Bench(launch.Deployment):
+        def _spawn(self, name, argv, flwr_home, cwd, extra_env=None):
+            if variant == "defaults" and argv[:k] == tuning.SUPERNODE:
+                argv = ["flower-supernode", *argv[k:]]
+            if variant == "defaults" and argv[0] == "flower-superlink":
+                extra_env = {**(extra_env or {}), PULL_INTERVAL_VAR: "3"}
+            return super()._spawn(name, argv, flwr_home, cwd, extra_env)
+
+    return Bench
+
+
+def deployment(n: int, rounds: int, tmp: Path, variant: str, project: Path = ROOT) -> dict:
+    from deploy.launch import run_deployment
+
+    Deployment = deployment_class(variant)
+    with Deployment(n, tmp / f"dep-{variant}", project=project, **variant_options(variant, n)) as dep:
+        res = run_deployment(dep, workload(n, rounds, tmp, f"dep-{variant}"))
+        rs = rows(res.run_dir)
+        times = [r["round-time"] for r in rs]
+        return {"round": statistics.median(times[1:]) if len(times) > 1 else times[0],
+                "rounds": times, "round-1": times[0], "first-line": rs[0]["wall-time"],
+                "run": res.wall, "status": res.status}
+
+
+def churn_costs(n: int, tmp: Path, project: Path) -> dict:
     from deploy.launch import Deployment, run_deployment
 
     out: dict = {}
-    # 1) undisturbed rounds
-    with Deployment(n, tmp / "dep") as dep:
-        res = run_deployment(dep, workload(n, rounds, tmp, "dep"))
-        rs = rows(res.run_dir)
-        out["deploy-round"] = statistics.mean(r["round-time"] for r in rs[1:]) if len(rs) > 1 else rs[0]["round-time"]
-        out["deploy-first-line"] = rs[0]["wall-time"]
-        out["deploy-run"] = res.wall
-        out["deploy-status"] = res.status
-        # a node's restart: start -> registered
+    with Deployment(n, tmp / "restart", project=project) as dep:  # a node's restart: start -> registered
+        for i in range(n):
+            dep.start_node(i)
         t = []
         for _ in range(2):
             dep.stop_node(0, "term")
@@ -90,16 +141,14 @@ def deployment(n: int, rounds: int, tmp: Path) -> dict:
             dep.wait_registered(0)
             t.append(time.monotonic() - t0)
         out["node-start"] = statistics.mean(t)
-    # 2) SIGTERM in round 2, SIGKILL in round 3 (all nodes scheduled on; nobody restarted after)
+    # SIGTERM in round 2, SIGKILL in round 3 (all nodes scheduled on; nobody restarted after)
     trace = tmp / "all-on.csv"
     trace.write_text("\n".join([",".join(["1"] * n)] * 3) + "\n")
-    with Deployment(n, tmp / "churn") as dep:
+    with Deployment(n, tmp / "churn", project=project) as dep:
         cfg = {**workload(n, 3, tmp, "churn"), "availability": f"trace-matrix:path={trace}"}
         res = run_deployment(dep, cfg, churn="rounds", crashes={2: [(n - 1, 2.0, "term")], 3: [(n - 2, 2.0, "kill")]})
         ev = {e["action"]: e["t"] for e in res.driver.events if e["action"] in ("term", "crash")}
-        ends = {}
-        for r in rows(res.run_dir):  # wall-time is measured from the server's round-1 start
-            ends[r["round"]] = r["wall-time"]
+        ends = {r["round"]: r["wall-time"] for r in rows(res.run_dir)}  # from the server's round-1 start
         t_first = res.driver.follow.started_at  # ~ the server's round-1 start (monotonic)
         out["term->round-end"] = ends[2] - (ev["term"] - t_first)
         out["kill->round-end"] = ends[3] - (ev["crash"] - t_first)
@@ -107,29 +156,68 @@ def deployment(n: int, rounds: int, tmp: Path) -> dict:
     return out
 
 
+COLD_CLIENT = """
+import time, sys
+t0 = time.perf_counter(); import flwr.app, flwr.clientapp; t1 = time.perf_counter()
+import client_app.app; t2 = time.perf_counter()
+import torch, workloads.workload; t3 = time.perf_counter()
+from flwr.app import Context, RecordDict
+from client_app.app import workload_of
+cfg = {**%(cfg)r}
+ctx = Context(run_id=1, node_id=1, state=RecordDict(), run_config=cfg,
+              node_config={"partition-id": 0, "num-partitions": cfg["num-clients"]})
+wl, pid = workload_of(ctx); t4 = time.perf_counter()
+model = wl.new_model(); wl.train_client(model, pid, 0); t5 = time.perf_counter()
+print(t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)
+"""
+
+
+def cold_client(n: int, tmp: Path) -> dict:
+    """What a fresh ClientApp process spends before and on its work (a cold python process)."""
+    cfg = {**__import__("experiments.inprocess", fromlist=["x"]).default_run_config(), **workload(n, 1, tmp, "x")}
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", COLD_CLIENT % {"cfg": cfg}], cwd=ROOT, capture_output=True,
+                         text=True, check=True).stdout.split()
+    total = time.perf_counter() - t0
+    flwr_s, app_s, torch_s, build_s, train_s = map(float, out)
+    return {"python+flwr": total - (app_s + torch_s + build_s + train_s), "thin-app": app_s,
+            "torch+workload-module": torch_s, "workload-build": build_s, "train": train_s}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--nodes", type=int, default=4)
-    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--ray", action="store_true", help="also time a Ray simulation through flwr run")
+    ap.add_argument("--no-churn", action="store_true", help="skip the restart, SIGTERM and SIGKILL measurements")
+    ap.add_argument("--variants", nargs="+", default=["tuned", "defaults"], help="deployment variants to time")
     a = ap.parse_args()
+    from deploy import tuning
     from deploy.churn import server_supports
 
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="deploy-bench-") as d:
         tmp = Path(d)
         res = {"inprocess-round": inprocess(a.nodes, a.rounds, tmp)}
         if a.ray:
             res["ray-round"] = ray(a.nodes, a.rounds, tmp)
-        res.update(deployment(a.nodes, a.rounds, tmp))
-    load = os.getloadavg()[0]
-    print(f"\n{a.nodes} clients, digits/logreg, steps:n=2, fedavg-all; {os.cpu_count()} CPUs, load {load:.1f}")
+        cold = cold_client(a.nodes, tmp)
+        deps = {v: deployment(a.nodes, a.rounds, tmp, v) for v in a.variants}
+        if not a.no_churn:
+            res.update(churn_costs(a.nodes, tmp, ROOT))
+    load_after = os.getloadavg()
+    print(f"\n{a.nodes} clients, digits/logreg, steps:n=2, fedavg-all, {a.rounds} rounds; {os.cpu_count()} CPUs; "
+          f"load average (1/5/15 min) before {'/'.join(f'{x:.1f}' for x in load_before)}, "
+          f"after {'/'.join(f'{x:.1f}' for x in load_after)}")
     print("| measurement | seconds |\n|---|---|")
+    print(f"| round, in-process simulation (median) | {res['inprocess-round']:.2f} |")
+    if "ray-round" in res:
+        print(f"| round, Ray simulation (flwr run, median) | {res['ray-round']:.2f} |")
+    for v, r in deps.items():
+        print(f"| round, deployment `{v}` (median of rounds 2+) | {r['round']:.2f} |")
+        print(f"| round 1, deployment `{v}` (starts the client processes / workers) | {r['round-1']:.2f} |")
+        print(f"| deployment `{v}`: flwr run -> finished ({r['status']}) | {r['run']:.1f} |")
     labels = {
-        "inprocess-round": "round, in-process simulation",
-        "ray-round": "round, Ray simulation (flwr run)",
-        "deploy-round": "round, deployment (rounds 2+)",
-        "deploy-first-line": "deployment: server start -> round 1 done",
-        "deploy-run": "deployment: flwr run -> finished:completed",
         "node-start": "SuperNode start -> registered",
         "term->round-end": "SIGTERM 2 s into a round -> round closed",
         "kill->round-end": "SIGKILL 2 s into a round -> round closed (round-timeout 120 s)",
@@ -137,9 +225,24 @@ def main() -> None:
     for k, label in labels.items():
         if k in res:
             print(f"| {label} | {res[k]:.1f} |")
-    grace = "round-start-delay supported" if server_supports("round-start-delay") else "no round-start-delay yet"
-    print(f"| churn grace per round ({grace}) | D (a sleep); 0 with look-ahead starts |")
-    print(f"statuses: deploy {res['deploy-status']}, churn {res['churn-status']}")
+    if not a.no_churn:
+        grace = "round-start-delay supported" if server_supports("round-start-delay") else "no round-start-delay yet"
+        print(f"| churn grace per round ({grace}) | D (a sleep); 0 with look-ahead starts |")
+    for v, r in deps.items():
+        print(f"rounds, `{v}`: " + " ".join(f"{t:.2f}" for t in r["rounds"]))
+    poll = float(tuning.ENV.get("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", 1.0))
+    print("\nwhere a deployed round's seconds go (waits: Flower's intervals, mean wait = half; work: measured "
+          "in a cold python process)")
+    print("| step | defaults | tuned |\n|---|---|---|")
+    print(f"| SuperNode idle sleep before it pulls the round's message | <= 3 | <= {tuning.IDLE_SLEEP:g} |")
+    print(f"| SuperExec looks for the task | <= 1 | <= {poll:g} |")
+    print(f"| process start, python + flwr imports | {cold['python+flwr']:.2f} | {cold['python+flwr']:.2f} |")
+    print(f"| import the ClientApp module (thin, no torch) | {cold['thin-app']:.2f} | {cold['thin-app']:.2f} |")
+    print(f"| import torch + workload code | {cold['torch+workload-module']:.2f} | 0 (worker keeps it) |")
+    print(f"| build the workload (data, partition) | {cold['workload-build']:.2f} | 0 (worker keeps it) |")
+    print(f"| train (logreg, 2 steps) | {cold['train']:.2f} | {cold['train']:.2f} |")
+    print(f"| SuperNode looks for the reply to push | <= 0.5 | <= {min(0.5, tuning.IDLE_SLEEP):g} |")
+    print("| ServerApp looks for replies | <= 3 | <= 0.1 (fast_pull) |")
 
 
 if __name__ == "__main__":

@@ -4,11 +4,17 @@ Client id = partition id (``node_config["partition-id"]``): stable across runs a
 unlike Flower's node ids. Train replies carry the trained arrays and the metrics every rule may
 need: ``client-id``, ``num-examples``, ``num-steps``, ``a-norm`` (FedNova's ‖a_i‖_1) and
 ``train-loss``. A node's ``node_config`` may also set ``data-dir`` (where its files live).
+
+Importing this module does not import torch (the workload and the client rules load at the first
+message that needs them): in a deployment with ``client-worker=true`` in the node config (see
+``client_app.worker``), every message goes through the mod ``through_worker`` to the node's
+long-lived worker, and the short-lived ``flwr-clientapp`` process stays thin.
 """
 
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING
 
 from flwr.app import ArrayRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
@@ -27,13 +33,15 @@ from strategies.protocol import (
     TRAIN_LOSS,
 )
 from workloads.config import AvailabilityConfig, ConfigError, WorkloadConfig, from_run_config
-from workloads.workload import Workload, get_workload
 
-from .rules import client_rule
+from .worker import through_worker
+
+if TYPE_CHECKING:
+    from workloads.workload import Workload
 
 UNAVAILABLE = 1000  # Error code of a client that declines work (the availability gate)
 
-app = ClientApp()
+app = ClientApp(mods=[through_worker])
 
 
 def identity(context: Context) -> tuple[int, int]:
@@ -48,6 +56,8 @@ def identity(context: Context) -> tuple[int, int]:
 
 
 def workload_of(context: Context) -> tuple[Workload, int]:
+    from workloads.workload import get_workload  # torch: only where the work is done
+
     pid, n = identity(context)
     run_config = dict(context.run_config)
     if "data-dir" in context.node_config:
@@ -74,6 +84,12 @@ def declines(msg: Message, context: Context, wl: Workload, pid: int, rnd: int) -
     return not schedule.is_available(pid, rnd)
 
 
+def rule_of(config):
+    from .rules import client_rule  # torch: only where the work is done
+
+    return client_rule(str(config.get(CLIENT_RULE, "plain")))
+
+
 def server_round(msg: Message) -> int:
     return int(msg.content["config"][SERVER_ROUND])
 
@@ -92,7 +108,7 @@ def train(msg: Message, context: Context) -> Message:
     if declines(msg, context, wl, pid, rnd):
         return Message(Error(code=UNAVAILABLE, reason=f"client {pid} unavailable in round {rnd}"), reply_to=msg)
     config = msg.content["config"]
-    rule = client_rule(str(config.get(CLIENT_RULE, "plain")))
+    rule = rule_of(config)
     start = rule.start(msg.content["arrays"].to_torch_state_dict(), context, pid, rnd, config)
     model = wl.new_model()
     model.load_state_dict(start)
@@ -115,7 +131,7 @@ def adopt(msg: Message, context: Context) -> Message:
     """The round-end broadcast: keep the server's new model as this client's own (FedAWE)."""
     pid, _ = identity(context)
     config = msg.content["config"]
-    rule = client_rule(str(config.get(CLIENT_RULE, "plain")))
+    rule = rule_of(config)
     rule.adopt(msg.content["arrays"].to_torch_state_dict(), context, pid, server_round(msg) - 1, config)
     return Message(RecordDict({"metrics": MetricRecord({CLIENT_ID: pid})}), reply_to=msg)
 

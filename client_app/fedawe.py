@@ -7,8 +7,8 @@ Unavailability", NeurIPS 2024, Alg. 1 (the server side and the message protocol:
 1. starts local training from ITS OWN copy x_i (its first message's model when it has none:
    the server sends the initial model x^0 there, so every copy starts at x^0, τ_i = −1);
 2. replies the echo x_i^† = x_i^{t,0} + η_g (t − τ_i) Δ_i, with Δ_i = x_i^{t,end} − x_i^{t,0},
-   and the echo factor t − τ_i (plus u_i = (t − τ_i) Δ_i when the server clip asks for it), and
-   sets τ_i ← t;
+   the echo factor t − τ_i and u_i = (t − τ_i) Δ_i (when the config asks, which the server always
+   does: it needs u_i for its clip and to track the mean of all copies), and sets τ_i ← t;
 3. when the server's round-end broadcast (``train.adopt``) arrives, sets x_i ← x^{t+1}.
 
 Where the state lives (:class:`StateStore`): in ``context.state`` (Flower's per-run, per-node
@@ -176,7 +176,7 @@ class FedAWERule:
         eta_g = float(config.get(SERVER_LR, 1.0))
         out = echo(start, trained, eta_g * factor)
         out[ECHO_FACTOR] = torch.tensor([float(factor)], dtype=torch.float64)
-        if config.get(SEND_UPDATE, False):  # u_i = (t − τ_i) Δ_i, for the server clip
+        if config.get(SEND_UPDATE, False):  # u_i = (t − τ_i) Δ_i, for the server's clip and x̄
             out.update({UPDATE_PREFIX + k: echoed_update(start[k], trained[k], factor) for k in start})
         store.save(ClientState(state.copy, t))
         return out

@@ -37,6 +37,12 @@ leaves after S_r still gets a message (its reply is an error or never comes).
   SIGKILLs (default; a power cut) or SIGTERMs a node in the middle of round r; the schedule
   decides when it comes back.
 
+After the run (:func:`participation_report`): every recorded round's participants are compared
+with the schedule. A difference is within the timing slack when it has a reason: the node was
+late or taken down on purpose (:meth:`RoundChurn.explained`), or its reply was rejected (the
+round's ``rejected`` list). Anything else (a client on in the schedule with no reply and no
+reason, a client that took part while off) fails the run, naming rounds and clients.
+
 A restarted SuperNode gets a new Flower node id (ephemeral identity); strategies key their
 state by the ``client-id`` the ClientApp reports (its ``partition-id``), so nothing else is
 needed (``tests/test_deploy.py`` checks that).
@@ -54,8 +60,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import signal
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -92,18 +100,34 @@ def server_supports(key: str) -> bool:
     return key.replace("-", "_") in {f.name for f in dataclasses.fields(ServerConfig)}
 
 
-class _Follower:
-    """Tails ``metrics.jsonl`` and notices ``config.json``."""
+class RunFollower:
+    """Tails a run folder's ``metrics.jsonl`` and notices the server's start (``config.json``
+    written). Only what the server writes after construction counts: a resumed run's folder
+    already holds ``config.json`` and the checkpoint's rounds (the launcher has cut
+    ``metrics.jsonl`` back to them), so the start is a new ``config.json`` and the rows are those
+    appended from then on."""
 
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = Path(run_dir)
         self.rows: list[dict[str, Any]] = []
         self.started_at: float | None = None
-        self._offset = 0
+        self._config_was = self._config_stamp()
+        metrics = self.run_dir / "metrics.jsonl"
+        self._offset = metrics.stat().st_size if metrics.exists() else 0
         self._partial = ""
 
+    def _config_stamp(self) -> tuple[int, int] | None:
+        try:
+            st = (self.run_dir / "config.json").stat()
+        except OSError:
+            return None
+        return st.st_mtime_ns, st.st_ino
+
     def poll(self) -> list[dict[str, Any]]:
-        if self.started_at is None and (self.run_dir / "config.json").exists():
+        if self.started_at is None:
+            stamp = self._config_stamp()
+            if stamp is None or stamp == self._config_was:
+                return []
             self.started_at = time.monotonic()
         path = self.run_dir / "metrics.jsonl"
         if not path.exists():
@@ -136,6 +160,7 @@ class RoundChurn:
         margin: float = 1.0,
         crashes: Mapping[int, list[tuple[int, float]]] | None = None,
         log: Callable[[str], None] | None = None,
+        start_round: int = 1,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"churn mode must be one of {MODES}, not {mode!r}")
@@ -144,7 +169,8 @@ class RoundChurn:
         self.dep = deployment
         self.schedule = schedule
         self.num_rounds = num_rounds
-        self.follow = _Follower(Path(run_dir))
+        self.follow = RunFollower(Path(run_dir))
+        self.start_round = int(start_round)  # a resumed run starts at its checkpoint's round + 1
         self.mode = mode
         self.grace = float(grace)
         self.lookahead = lookahead
@@ -155,12 +181,15 @@ class RoundChurn:
         self.timers: list[tuple[float, str, int, int]] = []  # (when, action, round, client)
         self.round = 0  # the server round in progress (0: not started)
         self.late: dict[int, list[int]] = {}
+        # round -> {client: incarnation} up at the round's start / still up when it ended
+        self.up_at_start: dict[int, dict[int, int]] = {}
+        self.up_at_end: dict[int, dict[int, int]] = {}
         self.crashed: dict[int, list[int]] = {}
         self.events: list[dict[str, Any]] = []
         self.done = False
-        if not self.on(1):
-            raise DeployError("the schedule has nobody online in round 1; min-nodes cannot express that "
-                              "(0 means num-clients): choose another schedule-seed or trace")
+        if not self.on(self.start_round):
+            raise DeployError(f"the schedule has nobody online in round {self.start_round}; min-nodes cannot "
+                              "express that (0 means num-clients): choose another schedule-seed or trace")
 
     def on(self, r: int) -> set[int]:
         """Clients online in Flower round r (1-based)."""
@@ -170,7 +199,7 @@ class RoundChurn:
 
     @property
     def min_nodes(self) -> int:
-        return len(self.on(1))
+        return len(self.on(self.start_round))
 
     @property
     def missed(self) -> set[tuple[int, int]]:
@@ -181,12 +210,36 @@ class RoundChurn:
     def _event(self, action: str, r: int, client: int, **extra: Any) -> None:
         self.events.append({"t": time.monotonic(), "action": action, "round": r, "client": client, **extra})
 
+    def _up(self) -> dict[int, int]:
+        return {i: self.dep.nodes[i].incarnations for i in self.dep.running_nodes()}
+
+    def diagnose(self, r: int, client: int) -> str | None:
+        """What the driver saw of a miss it cannot explain: the node stayed up through round r
+        (a slow client: no reply within round-timeout) or went down without being told to."""
+        start, end = self.up_at_start.get(r), self.up_at_end.get(r)
+        if start is None or end is None or client not in start:
+            return None
+        if end.get(client) == start[client]:
+            return "its node stayed up through the round but gave no valid reply within round-timeout"
+        return "its node went down during the round although the driver did not stop it"
+
+    def explained(self) -> dict[tuple[int, int], str]:
+        """(round, client) -> why a client the schedule has on could not take part, for the
+        misses the timing semantics allow: late nodes and nodes taken down on purpose."""
+        out = {(r, c): "late: not registered when the round started" for r, cs in self.late.items() for c in cs}
+        for e in self.events:
+            if e["action"] in ("crash", "term"):
+                how = "SIGKILL" if e["action"] == "crash" else "SIGTERM"
+                out[e["round"], e["client"]] = f"taken down mid-round ({how}, asked for)"
+        return out
+
     def prepare(self, timeout: float = 90.0) -> None:
-        """Start the round-1 nodes and wait until they are registered (before ``flwr run``)."""
-        for i in sorted(self.on(1)):
+        """Start the first round's nodes and wait until they are registered (before ``flwr run``)."""
+        first = self.on(self.start_round)
+        for i in sorted(first):
             self.dep.start_node(i)
-            self._event("start", 1, i)
-        for i in sorted(self.on(1)):
+            self._event("start", self.start_round, i)
+        for i in sorted(first):
             self.dep.wait_registered(i, timeout)
 
     def step(self) -> None:
@@ -196,9 +249,10 @@ class RoundChurn:
         was_started = self.follow.started_at is not None
         new_rows = self.follow.poll()
         if not was_started and self.follow.started_at is not None:
-            self._begin(1, self.follow.started_at)
+            self._begin(self.start_round, self.follow.started_at)
         for row in new_rows:
             finished = int(row["round"])
+            self.up_at_end[finished] = self._up()
             if finished >= self.num_rounds:
                 self.done = True
                 self.timers.clear()
@@ -222,9 +276,10 @@ class RoundChurn:
         """The server finished round r - 1 at ``at`` and starts round r at ``at`` + grace."""
         self.round = r
         want = self.on(r)
-        for i in sorted(self.dep.running_nodes() - want):
-            self.dep.stop_node(i, self.mode)
-            self._event("stop", r, i, mode=self.mode)
+        leaving = sorted(self.dep.running_nodes() - want)
+        if self.mode == "term":  # all leave at once; waiting for each exit comes after the check below
+            for i in leaving:
+                self.dep.signal_node(i, signal.SIGTERM)
         missing = sorted(i for i in want if not self.dep.nodes[i].running)
         for i in missing:  # not started ahead (no lookahead, a crash, or a node that died)
             self.dep.start_node(i)
@@ -233,9 +288,13 @@ class RoundChurn:
         while time.monotonic() < deadline and any(self.dep.registered_id(i) is None for i in want):
             time.sleep(0.05)
         late = sorted(i for i in want if self.dep.registered_id(i) is None)
+        self.up_at_start[r] = {i: n for i, n in self._up().items() if i in want and i not in late}
         if late:
             self.late[r] = late
             self.log(f"round {r}: node(s) {late} not registered when the round started: they miss it")
+        for i in leaving:
+            self.dep.stop_node(i, self.mode)
+            self._event("stop", r, i, mode=self.mode)
         for client, after, *how in self.crashes.get(r, []):
             if client in want:
                 self.timers.append((at + self.grace + after, "crash" if not how or how[0] == "kill" else "term",
@@ -251,6 +310,91 @@ class RoundChurn:
         for r, c in self.missed:
             m[r - 1, c] = False
         return m
+
+
+@dataclass
+class RoundReport:
+    """One round: who the schedule has on, who took part, and why they differ."""
+
+    round: int
+    expected: list[int]
+    got: list[int]
+    why: dict[int, str]  # client -> why its participation differs from the schedule
+    failed: list[int]  # the clients whose difference is beyond the documented timing slack
+
+
+@dataclass
+class ParticipationReport:
+    """Realised participation (``metrics.jsonl``) against the schedule, round by round."""
+
+    rounds: list[RoundReport]
+
+    @property
+    def differences(self) -> list[RoundReport]:
+        return [r for r in self.rounds if r.why]
+
+    @property
+    def failures(self) -> list[RoundReport]:
+        return [r for r in self.rounds if r.failed]
+
+    def summary(self) -> str:
+        diff = self.differences
+        lines = [f"participation vs schedule: {len(diff)} of {len(self.rounds)} rounds differ, "
+                 f"{len(self.failures)} beyond the timing slack"]
+        for r in diff:
+            lines.append(f"  round {r.round}: expected {r.expected}, got {r.got}; " + "; ".join(
+                f"client {c}: {why}" + (" [FAIL]" if c in r.failed else "") for c, why in sorted(r.why.items())))
+        return "\n".join(lines)
+
+    def failure_text(self) -> str:
+        return "; ".join(f"round {r.round}: " + ", ".join(f"client {c} ({r.why[c]})" for c in r.failed)
+                         for r in self.failures)
+
+
+def participation_report(
+    expected: np.ndarray,
+    rows: list[Mapping[str, Any]],
+    *,
+    explained: Mapping[tuple[int, int], str] | None = None,
+    client_of_node: Mapping[int, int] | None = None,
+    diagnose: Callable[[int, int], str | None] | None = None,
+) -> ParticipationReport:
+    """Compare each recorded round's ``participants`` with row ``round - 1`` of ``expected``
+    (rounds x clients, the schedule the server uses; all ones when nothing churns).
+
+    Within the documented timing slack (reported, not failed): a miss listed in ``explained``
+    (a late node, a node taken down on purpose: :meth:`RoundChurn.explained`) and a reply the
+    strategy rejected (the round's ``rejected`` list, node ids mapped by ``client_of_node``).
+    Beyond it (failed): a client on in the schedule with no valid reply and no such reason (a
+    node that stopped out of schedule, a client slower than round-timeout, or a driver that
+    followed another schedule), and a client that took part while the schedule has it off.
+    ``diagnose(round, client)`` (:meth:`RoundChurn.diagnose`) may say more about such a miss.
+    """
+    explained = explained or {}
+    client_of_node = client_of_node or {}
+    out = []
+    for row in rows:
+        r = int(row["round"])
+        want = {int(c) for c in np.flatnonzero(expected[r - 1])}
+        got = {int(c) for c in row["participants"]}
+        rejected = {client_of_node[int(node)]: reason for node, reason in row.get("rejected", [])
+                    if int(node) in client_of_node}
+        why, failed = {}, []
+        for c in sorted(want - got):
+            if (r, c) in explained:
+                why[c] = explained[r, c]
+            elif c in rejected:
+                why[c] = f"reply rejected: {rejected[c]}"
+            else:
+                why[c] = "on in the schedule but no valid reply: " + (
+                    (diagnose and diagnose(r, c))
+                    or "its node stopped out of schedule, was not addressed, or replied after round-timeout")
+                failed.append(c)
+        for c in sorted(got - want):
+            why[c] = "took part while the schedule has it offline"
+            failed.append(c)
+        out.append(RoundReport(r, sorted(want), sorted(got), why, sorted(failed)))
+    return ParticipationReport(out)
 
 
 class WallClockChurn:
@@ -376,6 +520,13 @@ class DockerNodes:
         if wait:
             self.wait_registered(i, timeout)
 
+    def signal_node(self, i: int, sig: int = signal.SIGTERM) -> None:
+        self.registered_id(i)
+        name = signal.Signals(sig).name
+        status, body = self._api("POST", f"/containers/{self._name(i)}/kill?signal={name}")
+        if status not in (204, 304, 409):
+            raise DeployError(f"docker kill --signal {name} {self._name(i)}: {status} {body[:200]!r}")
+
     def stop_node(self, i: int, mode: str = "term", timeout: float = 10.0) -> None:
         self.registered_id(i)
         path = (f"/containers/{self._name(i)}/stop?t={int(timeout)}" if mode == "term"
@@ -415,7 +566,6 @@ def compose_main(args) -> int:
         COMPLETED,
         CONNECTION,
         build_run_config,
-        default_run_config,
         parse_run_config,
         run_dir_of,
     )
@@ -432,15 +582,15 @@ def compose_main(args) -> int:
 
     class _Shim:  # what build_run_config reads from a Deployment
         num_nodes = args.num_nodes
-        results_dir = Path(args.results_dir)
 
-    user = {**default_run_config(args.project), **parse_run_config(args.run_config)}
+    user = {"results-dir": args.results_dir, **parse_run_config(args.run_config)}
     grace = args.grace if server_supports("round-start-delay") else 0.0
-    probe = build_run_config(_Shim(), user, grace=grace)
-    rounds = int(probe["num-server-rounds"])
-    driver = RoundChurn(nodes, build_run_schedule(probe), rounds, run_dir_of(probe), mode=args.churn_mode,
+    cfg = build_run_config(_Shim(), user, grace=grace, project=args.project)  # the one run name
+    rounds = int(cfg["num-server-rounds"])
+    schedule = build_run_schedule(cfg)
+    driver = RoundChurn(nodes, schedule, rounds, run_dir_of(cfg), mode=args.churn_mode,
                         grace=grace, log=log)  # type: ignore[arg-type]
-    cfg = build_run_config(_Shim(), user, min_nodes=driver.min_nodes, grace=grace)
+    cfg["min-nodes"] = driver.min_nodes
     want = driver.on(1)
     for i in sorted(nodes.running_nodes() - want):
         nodes.stop_node(i, "term")
@@ -480,8 +630,14 @@ def compose_main(args) -> int:
                 break
             next_check = time.monotonic() + (2 if driver.done else 10)
         time.sleep(0.2)
-    log(f"run {run_id}: {status}; not served (round, client): {sorted(driver.missed)}")
-    return 0 if status == COMPLETED else 1
+    driver.follow.poll()
+    report = participation_report(schedule.matrix(rounds).astype(bool), driver.follow.rows,
+                                  explained=driver.explained(), diagnose=driver.diagnose,
+                                  client_of_node={nid: i for i, n in nodes.nodes.items() for nid in n.node_ids})
+    log(f"run {run_id}: {status}\n{report.summary()}")
+    if report.failures:
+        log(f"participation departs from the schedule beyond the timing slack: {report.failure_text()}")
+    return 0 if status == COMPLETED and not report.failures else 1
 
 
 def add_churn_args(p) -> None:
@@ -491,7 +647,8 @@ def add_churn_args(p) -> None:
     p.add_argument("--grace", type=float, default=1.0, help="round-start-delay (if the ServerApp has it)")
     p.add_argument("--superlink", default="superlink:8000", help="SuperLink address for the flwr CLI")
     p.add_argument("--root-certificates", default="", help="CA file: TLS connection (else insecure)")
-    p.add_argument("--results-dir", default="/results", help="results-dir as the ServerApp sees it (shared volume)")
+    p.add_argument("--results-dir", default="/results",
+                   help="results-dir as the ServerApp sees it (shared volume); a results-dir in --run-config wins")
     p.add_argument("--project", default="/app", help="the Flower app to submit")
     p.add_argument("--cli-home", default="/tmp/flwr-cli", help="FLWR_HOME of the flwr CLI")
     p.add_argument("--container", default="flchurn-supernode-{i}", help="container name pattern of node i")

@@ -1,100 +1,259 @@
-"""Tables and curves from a sweep's results folders (it reads nothing else).
+"""Tables, findings and curves from a sweep's results folders (it reads nothing else).
 
     python -m experiments.report fedawe-table2 --results results/fedawe-table2 --out reports/fedawe_table2
 
-writes ``<out>.md`` (a table: mean ± std over seeds of the metric averaged over the last rounds,
-one row per value of the sweep's last axis, one column per value of the other axes, the paper's
-numbers beside ours when the preset has them) and ``<out>-curves.png`` (the metric vs round,
-mean over seeds).
+writes ``<out>.md``, ``<out>.json`` (every number the text states) and ``<out>-curves.png``.
+Every number and every sentence that states a number or an ordering is computed from the runs
+found in the results folder (any seeds, any ``--set`` overrides: their config.json says what
+ran); the only fixed text is the preset's ``notes`` (citation and the paper's setup). The setup
+differences are computed too: the preset's ``paper_setup`` against the runs' configs.
+
+Summary of a run: the mean of the metric over its evaluations in the last 10% of its rounds
+(``--fraction``), or over its last K evaluations (``--last K``); the report says how many
+evaluations were averaged. A rule whose runs also recorded ``<metric>-xbar`` (FedAWE: the mean
+of all clients' copies, which its official code scores) gets a second, labelled row.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from collections import defaultdict
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from experiments.sweep import Sweep
-from server_app.results import read_metrics
+from server_app.results import integer_ticks, read_metrics
+
+XBAR = "-xbar"  # suffix of the x̄ score's metric (``test-accuracy-xbar``)
+HIDDEN_KEYS = {"results-dir", "run-name", "data-dir", "progress", "resume-from", "device", "state-dir",
+               "seeds", "versions", "schedule", "train-seed", "data-seed", "schedule-seed"}
 
 
-def last_rounds_mean(rows: list[dict[str, Any]], metric: str, last: int) -> float | None:
-    values = [r[metric] for r in rows if metric in r][-last:]
-    return float(np.mean(values)) if values else None
+@dataclass(frozen=True)
+class Window:
+    """Which evaluations summarise a run: those in the last ``fraction`` of rounds, or the last ``evals``."""
+
+    fraction: float = 0.1
+    evals: int = 0  # > 0: the last K evaluations instead
+
+    def first_round(self, rounds: int) -> int:
+        return rounds - max(1, math.ceil(self.fraction * rounds)) + 1
+
+    def describe(self, rounds: list[int], counts: list[int]) -> str:
+        got = _span(counts)
+        if self.evals:
+            return f"mean over the last {self.evals} evaluations of each run ({got} actually averaged per run)"
+        spans = ", ".join(f"round {r} of {r}" if self.first_round(r) == r else
+                          f"rounds {self.first_round(r)}–{r} of {r}" for r in rounds)
+        return f"mean over the evaluations in the last {self.fraction:.0%} of rounds ({spans}: {got} per run)"
+
+    def pick(self, rows: list[dict[str, Any]], metric: str) -> list[float]:
+        if self.evals:
+            return [r[metric] for r in rows if metric in r][-self.evals:]
+        start = self.first_round(max(r["round"] for r in rows))
+        return [r[metric] for r in rows if metric in r and r["round"] >= start]
 
 
-def collect(sweep: Sweep, results: Path, metric: str, last: int) -> dict[tuple[str, ...], dict[str, Any]]:
-    """(label per axis) -> {"scores": [per seed], "curves": [(rounds, values) per seed]}."""
-    table: dict[tuple[str, ...], dict[str, Any]] = defaultdict(lambda: {"scores": [], "curves": [], "secs": []})
-    for name, _ in sweep.runs():
-        run_dir = results / name
-        if not (run_dir / "final_model.pt").exists():
+def _span(values: Iterable[int]) -> str:
+    values = sorted(set(values))
+    return "none" if not values else str(values[0]) if len(values) == 1 else f"{values[0]}–{values[-1]}"
+
+
+@dataclass
+class Cell:
+    """One combination of axis labels (a table cell), over the seeds found."""
+
+    scores: dict[int, float] = field(default_factory=dict)  # seed -> summary (scaled)
+    xbar: dict[int, float] = field(default_factory=dict)
+    evals: list[int] = field(default_factory=list)
+    curves: list[tuple[list[int], list[float], list[float]]] = field(default_factory=list)  # rounds, x^t, x̄
+    secs: list[float] = field(default_factory=list)
+
+
+def find_runs(sweep: Sweep, results: Path) -> dict[tuple[str, ...], dict[int, Path]]:
+    """(axis labels) -> seed -> finished run folder ``<label>__...__s<seed>``, whatever seeds ran."""
+    found: dict[tuple[str, ...], dict[int, Path]] = {}
+    if not results.is_dir():
+        return found
+    for run_dir in sorted(results.iterdir()):
+        *labels, seed = run_dir.name.split("__")
+        if (len(labels) != len(sweep.axes) or not seed.startswith("s") or not seed[1:].isdigit()
+                or not (run_dir / "final_model.pt").exists()
+                or any(label not in values for label, values in zip(labels, sweep.axes.values(), strict=True))):
             continue
-        labels = tuple(name.split("__")[:-1])
-        rows = read_metrics(run_dir)
-        score = last_rounds_mean(rows, metric, last)
-        if score is None:
-            continue
-        entry = table[labels]
-        entry["scores"].append(score)
-        entry["curves"].append(([r["round"] for r in rows if metric in r], [r[metric] for r in rows if metric in r]))
-        entry["secs"].append(rows[-1]["wall-time"])
+        found.setdefault(tuple(labels), {})[int(seed[1:])] = run_dir
+    return found
+
+
+def collect(sweep: Sweep, results: Path, metric: str, window: Window, scale: float) -> dict[tuple[str, ...], Cell]:
+    table: dict[tuple[str, ...], Cell] = {}
+    for labels, runs in find_runs(sweep, results).items():
+        cell = Cell()
+        for seed, run_dir in sorted(runs.items()):
+            rows = read_metrics(run_dir)
+            values = window.pick(rows, metric) if rows else []
+            if not values:
+                continue
+            cell.scores[seed] = scale * float(np.mean(values))
+            cell.evals.append(len(values))
+            if xbar := window.pick(rows, metric + XBAR):
+                cell.xbar[seed] = scale * float(np.mean(xbar))
+            cell.curves.append(([r["round"] for r in rows if metric in r], [r[metric] for r in rows if metric in r],
+                                [r[metric + XBAR] for r in rows if metric + XBAR in r]))
+            cell.secs.append(rows[-1]["wall-time"])
+        if cell.scores:
+            table[labels] = cell
     return table
 
 
-def markdown_table(sweep: Sweep, table: dict, metric: str, last: int, scale: float = 100.0) -> str:
-    axes = list(sweep.axes)
-    row_axis, col_axes = axes[-1], axes[:-1]
-    cols = [tuple(c) for c in _product([list(sweep.axes[a]) for a in col_axes])]
-    header = ["rule"] + [" / ".join(c) for c in cols]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for row in sweep.axes[row_axis]:
-        cells = [row]
-        for col in cols:
-            entry = table.get((*col, row))
-            if not entry:
-                cells.append("–")
-                continue
-            scores = np.array(entry["scores"]) * scale
-            ours = f"{scores.mean():.1f} ± {scores.std(ddof=1) if len(scores) > 1 else 0:.1f} (n={len(scores)})"
-            paper = sweep.paper.get(" / ".join((*col, row)))
-            cells.append(ours + (f" [paper {paper}]" if paper is not None else ""))
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + f"\n\n{metric} × {scale:g}, mean over the last {last} evaluations, mean ± std over seeds.\n"
+def _stats(scores: dict[int, float]) -> dict[str, Any]:
+    values = np.array(list(scores.values()))
+    return {"mean": round(float(values.mean()), 1), "std": round(float(values.std(ddof=1)) if len(values) > 1 else 0.0, 1),
+            "n": len(values)}
 
 
-def _product(lists: list[list[str]]) -> list[list[str]]:
-    out: list[list[str]] = [[]]
-    for values in lists:
-        out = [prefix + [v] for prefix in out for v in values]
+def _columns(sweep: Sweep) -> list[tuple[str, ...]]:
+    out: list[tuple[str, ...]] = [()]
+    for values in list(sweep.axes.values())[:-1]:
+        out = [(*prefix, v) for prefix in out for v in values]
     return out
 
 
-def plot_curves(sweep: Sweep, table: dict, metric: str, path: Path) -> None:
+def summarise(sweep: Sweep, results: Path, metric: str = "test-accuracy", window: Window = Window()) -> dict[str, Any]:
+    """Everything the report states, computed from the results folder (JSON-serialisable)."""
+    higher = "accuracy" in metric
+    scale = 100.0 if higher else 1.0
+    table = collect(sweep, results, metric, window, scale)
+    found = find_runs(sweep, results)
+    configs = [json.loads((d / "config.json").read_text()) for runs in found.values() for d in runs.values()
+               if (d / "config.json").exists()]
+    rounds = sorted({c["num-server-rounds"] for c in configs})
+    row_axis = list(sweep.axes)[-1]
+    columns = {}
+    for col in _columns(sweep):
+        entries = []  # (label, stats, paper)
+        for rule in sweep.axes[row_axis]:
+            cell = table.get((*col, rule))
+            if cell is None:
+                continue
+            paper = sweep.paper.get(" / ".join((*col, rule)))
+            entries.append({"label": rule, **_stats(cell.scores), "paper": None if cell.xbar else paper})
+            if cell.xbar:
+                entries.append({"label": f"{rule} [x̄]", **_stats(cell.xbar), "paper": paper})
+        columns[" / ".join(col) or sweep.name] = {"entries": entries, **_findings(entries, higher)}
+    constant = {k: configs[0][k] for k in sorted(configs[0]) if k not in HIDDEN_KEYS
+                and all(c.get(k) == configs[0][k] for c in configs)} if configs else {}
+    varying = sorted({k for c in configs for k in c if k not in HIDDEN_KEYS and k not in constant})
+    paper_setup = {k: {"paper": v, "ours": sorted({str(c.get(k)) for c in configs})}
+                   for k, v in sweep.paper_setup.items() if any(str(c.get(k)) != str(v) for c in configs)}
+    return {
+        "preset": sweep.name, "metric": metric, "scale": scale, "higher-is-better": higher,
+        "window": window.describe(rounds, [n for c in table.values() for n in c.evals]),
+        "rounds": rounds, "seeds": sorted({s for runs in found.values() for s in runs}),
+        "runs-found": sum(len(runs) for runs in found.values()),
+        "runs-per-seed": len(sweep.runs(seeds=[0])),
+        "wall-time-per-run": round(float(np.mean([s for c in table.values() for s in c.secs])), 1) if table else None,
+        "columns": columns, "setup": constant,
+        "setup-varying": {k: sorted({str(c.get(k)) for c in configs}) for k in varying},
+        "differs-from-paper": paper_setup,
+    }
+
+
+def _findings(entries: list[dict[str, Any]], higher: bool) -> dict[str, Any]:
+    """Ordering by mean, gaps between neighbours (flagged when within the seed spread), paper pairs."""
+    ranked = sorted(entries, key=lambda e: -e["mean"] if higher else e["mean"])
+    gaps = [{"between": [a["label"], b["label"]], "gap": round(abs(a["mean"] - b["mean"]), 1),
+             "within-spread": abs(a["mean"] - b["mean"]) <= max(a["std"], b["std"]) if min(a["n"], b["n"]) > 1 else None}
+            for a, b in zip(ranked, ranked[1:], strict=False)]
+    with_paper = [e for e in entries if e["paper"] is not None]
+    pairs = [(a, b) for i, a in enumerate(with_paper) for b in with_paper[i + 1:] if a["paper"] != b["paper"]]
+    disagree = [[a["label"], b["label"]] for a, b in pairs if (a["mean"] - b["mean"]) * (a["paper"] - b["paper"]) <= 0]
+    return {"ranking": [e["label"] for e in ranked], "gaps": gaps,
+            "paper-pairs": len(pairs), "paper-pairs-agree": len(pairs) - len(disagree), "paper-disagree": disagree}
+
+
+def render(sweep: Sweep, s: dict[str, Any], curves_name: str, extra: list[str]) -> str:
+    rounds, seeds = s["rounds"], s["seeds"]
+    lines = [f"# {sweep.name}", "", sweep.notes.strip(), ""]
+    if not s["runs-found"]:
+        return "\n".join([*lines, "No finished runs found."]) + "\n"
+    lines += [f"Runs found: {s['runs-found']} (the preset has {s['runs-per-seed']} combinations; seeds found: "
+              f"{', '.join(map(str, seeds))}); rounds per run: {', '.join(map(str, rounds))}; wall time per run "
+              f"{s['wall-time-per-run']} s on average.", ""]
+    row_axis = list(sweep.axes)[-1]
+    lines += [f"| {row_axis} | " + " | ".join(s["columns"]) + " |", "|" + "---|" * (len(s["columns"]) + 1)]
+    labels = list(dict.fromkeys(e["label"] for c in s["columns"].values() for e in c["entries"]))
+    for label in labels:
+        cells = []
+        for col in s["columns"].values():
+            e = next((e for e in col["entries"] if e["label"] == label), None)
+            spread = f" ± {e['std']:.1f}" if e and e["n"] > 1 else ""
+            cells.append("–" if e is None else f"{e['mean']:.1f}{spread} (n={e['n']})"
+                         + (f" [paper {e['paper']}]" if e["paper"] is not None else ""))
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    legend = f"{s['metric']} × {s['scale']:g}, {s['window']}; mean ± std over seeds (n = seeds)."
+    if any(label.endswith("[x̄]") for label in labels):
+        legend += (" A row marked [x̄] scores the mean of all clients' copies (`" + s["metric"] + XBAR + "`), the "
+                   "model FedAWE's official code scores; the row above it scores the global model x^t. Where a "
+                   "rule has an [x̄] row, the paper's number stands beside it.")
+    lines += ["", legend, "", f"![curves]({curves_name})", "", *extra, "## What the numbers show", ""]
+    better = "higher" if s["higher-is-better"] else "lower"
+    for name, col in s["columns"].items():
+        if not col["entries"]:
+            continue
+        means = {e["label"]: e["mean"] for e in col["entries"]}
+        order = (" > " if s["higher-is-better"] else " < ").join(f"{r} {means[r]:.1f}" for r in col["ranking"])
+        lines.append(f"- **{name}** ({better} is better): {order}.")
+        for g in col["gaps"]:
+            spread = {None: "one seed: no spread measured", True: "within the seed spread",
+                      False: "larger than the seed spread"}[g["within-spread"]]
+            lines.append(f"  - {g['between'][0]} vs {g['between'][1]}: {g['gap']:.1f} apart ({spread}).")
+        if col["paper-pairs"]:
+            lines.append(f"  - Paper: {col['paper-pairs-agree']} of {col['paper-pairs']} pairs ordered as in the paper"
+                         + ("." if not col["paper-disagree"] else "; not: "
+                            + ", ".join(f"{a} vs {b}" for a, b in col["paper-disagree"]) + "."))
+    lines += ["", "## Setup", ""]
+    if sweep.paper_setup:
+        lines += ["Setup differences from the paper (the preset's paper setup vs these runs' configs):", ""]
+        lines += [f"- `{k}`: paper `{v['paper']}`, here `{'`, `'.join(v['ours'])}`"
+                  for k, v in s["differs-from-paper"].items()] or ["- none"]
+    lines += ["", "Run config keys that vary between runs: "
+              + (", ".join(f"`{k}` ({' / '.join(v)})" for k, v in s["setup-varying"].items()) or "none") + ".", "",
+              "Run config keys shared by all runs:", "", "| key | value |", "|---|---|",
+              *[f"| `{k}` | `{v}` |" for k, v in s["setup"].items()], "",
+              f"Regenerate (from the repository root): `python -m experiments.sweep {sweep.name}` then "
+              f"`python -m experiments.report {sweep.name}` (results in `results/{sweep.name}`)."]
+    return "\n".join(lines) + "\n"
+
+
+def plot_curves(sweep: Sweep, table: dict[tuple[str, ...], Cell], metric: str, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    axes = list(sweep.axes)
-    cols = [tuple(c) for c in _product([list(sweep.axes[a]) for a in axes[:-1]])]
+    cols = _columns(sweep)
     fig, panels = plt.subplots(1, len(cols), figsize=(4.5 * len(cols), 3.6), squeeze=False)
     for ax, col in zip(panels[0], cols, strict=True):
-        for row in sweep.axes[axes[-1]]:
-            entry = table.get((*col, row))
-            if not entry:
+        for row in list(sweep.axes.values())[-1]:
+            cell = table.get((*col, row))
+            if cell is None:
                 continue
-            n = min(len(c[1]) for c in entry["curves"])
-            rounds = entry["curves"][0][0][:n]
-            mean = np.mean([c[1][:n] for c in entry["curves"]], axis=0)
-            ax.plot(rounds, mean, label=row)
+            n = min(len(c[1]) for c in cell.curves)
+            line, = ax.plot(cell.curves[0][0][:n], np.mean([c[1][:n] for c in cell.curves], axis=0), label=row)
+            m = min(len(c[2]) for c in cell.curves)
+            if m:
+                ax.plot(cell.curves[0][0][:m], np.mean([c[2][:m] for c in cell.curves], axis=0), "--",
+                        color=line.get_color(), label=f"{row} [x̄]")
         ax.set_title(" / ".join(col) or sweep.name, fontsize=9)
         ax.set_xlabel("round")
-        ax.set_ylabel(metric)
+        integer_ticks(ax.xaxis)
+        ax.set_ylabel(f"{metric} (mean over seeds)")
         ax.grid(alpha=0.3)
     panels[0][-1].legend(fontsize=7)
     fig.tight_layout()
@@ -103,75 +262,68 @@ def plot_curves(sweep: Sweep, table: dict, metric: str, path: Path) -> None:
 
 
 def fdms_similarity(sweep: Sweep, results: Path, out: Path) -> list[str]:
-    """FL-FDMS's final similarity matrix R per dropout ratio (the paper's Fig. 4), first seed."""
+    """FL-FDMS's similarity matrix R at its last checkpoint, per dropout ratio, lowest seed found."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import torch
 
+    from workloads.partition import cluster_of
+
     panels = []
-    for name, _ in sweep.runs():
-        if "__fl-fdms__" not in name or not name.endswith("__s0"):
+    for labels, runs in find_runs(sweep, results).items():
+        if "fl-fdms" not in labels:
             continue
-        ckpts = sorted((results / name / "checkpoints").glob("round-*.pt"))
+        seed = min(runs)
+        ckpts = sorted((runs[seed] / "checkpoints").glob("round-*.pt"))
         if ckpts:
-            state = torch.load(ckpts[-1], map_location="cpu", weights_only=False)["strategy"]["fl-fdms"]
-            panels.append((name.split("__")[0], np.asarray(state["R"])))
+            ckpt = torch.load(ckpts[-1], map_location="cpu", weights_only=False)
+            config = ckpt["config"]
+            panels.append((labels[0], seed, ckpt["round"], np.asarray(ckpt["strategy"]["fl-fdms"]["R"]),
+                           cluster_of(config["partition"], config["num-clients"])))
     if not panels:
         return []
     fig, axes = plt.subplots(1, len(panels), figsize=(3.8 * len(panels), 3.4), squeeze=False)
-    for ax, (title, matrix) in zip(axes[0], panels, strict=True):
+    for ax, (title, seed, rnd, matrix, _) in zip(axes[0], panels, strict=True):
         image = ax.imshow(matrix, vmin=0, vmax=1, cmap="viridis")
-        ax.set_title(f"FL-FDMS similarity R, {title}", fontsize=8)
+        ax.set_title(f"FL-FDMS R, {title}, seed {seed}, round {rnd}", fontsize=8)
         ax.set_xlabel("client id")
         ax.set_ylabel("client id")
+        integer_ticks(ax.xaxis, ax.yaxis)
     fig.colorbar(image, ax=axes[0].tolist(), shrink=0.8)
     path = out.with_name(out.name + "-similarity.png")
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    return [f"![similarity]({path.name})", "",
-            "Final similarity matrix R of FL-FDMS (first seed); clients are numbered cluster by cluster, "
-            "so discovered clusters show as bright 4 × 4 blocks on the diagonal.", ""]
+    lines = [f"![similarity]({path.name})", ""]
+    for title, seed, rnd, matrix, clusters in panels:
+        if clusters is None:
+            continue
+        same = clusters[:, None] == clusters[None, :]
+        np.fill_diagonal(same, False)
+        off = ~same
+        np.fill_diagonal(off, False)
+        lines.append(f"- {title} (seed {seed}, round {rnd}): mean R within a cluster {matrix[same].mean():.2f}, "
+                     f"between clusters {matrix[off].mean():.2f}.")
+    return [*lines, ""]
 
 
 FIGURES = {"fdms-similarity": fdms_similarity}
 
 
-def write_report(sweep: Sweep, results: Path, out: Path, metric: str = "test-accuracy", last: int = 5) -> Path:
-    table = collect(sweep, results, metric, last)
+def write_report(sweep: Sweep, results: Path, out: Path, metric: str = "test-accuracy",
+                 window: Window = Window()) -> Path:
+    summary = summarise(sweep, results, metric, window)
     out.parent.mkdir(parents=True, exist_ok=True)
     curves = out.with_name(out.name + "-curves.png")
-    plot_curves(sweep, table, metric, curves)
-    config = {}
-    first = next((results / name for name, _ in sweep.runs() if (results / name / "config.json").exists()), None)
-    if first is not None:
-        config = json.loads((first / "config.json").read_text())
-    secs = [s for e in table.values() for s in e["secs"]]
-    body = [
-        f"# {sweep.name}",
-        "",
-        sweep.notes.strip(),
-        "",
-        markdown_table(sweep, table, metric, last),
-        f"![curves]({curves.name})",
-        "",
-        *[line for fig in sweep.figures for line in FIGURES[fig](sweep, results, out)],
-        *(["## What we see", "", sweep.discussion.strip(), ""] if sweep.discussion else []),
-        f"Runs found: {sum(len(e['scores']) for e in table.values())}; "
-        f"wall time per run {np.mean(secs):.0f} s on average." if secs else "No finished runs found.",
-        "",
-        "Setup of the first run (resolved run config):",
-        "",
-        "```json",
-        json.dumps({k: v for k, v in config.items() if k not in ("schedule", "versions")}, indent=1, sort_keys=True),
-        "```",
-        "",
-        f"Regenerate (from the repository root): `python -m experiments.sweep {sweep.name}` then "
-        f"`python -m experiments.report {sweep.name}` (results in `results/{sweep.name}`).",
-    ]
+    table = collect(sweep, results, metric, window, summary["scale"])
+    extra = []
+    if table:
+        plot_curves(sweep, table, metric, curves)
+        extra = [line for fig in sweep.figures for line in FIGURES[fig](sweep, results, out)]
+    out.with_suffix(".json").write_text(json.dumps(summary, indent=1, ensure_ascii=False) + "\n")
     path = out.with_suffix(".md")
-    path.write_text("\n".join(body) + "\n")
+    path.write_text(render(sweep, summary, curves.name, extra))
     return path
 
 
@@ -183,11 +335,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", default=None)
     parser.add_argument("--out", default=None)
     parser.add_argument("--metric", default="test-accuracy")
-    parser.add_argument("--last", type=int, default=5, help="average over the last N evaluations")
+    parser.add_argument("--fraction", type=float, default=0.1,
+                        help="summarise a run by its evaluations in the last FRACTION of its rounds")
+    parser.add_argument("--last", type=int, default=0, help="instead: its last K evaluations")
     args = parser.parse_args(argv)
+    if not 0 < args.fraction <= 1 or args.last < 0:
+        parser.error(f"--fraction must be in (0, 1] and --last >= 0; got {args.fraction}, {args.last}")
     sweep = PRESETS[args.preset]
     path = write_report(sweep, Path(args.results or f"results/{sweep.name}"),
-                        Path(args.out or f"reports/{sweep.name.replace('-', '_')}"), args.metric, args.last)
+                        Path(args.out or f"reports/{sweep.name.replace('-', '_')}"), args.metric,
+                        Window(args.fraction, args.last))
     print(f"report: {path}")
     return 0
 

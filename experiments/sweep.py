@@ -31,10 +31,10 @@ class Sweep:
     base: Mapping[str, Any]
     axes: Mapping[str, Mapping[str, Mapping[str, Any]]]  # axis -> label -> overrides
     seeds: tuple[int, ...] = (0, 1, 2)
-    notes: str = ""
-    paper: Mapping[str, Any] = field(default_factory=dict)  # numbers to print next to ours
+    notes: str = ""  # fixed report text: the citation and the paper's setup, never a result
+    paper: Mapping[str, Any] = field(default_factory=dict)  # "<col labels> / <row label>" -> paper's number
+    paper_setup: Mapping[str, Any] = field(default_factory=dict)  # run config key -> the paper's value
     figures: tuple[str, ...] = ()  # extra figures the report draws (see experiments.report.FIGURES)
-    discussion: str = ""  # what the committed numbers show, next to the paper's claims
 
     def runs(self, seeds: Iterable[int] | None = None) -> list[tuple[str, dict[str, Any]]]:
         """(run name, run config overrides) for every combination and seed."""

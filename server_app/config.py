@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -17,13 +18,17 @@ from workloads.config import (
     known_keys,
 )
 
+WEIGHTINGS = ("auto", "equal", "num-examples")  # auto: the rule's paper weighting (FedNova: num-examples)
+
 
 @dataclass(frozen=True)
 class ServerConfig:
     num_server_rounds: int = 40
     strategy: str = "fedavg-active"
     server_lr: float = 1.0
-    weighting: str = "equal"  # or "num-examples"
+    weighting: str = "auto"  # the rule's paper weighting; or "equal", "num-examples"
+    max_update_norm: float = 0.0  # replies with a larger update norm are rejected (0: the rule's default)
+    max_norm_ratio: float = 0.0  # ... or a norm this many times the round's median (0: the rule's default)
     round_timeout: float = 120.0  # seconds a round waits for replies; then it goes on
     wait_for_nodes: float = 60.0  # seconds to wait for min-nodes nodes before round 1
     min_nodes: int = 0  # nodes that must be connected before round 1 (0: num-clients)
@@ -39,8 +44,10 @@ class ServerConfig:
     def validate(self) -> ServerConfig:
         check(self.num_server_rounds >= 1, "num-server-rounds", self.num_server_rounds, ">= 1")
         check(self.server_lr > 0, "server-lr", self.server_lr, "> 0")
-        check(self.weighting in ("equal", "num-examples"), "weighting", self.weighting,
-              "'equal' or 'num-examples'")
+        check(self.weighting in WEIGHTINGS, "weighting", self.weighting, f"one of {WEIGHTINGS}")
+        check(self.max_update_norm >= 0, "max-update-norm", self.max_update_norm, ">= 0 (0: the rule's default)")
+        check(self.max_norm_ratio == 0 or self.max_norm_ratio > 1, "max-norm-ratio", self.max_norm_ratio,
+              "> 1 (0: the rule's default)")
         check(self.round_timeout > 0, "round-timeout", self.round_timeout, "> 0 seconds")
         check(self.wait_for_nodes >= 0, "wait-for-nodes", self.wait_for_nodes, ">= 0 seconds")
         check(self.min_nodes >= 0, "min-nodes", self.min_nodes, ">= 0")
@@ -59,9 +66,7 @@ class RunConfig:
     @classmethod
     def from_run_config(cls, run_config: Mapping[str, Any]) -> RunConfig:
         parts = {"server": ServerConfig, "workload": WorkloadConfig, "availability": AvailabilityConfig}
-        unknown = set(run_config) - set().union(*(known_keys(c) for c in parts.values()))
-        if unknown:
-            raise ConfigError(f"unknown run config key(s) {sorted(unknown)}; see README for the keys")
+        check_known_keys(run_config, set().union(*(known_keys(c) for c in parts.values())))
         built = {name: from_run_config(c, run_config).validate() for name, c in parts.items()}
         return cls(**built)
 
@@ -78,3 +83,16 @@ class RunConfig:
             "schedule-seed": self.availability.schedule_seed,
             "train-seed": self.workload.train_seed,
         }
+
+
+def check_known_keys(run_config: Mapping[str, Any], known: set[str]) -> None:
+    """ConfigError naming each unknown key and the closest known one."""
+    unknown = sorted(set(run_config) - known)
+    if not unknown:
+        return
+    hints = []
+    for key in unknown:
+        close = difflib.get_close_matches(key.replace("_", "-"), sorted(known), n=1, cutoff=0.5)
+        hints.append(f"'{key}'" + (f" (did you mean '{close[0]}'?)" if close else ""))
+    raise ConfigError(f"unknown run config key(s) {', '.join(hints)}; every key is listed in "
+                      "[tool.flwr.app.config] of pyproject.toml and in the README's run-config table")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import random
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,14 +22,14 @@ from flwr.serverapp import Grid
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from availability import Schedule, build_schedule
+from availability import Schedule, build_schedule, parse_spec
 from strategies import AvailabilityStrategy, build_strategy, named_arrays
 from workloads.config import ConfigError
 from workloads.workload import Workload, get_workload
 
-from .config import RunConfig
-from .network import AvailabilityGrid, discover_clients, wait_for_nodes
-from .results import RunRecorder, default_run_name
+from .config import RunConfig, ServerConfig
+from .network import AvailabilityGrid, discover_clients, fast_pull, wait_for_nodes
+from .results import METRICS, RunRecorder, default_run_name
 
 log = logging.getLogger(__name__)
 CHECKPOINT_FREE_KEYS = {  # may differ between a run and its resumption
@@ -59,9 +60,8 @@ def prepare(cfg: RunConfig) -> Setup:
                               label_dists=workload.label_dists, clusters=workload.clusters)
     s = cfg.server
     strategy = build_strategy(
-        s.strategy, num_clients=n, server_lr=s.server_lr, weighting=s.weighting,
-        seed=cfg.workload.train_seed, federated_evaluation=s.federated_evaluation,
-        probabilities=schedule.prob,
+        strategy_spec(s), num_clients=n, server_lr=s.server_lr, weighting=s.weighting,
+        seed=cfg.workload.train_seed, federated_evaluation=s.federated_evaluation, probabilities=schedule.prob,
     )
     arrays = ArrayRecord(workload.new_model().state_dict())
     start_round = 1
@@ -70,11 +70,56 @@ def prepare(cfg: RunConfig) -> Setup:
         arrays = named_arrays(ckpt["arrays"])
         strategy.load_state_dict(ckpt["strategy"])
         start_round = ckpt["round"] + 1
-        run_dir = Path(s.resume_from).resolve().parent.parent
-    else:
-        name = s.run_name or default_run_name(s.strategy, cfg.workload.dataset, cfg.workload.train_seed)
-        run_dir = (Path(s.results_dir).expanduser() / name).resolve()
-    return Setup(cfg, workload, schedule, strategy, run_dir, start_round, arrays)
+    return Setup(cfg, workload, schedule, strategy, run_folder(cfg), start_round, arrays)
+
+
+def strategy_spec(s: ServerConfig) -> str:
+    """The ``strategy`` spec with the run config's ``max-update-norm`` / ``max-norm-ratio`` added as
+    the rule's spec keys; 0 (the default) leaves the rule's own default, and a spec that sets the
+    same key to another value is a ConfigError."""
+    spec = parse_spec(s.strategy)
+    for key, value in (("max-update-norm", s.max_update_norm), ("max-norm-ratio", s.max_norm_ratio)):
+        if not value:
+            continue
+        if key in spec.params and spec.params[key] != value:
+            raise ConfigError(f"run config '{key}' = {value} but strategy {s.strategy!r} sets {key}="
+                              f"{spec.params[key]}: set it in one place")
+        spec.params[key] = value
+    return str(spec)
+
+
+def run_folder(cfg: RunConfig) -> Path:
+    """The run's results folder: ``<results-dir>/<run-name>``, or a resumed checkpoint's own."""
+    s = cfg.server
+    if s.resume_from:
+        return Path(s.resume_from).expanduser().resolve().parent.parent
+    name = s.run_name or default_run_name(s.strategy, cfg.workload.dataset, cfg.workload.train_seed)
+    return (Path(s.results_dir).expanduser() / name).resolve()
+
+
+def connect(grid: Grid, cfg: RunConfig) -> dict[int, int]:
+    """Wait for the nodes, then learn who they are (node id -> client id) and check it fits.
+
+    In simulation and in process (gates ``server`` and ``client``) every node must host a client
+    id in [0, num-clients): more SuperNodes than ``num-clients`` is a ConfigError naming the fix
+    here, before any folder exists, instead of a ScheduleError in round 1. With the ``none`` gate
+    (a deployment, where the launcher sets num-clients) the strategy learns ids from replies.
+    """
+    s, n = cfg.server, cfg.workload.num_clients
+    wait_for_nodes(grid, s.min_nodes or n, s.wait_for_nodes)  # NodesMissing names the fix
+    if cfg.availability.availability_gate == "none":
+        return {}
+    client_of_node = discover_clients(grid, {}, s.round_timeout)
+    out_of_range = sorted({c for c in client_of_node.values() if not 0 <= c < n})
+    if out_of_range:
+        raise ConfigError(
+            f"{len(client_of_node)} nodes are connected but the run config has num-clients={n}: nodes "
+            f"report client ids {out_of_range[:5]}{'...' if len(out_of_range) > 5 else ''} outside "
+            f"[0, {n}). The number of SuperNodes must equal num-clients: pass num-supernodes={n} "
+            f"(flwr run --federation-config \"num-supernodes={n}\", or python -m experiments.run "
+            f"--num-supernodes {n}), or set num-clients={max(out_of_range) + 1} in the run config"
+        )
+    return client_of_node
 
 
 def load_checkpoint(path: str, cfg: RunConfig) -> dict[str, Any]:
@@ -94,13 +139,15 @@ def load_checkpoint(path: str, cfg: RunConfig) -> dict[str, Any]:
 
 def save_checkpoint(setup: Setup, rnd: int, arrays: ArrayRecord) -> Path:
     path = setup.run_dir / "checkpoints" / f"round-{rnd:04d}.pt"
+    partial = path.with_suffix(".pt.partial")  # a crash mid-write never leaves a truncated checkpoint
     torch.save({
         "round": rnd,
         "arrays": {k: v for k, v in zip(arrays.keys(), arrays.to_numpy_ndarrays(), strict=True)},
         "strategy": setup.strategy.state_dict(),
         "config": setup.cfg.to_dict(),
         "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
-    }, path)
+    }, partial)
+    partial.replace(path)
     return path
 
 
@@ -110,14 +157,37 @@ def evaluate(workload: Workload, arrays: ArrayRecord) -> dict[str, float]:
     return {f"test-{k}": v for k, v in workload.evaluate(model).items()}
 
 
+def evaluate_models(workload: Workload, strategy: AvailabilityStrategy, arrays: ArrayRecord) -> dict[str, float]:
+    """The strategy's evaluation model as ``test-<metric>``, its extra models as ``test-<metric>-<name>``
+    (e.g. FedAWE's ``test-accuracy-xbar``)."""
+    out = evaluate(workload, strategy.evaluation_arrays(arrays))
+    extras = getattr(strategy, "extra_evaluation_arrays", lambda _: {})(arrays)
+    for name, extra in extras.items():
+        out.update({f"{k}-{name}": v for k, v in evaluate(workload, extra).items()})
+    return out
+
+
 def run(grid: Grid, cfg: RunConfig, console: Console | None = None) -> Path:
     """Run all rounds on ``grid``; return the results folder."""
+    grid = fast_pull(grid)  # a deployment: look for replies every 0.1 s, not Flower's 3 s
     setup = prepare(cfg)
+    client_of_node = connect(grid, cfg)  # every check is done before the results folder exists
+    new_folder = not setup.run_dir.exists()
+    try:
+        return _run_rounds(grid, setup, client_of_node, console or Console())
+    except BaseException:
+        metrics = setup.run_dir / METRICS
+        if new_folder and not (metrics.is_file() and metrics.stat().st_size):
+            shutil.rmtree(setup.run_dir, ignore_errors=True)  # failed in round 1: no half-made folder
+        raise
+
+
+def _run_rounds(grid: Grid, setup: Setup, client_of_node: dict[int, int], console: Console) -> Path:
+    cfg = setup.cfg
     s, n = cfg.server, cfg.workload.num_clients
-    console = console or Console()
     recorder = RunRecorder(setup.run_dir, n)
-    config_record = {**cfg.to_dict(), "seeds": cfg.seeds, "schedule": setup.schedule.describe(),
-                     "versions": _versions()}
+    config_record = {**cfg.to_dict(), "weighting-used": setup.strategy.weighting, "seeds": cfg.seeds,
+                     "schedule": setup.schedule.describe(), "versions": _versions()}
     recorder.write_config(config_record)
     recorder.resume_at(setup.start_round - 1)
     if setup.start_round > 1:
@@ -128,10 +198,8 @@ def run(grid: Grid, cfg: RunConfig, console: Console | None = None) -> Path:
     else:
         random.seed(cfg.workload.train_seed)
 
-    wait_for_nodes(grid, s.min_nodes or n, s.wait_for_nodes)
     net: Grid = grid
     if cfg.availability.availability_gate == "server":
-        client_of_node = discover_clients(grid, {}, s.round_timeout)
         net = AvailabilityGrid(grid, setup.schedule, client_of_node, s.round_timeout)
 
     arrays, strategy, t_run = setup.arrays, setup.strategy, time.monotonic()
@@ -161,7 +229,7 @@ def run(grid: Grid, cfg: RunConfig, console: Console | None = None) -> Path:
                     strategy.configure_evaluate(rnd, arrays, ConfigRecord(), net), timeout=s.round_timeout))
                 row.update({f"federated-{k}": v for k, v in (fed or {}).items()})
             if (s.eval_every and rnd % s.eval_every == 0) or rnd == s.num_server_rounds:
-                row.update(evaluate(setup.workload, strategy.evaluation_arrays(arrays)))
+                row.update(evaluate_models(setup.workload, strategy, arrays))
             row["round-time"] = time.monotonic() - t0
             row["wall-time"] = time.monotonic() - t_run
             recorder.record(row)

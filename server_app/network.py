@@ -7,11 +7,14 @@
 - :class:`AvailabilityGrid` wraps a grid: a TRAIN or EVALUATE message for a client that is offline
   in that message's round is never delivered, so its reply never comes, as in a deployment
   where the node is really gone. The strategy learns availability only from who replied.
+- :func:`fast_pull` wraps a deployment's grid in :class:`PollingGrid`: Flower's HTTP grid looks
+  for replies every 3 s, which is most of a short round; this one looks every 0.1 s.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Iterable
 
@@ -58,17 +61,12 @@ def discover_clients(grid: Grid, known: dict[int, int], timeout: float) -> dict[
     return known
 
 
-class AvailabilityGrid(Grid):
-    """A grid through which clients offline in a message's round are unreachable."""
+class DelegatingGrid(Grid):
+    """A grid that hands every call to the grid it wraps (subclasses change some)."""
 
-    def __init__(self, grid: Grid, schedule: Schedule, client_of_node: dict[int, int],
-                 discovery_timeout: float = 30.0) -> None:
+    def __init__(self, grid: Grid) -> None:
         self.grid = grid
-        self.schedule = schedule
-        self.client_of_node = client_of_node
-        self.discovery_timeout = discovery_timeout
 
-    # plain delegation
     def set_run(self, run):  # noqa: D102
         self.grid.set_run(run)
 
@@ -83,10 +81,68 @@ class AvailabilityGrid(Grid):
         return self.grid.get_node_ids()
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:  # noqa: D102
-        return self.grid.push_messages(self.reachable(list(messages)))
+        return self.grid.push_messages(messages)
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:  # noqa: D102
         return self.grid.pull_messages(message_ids)
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+        return self.grid.send_and_receive(messages, timeout=timeout)
+
+
+PULL_INTERVAL_VAR = "FLCHURN_PULL_INTERVAL"  # env: seconds between two looks for replies (Flower's HTTP grid: 3)
+PULL_INTERVAL = 0.1
+
+
+class PollingGrid(DelegatingGrid):
+    """``send_and_receive`` over the wrapped grid's ``push_messages`` / ``pull_messages``, looking
+    for replies every ``interval`` seconds instead of Flower's 3 s. Same contract as Flower's:
+    returns the replies that arrived before ``timeout`` (``None``: waits for all of them)."""
+
+    def __init__(self, grid: Grid, interval: float = PULL_INTERVAL) -> None:
+        if not interval > 0:
+            raise ValueError(f"PollingGrid interval must be > 0 seconds, got {interval!r}")
+        super().__init__(grid)
+        self.interval = interval
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+        pending = set(self.grid.push_messages(messages))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        replies: list[Message] = []
+        while pending:
+            got = list(self.grid.pull_messages(pending))
+            replies.extend(got)
+            pending.difference_update(m.metadata.reply_to_message_id for m in got)
+            if pending and deadline is not None and time.monotonic() >= deadline:
+                break
+            if pending:
+                time.sleep(self.interval)
+        return replies
+
+
+def fast_pull(grid: Grid, interval: float | None = None) -> Grid:
+    """``grid`` in a :class:`PollingGrid` when it is Flower's HTTP grid (a deployment); any other
+    grid (simulation's in-memory grid polls every 0.1 s already; the in-process grid answers at
+    once) is returned as it is."""
+    from flwr.superlink.grid.http_grid import HttpGrid
+
+    if interval is None:
+        interval = float(os.environ.get(PULL_INTERVAL_VAR, PULL_INTERVAL))
+    return PollingGrid(grid, interval) if isinstance(grid, HttpGrid) else grid
+
+
+class AvailabilityGrid(DelegatingGrid):
+    """A grid through which clients offline in a message's round are unreachable."""
+
+    def __init__(self, grid: Grid, schedule: Schedule, client_of_node: dict[int, int],
+                 discovery_timeout: float = 30.0) -> None:
+        super().__init__(grid)
+        self.schedule = schedule
+        self.client_of_node = client_of_node
+        self.discovery_timeout = discovery_timeout
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:  # noqa: D102
+        return self.grid.push_messages(self.reachable(list(messages)))
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
         keep = self.reachable(list(messages))

@@ -10,7 +10,8 @@ Layout of ``<results-dir>/<run-name>/``:
 - ``participation.csv``: the realised 0/1 matrix, one row per round, one column per client;
 - ``availability.csv``: the schedule's A(i, t) over the same rounds, for comparison;
 - ``final_model.pt``: the final global model (a torch state dict);
-- ``accuracy.png`` and ``participation.png``; ``checkpoints/round-XXXX.pt``.
+- ``accuracy.png`` (test metric and participants per round) and ``participation.png`` (the
+  schedule's A(i, t) next to who replied); ``checkpoints/round-XXXX.pt``.
 """
 
 from __future__ import annotations
@@ -86,35 +87,78 @@ class RunRecorder:
         realised = self.participation()
         write_matrix(self.dir / PARTICIPATION, realised)
         write_matrix(self.dir / "availability.csv", schedule_matrix)
-        plot_run(self.dir, self.rows, realised)
+        plot_run(self.dir, self.rows, realised, schedule_matrix)
 
 
-def plot_run(run_dir: Path, rows: list[dict[str, Any]], participation: np.ndarray) -> None:
-    """accuracy.png (test accuracy or loss vs round) and participation.png (heat map)."""
+def plot_run(run_dir: Path, rows: list[dict[str, Any]], participation: np.ndarray,
+             schedule: np.ndarray | None = None) -> None:
+    """accuracy.png (test metric and participants per round) and participation.png (A(i, t) next to
+    who replied)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    key = "test-accuracy" if any("test-accuracy" in r for r in rows) else "test-loss"
-    pts = [(r["round"], r[key]) for r in rows if key in r]
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    if pts:
-        ax.plot(*zip(*pts, strict=True), marker="o", markersize=2)
-    ax.set_xlabel("round")
-    ax.set_ylabel(key)
-    ax.set_title(f"{run_dir.name}", fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(run_dir / "accuracy.png", dpi=120)
-    plt.close(fig)
+    for name, fig in (("accuracy.png", accuracy_figure(rows, participation.shape[1], title=run_dir.name)),
+                      ("participation.png", participation_figure(participation, schedule))):
+        fig.savefig(run_dir / name, dpi=120)
+        plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.imshow(participation.T, aspect="auto", interpolation="nearest", cmap="Greys",
-              extent=(0.5, len(participation) + 0.5, participation.shape[1] - 0.5, -0.5))
-    ax.set_xlabel("round")
-    ax.set_ylabel("client id")
-    ax.set_title("participation (black = replied)", fontsize=8)
+
+def integer_ticks(*axes: Any, nbins: int | str = "auto") -> None:
+    """Only whole numbers on these axes (rounds, client ids, counts): no 2.5th round."""
+    from matplotlib.ticker import MaxNLocator
+
+    for axis in axes:
+        axis.set_major_locator(MaxNLocator(integer=True, nbins=nbins))
+
+
+def accuracy_figure(rows: list[dict[str, Any]], num_clients: int, title: str = ""):
+    """Test accuracy (or loss; extra models such as FedAWE's ``-xbar`` dashed) over rounds, and
+    below it the number of clients that took part in each round: the dips line up."""
+    import matplotlib.pyplot as plt
+
+    metric = "test-accuracy" if any("test-accuracy" in r for r in rows) else "test-loss"
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(6, 4.5), sharex=True, height_ratios=(3, 1))
+    curves = sorted({k for r in rows for k in r if k == metric or k.startswith(metric + "-")})
+    for key in curves:
+        pts = [(r["round"], r[key]) for r in rows if key in r]
+        top.plot(*zip(*pts, strict=True), marker="o" if len(pts) <= 60 else None, markersize=3, label=key,
+                 linestyle="-" if key == metric else "--")
+    if len(curves) > 1:
+        top.legend(fontsize=7)
+    top.set_ylabel(metric)
+    top.set_title(title, fontsize=8)
+    top.grid(alpha=0.3)
+    rounds = [r["round"] for r in rows]
+    counts = [len(r["participants"]) for r in rows]
+    bottom.bar(rounds, counts, width=0.8 if len(rounds) <= 60 else 1.0, linewidth=0, alpha=0.7)
+    bottom.set_ylim(0, max(num_clients, 1) * 1.05)
+    bottom.set_ylabel("participants", fontsize=8)
+    bottom.set_xlabel("round")
+    bottom.grid(alpha=0.3)
+    integer_ticks(top.xaxis, bottom.xaxis)
+    integer_ticks(bottom.yaxis, nbins=3)
     fig.tight_layout()
-    fig.savefig(run_dir / "participation.png", dpi=120)
-    plt.close(fig)
+    return fig
+
+
+def participation_figure(participation: np.ndarray, schedule: np.ndarray | None = None):
+    """Heat maps, clients down, rounds across: the schedule's A(i, t) and who really replied."""
+    import matplotlib.pyplot as plt
+
+    panels = ([("schedule A(i, t) (black = available)", schedule)] if schedule is not None else [])
+    panels.append(("realised (black = replied)", participation))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.8), sharey=True, squeeze=False)
+    for ax, (title, matrix) in zip(axes[0], panels, strict=True):
+        rounds, clients = matrix.shape
+        # one cell per (round, client) centred on integers; large matrices are averaged, not aliased
+        ax.imshow(matrix.T, aspect="auto", cmap="Greys", vmin=0, vmax=1,
+                  interpolation="nearest" if max(matrix.shape) <= 200 else "antialiased",
+                  extent=(0.5, rounds + 0.5, clients - 0.5, -0.5))
+        ax.set_title(f"{title}; mean {matrix.mean():.2f}" if matrix.size else title, fontsize=8)
+        ax.set_xlabel("round")
+        integer_ticks(ax.xaxis, ax.yaxis)
+    axes[0][0].set_ylabel("client id")
+    fig.tight_layout()
+    return fig

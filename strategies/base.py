@@ -7,11 +7,14 @@ Flower messages into :class:`ClientReport` objects and back:
 - It addresses every connected node (never Flower's ``sample_nodes``, which waits forever
   for ``min_available_nodes``); the caller's ``send_and_receive`` timeout is the round deadline.
 - Stable client ids: the ``client-id`` a reply reports (the partition id), falling back to the
-  node id for ClientApps that do not report one.
+  node id for ClientApps that do not report one. A client id is bound to the node that first
+  claimed it (see :meth:`AvailabilityStrategy.check_identities`), so no node can write into
+  another client's stored state.
 - Error replies and missing replies both mean "unavailable". Errors relayed by the SuperLink
   (``src_node_id == 1``) are traced back to their node through ``reply_to_message_id``.
-- Validation: a reply with missing records, wrong keys or shapes, NaN/Inf, or absurd counts is
-  rejected and logged with its reason; it never reaches the model.
+- Validation: a reply with missing records, wrong keys or shapes, NaN/Inf, absurd counts, a
+  client id it may not claim, or an update norm beyond the bounds (:meth:`check_norms`) is
+  rejected and logged with its reason; it never reaches the rule, its state or the model.
 - Flat float32 vectors (:class:`Layout`), equal or data-size weights, a seeded generator, and
   ``state_dict`` / ``load_state_dict`` for checkpoints.
 """
@@ -35,6 +38,7 @@ log = logging.getLogger(__name__)
 
 SUPERLINK_NODE_ID = 1  # src_node_id of errors the SuperLink writes on a node's behalf
 WEIGHTINGS = ("equal", "num-examples")
+AUTO_WEIGHTING = "auto"  # the rule's paper_weighting
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,19 @@ class Layout:
         return None
 
 
+def safe_norm(vector: np.ndarray) -> float:
+    """‖v‖₂ that cannot overflow: a float32 dot product (fast, no copy), redone in float64 when
+    it overflowed (float32 squares overflow for norms above ~1.8e19)."""
+    v = np.asarray(vector)
+    if v.dtype == np.float32:
+        with np.errstate(over="ignore", invalid="ignore"):
+            square = float(np.dot(v, v))
+        if math.isfinite(square):
+            return math.sqrt(square)
+    v = v.astype(np.float64)
+    return math.sqrt(float(np.dot(v, v)))
+
+
 def named_arrays(arrays: dict[str, np.ndarray]) -> ArrayRecord:
     """An ArrayRecord from name -> ndarray (Flower's constructor takes lists or Arrays)."""
     return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()})
@@ -123,10 +140,28 @@ class AvailabilityStrategy(Strategy):
     num_clients : total number of clients N (needed by rules that average over all
         clients; also bounds the ``client-id`` a reply may claim).
     server_lr : η_g, the server step applied to the rule's update.
-    weighting : "equal" (the FedAU/FedAWE convention) or "num-examples" (p_i = n_i / n).
+    weighting : "equal" (the FedAU/FedAWE convention), "num-examples" (p_i = n_i / n), or
+        "auto" (the default): the rule's ``paper_weighting``, resolved here (``self.weighting``
+        holds the resolved value).
     seed : seeds the strategy's own generator (node sampling, power-of-choice...).
     max_num_examples, max_num_steps : replies claiming more are rejected as absurd.
     federated_evaluation : also ask clients to evaluate the global model each round.
+    max_update_norm : a reply whose update norm (:meth:`update_norm`) exceeds this is rejected;
+        0 = no absolute cap. Spec key ``max-update-norm``.
+    max_norm_ratio : with at least 3 replies left under the cap, a reply whose update norm
+        exceeds this multiple of the round's median update norm is rejected; 0 = off. Spec key
+        ``max-norm-ratio`` (e.g. ``mifa:max-norm-ratio=50``).
+
+    Default bounds (measured, see :meth:`check_norms`): honest update norms in 12–15-round
+    in-process runs (digits and quadratic workloads; the fedawe-table2 CNN, fedexp-fedaware,
+    fdms-clustered and fednova presets: FedAvg, MIFA, FedExP, Stale, FedNova with momentum 0.9
+    and Dirichlet-0.1 data sizes) were at most 25 and at most 3.4 times the round's median.
+    FedAWE's raw ‖x_i^† − x^t‖ (the client's stale copy plus the echo factor t − τ_i) reached 157
+    and 68 times the median in 12 rounds, which is why FedAWE overrides :meth:`update_norm` (its
+    client's own step ‖u_i‖ / (t − τ_i): at most 3.9 times the median in 15 digits rounds).
+    ``max_update_norm = 1e6`` and ``max_norm_ratio = 1e3`` leave orders of magnitude of margin
+    above all of these and still reject what breaks float32 rules (norms ≳ 1e19 overflow a
+    float32 sum of squares or Gram matrix).
     """
 
     name: ClassVar[str] = ""
@@ -135,20 +170,32 @@ class AvailabilityStrategy(Strategy):
     needs_client_ids: ClassVar[bool] = False
     # rules whose paper weights every client 1/N refuse data-size weighting
     equal_weights_only: ClassVar[bool] = False
+    # the weighting of the rule's paper, what weighting="auto" resolves to
+    paper_weighting: ClassVar[str] = "equal"
 
     def __init__(
         self,
         *,
         num_clients: int | None = None,
         server_lr: float = 1.0,
-        weighting: str = "equal",
+        weighting: str = AUTO_WEIGHTING,
         seed: int = 0,
         max_num_examples: int = 10**9,
         max_num_steps: int = 10**7,
         federated_evaluation: bool = False,
+        max_update_norm: float = 1e6,
+        max_norm_ratio: float = 1e3,
     ) -> None:
+        if weighting == AUTO_WEIGHTING:
+            weighting = self.paper_weighting
         if weighting not in WEIGHTINGS:
-            raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")
+            raise ValueError(f"weighting must be one of {(*WEIGHTINGS, AUTO_WEIGHTING)}, got {weighting!r}")
+        if not (math.isfinite(max_update_norm) and max_update_norm >= 0):
+            raise ValueError(f"max_update_norm (spec key max-update-norm) must be a finite number >= 0 "
+                             f"(0 = no cap), got {max_update_norm}")
+        if not (math.isfinite(max_norm_ratio) and (max_norm_ratio == 0 or max_norm_ratio > 1)):
+            raise ValueError(f"max_norm_ratio (spec key max-norm-ratio) must be a finite number > 1 "
+                             f"(0 = off), got {max_norm_ratio}")
         if not server_lr > 0:
             raise ValueError(f"server_lr must be > 0, got {server_lr}")
         if num_clients is not None and num_clients < 1:
@@ -162,8 +209,12 @@ class AvailabilityStrategy(Strategy):
         self.max_num_examples = max_num_examples
         self.max_num_steps = max_num_steps
         self.federated_evaluation = federated_evaluation
+        self.max_update_norm = float(max_update_norm)
+        self.max_norm_ratio = float(max_norm_ratio)
         self.rng = np.random.default_rng(seed)
-        self.client_of_node: dict[int, int] = {}
+        self.client_of_node: dict[int, int] = {}  # node id -> client id of its last valid reply
+        self.node_of_client: dict[int, int] = {}  # client id -> the node bound to it for the run
+        self.connected: set[int] = set()  # node ids the grid listed at this round's configure_train
         self.layout: Layout | None = None
         self.current: np.ndarray | None = None  # x^t, flat
         self.round_log = RoundLog()
@@ -187,6 +238,22 @@ class AvailabilityStrategy(Strategy):
     def evaluation_arrays(self, arrays: ArrayRecord) -> ArrayRecord:
         """The model to evaluate after a round (hook; FedExP evaluates an average)."""
         return arrays
+
+    def extra_evaluation_arrays(self, arrays: ArrayRecord) -> dict[str, ArrayRecord]:
+        """Other models this rule's paper scores, name -> arrays (hook; FedAWE: the mean of the
+        clients' copies). The ServerApp evaluates each and records test-<metric>-<name>."""
+        return {}
+
+    def select_nodes(self, server_round: int, arrays: ArrayRecord, connected: list[int],
+                     grid: Grid) -> list[int]:
+        """The connected nodes to train this round (hook; power-of-choice probes and picks)."""
+        return connected
+
+    def update_norm(self, report: ClientReport) -> float:
+        """The norm the sanity bounds compare (hook): ‖Δ_i‖₂ (:func:`safe_norm`: it cannot
+        overflow). A rule whose replies are not updates of x^t (FedAWE's echoed models) may
+        return a norm that means "how big is this client's own step"."""
+        return safe_norm(report.delta)
 
     # ------------------------------------------------------------------ shared helpers
     def weights(self, reports: list[ClientReport]) -> np.ndarray:
@@ -212,7 +279,9 @@ class AvailabilityStrategy(Strategy):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         self.set_global(arrays)
-        node_ids = sorted(grid.get_node_ids())
+        connected = sorted(grid.get_node_ids())
+        self.connected = set(connected)
+        node_ids = sorted(self.select_nodes(server_round, arrays, connected, grid))
         config[SERVER_ROUND] = server_round
         for key, value in self.train_config(server_round - 1, node_ids).items():
             config[key] = value
@@ -237,7 +306,7 @@ class AvailabilityStrategy(Strategy):
             "num-participants": len(reports),
             "num-unavailable": len(self.round_log.unavailable),
             "num-rejected": len(self.round_log.rejected),
-            "update-norm": float(np.linalg.norm(new - self.current)),
+            "update-norm": safe_norm(np.asarray(new, np.float64) - self.current),
             **metrics,
         }
         losses = [r.train_loss for r in reports if r.train_loss is not None]
@@ -246,11 +315,16 @@ class AvailabilityStrategy(Strategy):
         return self.layout.unflatten(new), MetricRecord(metrics)
 
     def collect(self, replies: Iterable[Message]) -> list[ClientReport]:
-        """Validate replies; fill ``round_log``; return the valid reports, by client id."""
+        """Validate replies; fill ``round_log``; return the valid reports, by client id.
+
+        Order: each reply alone (:meth:`parse_reply`), then who may claim which client id
+        (:meth:`check_identities`), then the update norms against the round (:meth:`check_norms`).
+        A reply rejected at any step reaches neither the rule nor its state.
+        """
         node_of_message = {m.metadata.message_id: m.metadata.dst_node_id for m in self._sent}
         sent = set(self.round_log.sent) if self._sent else None
         answered: set[int] = set()
-        reports: dict[int, ClientReport] = {}
+        parsed: list[ClientReport] = []
         for msg in replies:
             node = msg.metadata.src_node_id
             if node == SUPERLINK_NODE_ID:
@@ -263,20 +337,99 @@ class AvailabilityStrategy(Strategy):
             try:
                 if sent is not None and node not in sent:
                     raise ReplyRejected("reply from a node this round did not address")
-                report = self.parse_reply(msg, node)
-                if report.client_id in reports:
-                    raise ReplyRejected(f"second reply for client {report.client_id}")
+                parsed.append(self.parse_reply(msg, node))
             except ReplyRejected as exc:
-                self.round_log.rejected.append((node, str(exc)))
-                log.warning("rejected reply from node %d: %s", node, exc)
-                continue
-            reports[report.client_id] = report
-            self.client_of_node[node] = report.client_id
+                self.reject(node, str(exc))
+        reports = self.check_norms(self.check_identities(parsed))
+        for r in reports:  # only accepted replies bind: a rejected one leaves no trace in the state
+            owner = self.node_of_client.get(r.client_id)
+            if owner is not None and owner != r.node_id:
+                log.info("client %d moves from node %d (gone) to node %d", r.client_id, owner, r.node_id)
+                self.client_of_node.pop(owner, None)
+            self.node_of_client[r.client_id] = r.node_id
+            self.client_of_node[r.node_id] = r.client_id
         if sent is not None:
             self.round_log.unavailable += sorted(sent - answered)
-        ordered = [reports[c] for c in sorted(reports)]
+        ordered = sorted(reports, key=lambda r: r.client_id)
         self.round_log.participants = [r.client_id for r in ordered]
         return ordered
+
+    def reject(self, node: int, reason: str) -> None:
+        """Record and log a rejected reply (``round_log.rejected``)."""
+        self.round_log.rejected.append((node, reason))
+        log.warning("rejected reply from node %d: %s", node, reason)
+
+    def check_identities(self, reports: list[ClientReport]) -> list[ClientReport]:
+        """One report per client id, from the node allowed to claim it; the others rejected.
+
+        The first node whose reply for a client id is accepted is bound to that id for the run
+        (``node_of_client``, part of the checkpoint; :meth:`collect` binds). Rejected: a node that
+        claims another id than the one it is bound to; a claim of an id bound to another node that
+        is still connected (listed by the grid at this round's configure_train). A node restarted
+        without a registered key gets a new node id from Flower, so it takes its id back once its
+        old node is gone from the grid's list; with SuperNode authentication the restarted node
+        keeps its node id (the SuperLink maps the registered public key to the node id), so a
+        binding to a node id is a binding to a key. Several claims of one free id in a round:
+        the lowest node id wins.
+        """
+        bound_to = {node: client for client, node in self.node_of_client.items()}
+        claims: dict[int, list[ClientReport]] = {}
+        for r in sorted(reports, key=lambda r: r.node_id):  # stable: a node's first reply first
+            own = bound_to.setdefault(r.node_id, r.client_id)  # a node's first claim this round
+            if own != r.client_id:
+                self.reject(r.node_id, f"node {r.node_id} is bound to client {own}; "
+                                       f"it may not claim client {r.client_id}")
+                continue
+            claims.setdefault(r.client_id, []).append(r)
+        kept = []
+        for client, group in claims.items():
+            owner = self.node_of_client.get(client)
+            if owner is not None and owner not in {r.node_id for r in group} and owner in self.connected:
+                for r in group:
+                    self.reject(r.node_id, f"client {client} belongs to node {owner}, still connected")
+                continue
+            winner = next((r for r in group if r.node_id == owner), group[0])
+            for r in group:
+                if r is winner:
+                    continue
+                if r.node_id == winner.node_id:
+                    why = f"node {r.node_id} replied before"
+                elif winner.node_id == owner:
+                    why = f"node {owner} is bound to it"
+                else:
+                    why = f"node {winner.node_id} claimed it too and the lower node id wins"
+                self.reject(r.node_id, f"second reply for client {client} this round: {why}")
+            kept.append(winner)
+        return kept
+
+    def check_norms(self, reports: list[ClientReport]) -> list[ClientReport]:
+        """Reject reports whose :meth:`update_norm` is not finite or is beyond the bounds.
+
+        First the absolute cap ``max_update_norm``; then, among the reports under it and only
+        when at least 3 remain, ``max_norm_ratio`` × their median norm (a median of 1 or 2 norms
+        says nothing about which one is wrong; a zero median gives no scale, so no ratio test).
+        The round's own median needs no history, so the first round is checked like any other.
+        """
+        norms = [self.update_norm(r) for r in reports]
+        under = []
+        for r, norm in zip(reports, norms, strict=True):
+            if self.max_update_norm and norm > self.max_update_norm:  # inf included
+                self.reject(r.node_id, f"update norm {norm:.2g} > max-update-norm {self.max_update_norm:.2g}")
+            elif not math.isfinite(norm):
+                self.reject(r.node_id, f"update norm {norm} is not finite")
+            else:
+                under.append((r, norm))
+        median = float(np.median([n for _, n in under])) if len(under) >= 3 else 0.0
+        if not (self.max_norm_ratio and median > 0):
+            return [r for r, _ in under]
+        kept = []
+        for r, norm in under:
+            if norm > self.max_norm_ratio * median:
+                self.reject(r.node_id, f"update norm {norm:.2g} > max-norm-ratio {self.max_norm_ratio:g} "
+                                       f"x the round's median {median:.2g}")
+            else:
+                kept.append(r)
+        return kept
 
     def parse_reply(self, msg: Message, node: int) -> ClientReport:
         """One reply -> ClientReport, or ReplyRejected naming the problem."""
@@ -345,17 +498,22 @@ class AvailabilityStrategy(Strategy):
         return MetricRecord(out)
 
     def summary(self) -> None:
-        log.info("%s: N=%s, server_lr=%s, weighting=%s", self.name, self.num_clients,
-                 self.server_lr, self.weighting)
+        log.info("%s: N=%s, server_lr=%s, weighting=%s, max-update-norm=%g, max-norm-ratio=%g",
+                 self.name, self.num_clients, self.server_lr, self.weighting, self.max_update_norm,
+                 self.max_norm_ratio)
 
     # -------------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue exactly; subclasses extend with their own state."""
-        return {"rng": self.rng.bit_generator.state, "client_of_node": dict(self.client_of_node)}
+        return {"rng": self.rng.bit_generator.state, "client_of_node": dict(self.client_of_node),
+                "node_of_client": dict(self.node_of_client)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.rng.bit_generator.state = state["rng"]
         self.client_of_node = dict(state["client_of_node"])
+        # checkpoints from before identity binding: bind as their last replies did
+        self.node_of_client = dict(state.get("node_of_client")
+                                   or {client: node for node, client in self.client_of_node.items()})
 
 
 def _count(metrics: dict, key: str, low: int, high: int, default: Any = ReplyRejected) -> Any:

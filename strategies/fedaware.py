@@ -17,6 +17,15 @@ active clients (the official code's exploration phase).
 
 Memory: the momenta are one float32 N × d matrix (the paper's O(N d) server state).
 
+Numerical safety (any finite input): the Gram matrix falls back from one float32 product to a
+blockwise product of the rows divided by their largest entry, scaled back in float64, when the
+float32 one overflows or underflows (:meth:`FedAWARE.gram`); d = Σ (λ_i / ‖m_i‖) m_i has
+‖d‖ ≤ 1, and momenta with a norm below ~1e-38 (float32's smallest normal) count as zero. A
+momentum update is computed in float64 (it stays within float32's range: |α m − (1 − α) Δ| ≤
+max(|m|, |Δ|)). If the solver fails (an exception, or λ not finite or off the simplex) the round
+falls back to equal weights λ_i = 1/|S| on the normalised momenta, the FedAvg of the unit
+momenta (logged; metric ``solver-fallback`` = 1).
+
 The solver adds an exact finish to Frank–Wolfe (``polish``, see :func:`min_norm_solve`).
 Official code (github.com/dunzeng/FedAWARE, utils.py / min_norm_solvers.py) differences:
 it writes m ← (1 − α) m + α g (identical at its α = 0.5); its solver stops after 250 iterations,
@@ -26,11 +35,16 @@ divides zero-norm momenta by 1 instead of dropping them.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
 
 from .base import AvailabilityStrategy, ClientReport
+
+log = logging.getLogger(__name__)
+BLOCK = 1 << 22  # elements of one block of columns (16 MiB float32) in the scaled Gram product
+TINY = float(np.finfo(np.float32).tiny)  # ~1.2e-38: momenta with a smaller norm count as zero
 
 
 def _two_point(aa, ab, bb):
@@ -90,7 +104,10 @@ def min_norm_solve(gram: np.ndarray, *, tol: float = 1e-5, max_iter: int = 1000,
         if change < tol:
             break
     if polish:
-        better = _wolfe_polish(m, lam)
+        try:
+            better = _wolfe_polish(m, lam)
+        except np.linalg.LinAlgError:  # lstsq's SVD did not converge: keep Frank–Wolfe's answer
+            better = lam
         if better.min() >= 0 and abs(better.sum() - 1) < 1e-9 and better @ m @ better <= lam @ m @ lam:
             lam = better
     return lam, it
@@ -181,10 +198,9 @@ class FedAWARE(AvailabilityStrategy):
         if self.momenta is None or self.momenta.shape[1] != x.size:
             self.momenta = np.zeros((n, x.size), np.float32)
             self.seen[:] = False
-        for r in reports:
+        for r in reports:  # g = −Δ; in float64, and |α m − (1 − α) Δ| <= max(|m|, |Δ|) fits float32
             row = self.momenta[r.client_id]
-            row *= self.alpha
-            row -= np.float32(1.0 - self.alpha) * r.delta.astype(np.float32, copy=False)  # g = −Δ
+            self.momenta[r.client_id] = self.alpha * row.astype(np.float64) - (1.0 - self.alpha) * r.delta
             self.seen[r.client_id] = True
         metrics: dict[str, float] = {"num-seen": int(self.seen.sum())}
         if not reports:
@@ -198,23 +214,63 @@ class FedAWARE(AvailabilityStrategy):
     def direction(self) -> tuple[np.ndarray, dict[str, float]]:
         """d = Σ λ_i m̂_i over the seen, non-zero momenta, and solver metrics."""
         assert self.momenta is not None
-        gram = (self.momenta @ self.momenta.T).astype(np.float64)  # one product, N × N
+        gram = self.gram()
         norms = np.sqrt(np.maximum(np.diag(gram), 0.0))
-        keep = np.flatnonzero(self.seen & (norms > 0))
+        keep = np.flatnonzero(self.seen & (norms >= TINY))  # below: zero (1/‖m_i‖ is not a float32)
         if keep.size == 0:
             return np.zeros(self.momenta.shape[1], np.float32), {"min-norm": 0.0}
         nk = norms[keep]
         unit = gram[np.ix_(keep, keep)] / np.outer(nk, nk)  # Gram of the normalised momenta
-        lam, iters = min_norm_solve(unit, polish=self.polish)
+        lam, iters, fallback = self.solve(unit)
         coef = np.zeros(len(norms), np.float32)
-        coef[keep] = lam / nk
-        d = coef @ self.momenta
+        coef[keep] = lam / nk  # <= 1 / TINY, a float32; each λ_i m_ij / ‖m_i‖ is <= λ_i
+        d = coef @ self.momenta  # ‖d‖ <= 1
         return d, {
             "min-norm": float(np.sqrt(max(lam @ unit @ lam, 0.0))),
             "fw-iterations": iters,
             "lambda-support": int((lam > 1e-8).sum()),
             "lambda-max": float(lam.max()),
+            "solver-fallback": float(fallback),
         }
+
+    def gram(self) -> np.ndarray:
+        """M Mᵀ of the momenta in float64 (N × N).
+
+        One float32 product, unless it overflowed (norms ≳ 1e19) or a non-zero row's squared norm
+        fell below 1e-30 (precision lost to underflow); then blockwise over columns on the rows
+        divided by their largest entry (entries in [-1, 1]: no overflow), scaled back in float64.
+        """
+        assert self.momenta is not None
+        m = self.momenta
+        with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+            gram = (m @ m.T).astype(np.float64)
+        small = np.flatnonzero(np.diag(gram) < 1e-30)
+        if np.all(np.isfinite(gram)) and not m[small].any():
+            return gram
+        n, dim = m.shape
+        step = max(1, BLOCK // n)
+        scale = np.zeros(n, np.float32)  # largest |entry| of each row
+        for lo in range(0, dim, step):
+            scale = np.maximum(scale, np.abs(m[:, lo:lo + step]).max(axis=1, initial=0.0))
+        divisor = np.where(scale > 0, scale, 1.0).astype(np.float32)[:, None]
+        gram = np.zeros((n, n))
+        for lo in range(0, dim, step):
+            block = m[:, lo:lo + step] / divisor
+            gram += block @ block.T
+        scale64 = scale.astype(np.float64)
+        return gram * np.outer(scale64, scale64)
+
+    def solve(self, unit: np.ndarray) -> tuple[np.ndarray, int, bool]:
+        """λ from :func:`min_norm_solve`, or equal weights (logged) when the solver fails."""
+        try:
+            lam, iters = min_norm_solve(unit, polish=self.polish)
+            if np.all(np.isfinite(lam)) and lam.min() >= 0 and abs(lam.sum() - 1) < 1e-6:
+                return lam, iters, False
+            why = f"λ off the simplex (sum {lam.sum():.3g}, min {lam.min():.3g})"
+        except (ArithmeticError, ValueError, np.linalg.LinAlgError) as exc:
+            why = f"{type(exc).__name__}: {exc}"
+        log.error("fedaware: min-norm solver failed (%s); using equal weights on the unit momenta", why)
+        return np.full(len(unit), 1.0 / len(unit)), 0, True
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "momenta": self.momenta, "seen": self.seen.copy()}

@@ -14,31 +14,45 @@ they set x_i ← x^{t+1}; every other client keeps its older copy). The client s
 Protocol (this module owns the names; the client imports them):
 
 - train and adopt config: ``client-rule = "fedawe"``, ``fedawe-server-lr`` (η_g, applied by the
-  client in its echo), ``fedawe-send-update`` (True when the server clip is on),
+  client in its echo), ``fedawe-send-update`` (always True: the server needs u_i, see below),
   ``fedawe-run-key`` (names the clients' state for this run; restored with a checkpoint).
 - train messages carry the INITIAL model x^0, not x^t: a client that has no copy yet takes the
   model of its first message as its copy, and in the paper every copy starts at x^0 (a client
   first available in round t starts from x^0 with echo factor t + 1). Clients with a copy ignore
   the message's model. The server keeps x^0 (one model, not per client).
-- reply: ONE ArrayRecord. Its model keys hold x_i^†, so averaging replies is all the rule needs;
-  metadata rides in extra keys with the prefix ``fedawe.``:
+- reply: ONE ArrayRecord. Its model keys hold x_i^†, so averaging replies is all the paper's rule
+  needs; metadata rides in extra keys with the prefix ``fedawe.``:
 
   * ``fedawe.echo-factor``: t − τ_i, shape (1,) (validated, reported as ``mean-echo-factor``);
-  * ``fedawe.update.<key>``: u_i = (t − τ_i) Δ_i for each model array, only when the config asks
-    (``fedawe-send-update``), i.e. when the server clip is on.
+  * ``fedawe.update.<key>``: u_i = (t − τ_i) Δ_i for each model array.
 
-  Why the extra keys: the official code clips the averaged echoed update,
-  x^{t+1} = mean x_i^{t,0} + η_g clip(mean u_i), a nonlinear function of mean u_i that cannot be
-  recovered from x_i^† alone (one model-size vector cannot carry both x_i^{t,0} and u_i), and the
-  server keeps no per-client model to subtract. With u_i sent along, the server computes
-  x^{t+1} = mean x_i^† + η_g (clip(ū) − ū), ū = mean u_i, without per-client state; without the
-  clip a reply is the paper's x_i^† plus one scalar. Keeping everything in the one ArrayRecord
-  leaves the ClientApp's reply shape (one ArrayRecord + one MetricRecord) unchanged.
+  Why u_i: one model-size vector cannot carry both x_i^{t,0} and u_i, and the server keeps no
+  per-client model. With u_i the server (a) applies the official code's clip of the averaged
+  echoed update, x^{t+1} = mean x_i^{t,0} + η_g clip(ū) = mean x_i^† + η_g (clip(ū) − ū), a
+  nonlinear function of ū = mean u_i; (b) tracks x̄, the mean of ALL N clients' copies, which the
+  official code scores (below). It doubles the reply's size. Keeping everything in the one
+  ArrayRecord leaves the ClientApp's reply shape (one ArrayRecord + one MetricRecord) unchanged.
+
+What is scored. The official code (mingxiang12/FedAWE, ``varying_awe.py`` with
+``util.evaluate(w_global, device, w_local)``, called from ``statistic/collect_stat.py``) scores
+FedAWE on x̄ = (1/N) Σ_{i=1}^{N} x_i, the mean of every client's copy, and the baselines on the
+server model. Both are recorded here: ``test-accuracy`` on x^t as for every rule, and the x̄ score
+(``extra_evaluation_arrays`` -> ``{"xbar": x̄}``, recorded as ``test-accuracy-xbar``). The server
+tracks x̄ exactly without per-client state: after round t the clients of A_t hold x^{t+1} and the
+others keep their copies, so
+
+    x̄^{t+1} = x̄^t + (1/N) Σ_{i∈A_t} (x^{t+1} − x_i^{t,0}),   x_i^{t,0} = x_i^† − η_g u_i,
+
+from x̄^0 = x^0. With equal weights, x^{t+1} = mean_{A_t} x_i^{t,0} + η_g clip(ū) gives
+x̄^{t+1} = x̄^t + (|A_t|/N) η_g clip(ū) (clip = identity when off); the general form above also
+holds for data-size weights. An empty round changes neither. (A client that ignores a stale
+broadcast, ``client_app.fedawe``, would break the identity; it cannot happen in a run that
+delivers round t's broadcast before round t + 1.)
 
 A ClientApp that does not run the ``fedawe`` rule replies without ``fedawe.echo-factor``: its
 reply is rejected with that reason (it would otherwise be plain FedAvg from x^0).
 
-Server memory: x^t and x^0 (two models) and a few scalars; nothing per client beyond the
+Server memory: x^t, x^0 and x̄ (three models) and a few scalars; nothing per client beyond the
 node -> client id map of the base.
 """
 
@@ -55,7 +69,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
-from .base import AvailabilityStrategy, ClientReport, Layout, ReplyRejected, named_arrays
+from .base import AvailabilityStrategy, ClientReport, Layout, ReplyRejected, named_arrays, safe_norm
 from .protocol import (  # noqa: F401  (re-exported: FedAWE's wire format)
     ADOPT,
     CLIENT_RULE,
@@ -87,7 +101,7 @@ class EchoReport(ClientReport):
     """A FedAWE reply: ``delta`` = x_i^† − x^t, plus the echo factor and (server clip) u_i."""
 
     echo_factor: int = 1
-    echo_update: np.ndarray | None = None  # u_i = (t − τ_i) Δ_i, flat; only when clip > 0
+    echo_update: np.ndarray | None = None  # u_i = (t − τ_i) Δ_i, flat
 
 
 class FedAWE(AvailabilityStrategy):
@@ -99,9 +113,11 @@ class FedAWE(AvailabilityStrategy):
         this norm before η_g (0.5 there; the published numbers used it). 0 = off (the paper).
 
     The client applies η_g (``server_lr``) in its echo; the weights are equal over A_t
-    (``weighting="num-examples"`` weights the mean by data size instead). Metrics:
-    ``mean-echo-factor`` (mean t − τ_i over A_t) and, with the clip, ``echo-update-norm``
-    (‖mean u_i‖ before clipping) and ``echo-clipped`` (1 when it was clipped).
+    (``weighting="num-examples"`` weights the mean by data size instead). The official code
+    scores FedAWE on x̄, the mean of all N clients' copies: the server tracks x̄ (module
+    docstring; needs ``num_clients``) and offers it for evaluation as ``"xbar"``. Metrics:
+    ``mean-echo-factor`` (mean t − τ_i over A_t), ``echo-update-norm`` (‖mean u_i‖ before any
+    clip), ``echo-clipped`` (with the clip: 1 when it clipped) and ``xbar-gap`` (‖x̄ − x^{t+1}‖).
     """
 
     name = "fedawe"
@@ -113,20 +129,21 @@ class FedAWE(AvailabilityStrategy):
         self.clip = float(clip)
         self.run_key = secrets.token_hex(8)  # new run, new client state; kept by checkpoints
         self.initial: dict[str, np.ndarray] | None = None  # x^0, the copy every client starts with
+        self.xbar: np.ndarray | None = None  # x̄, the mean of all N clients' copies, flat float64
         self._t = 0  # 0-based round being collected (bounds the echo factor)
         self._adopters: tuple[int, list[int]] = (0, [])  # (server round, node ids of A_t)
 
     # ------------------------------------------------------------------ messages out
     def client_config(self) -> dict[str, Any]:
         """What the client rule needs, in train and adopt messages alike."""
-        return {CLIENT_RULE: RULE, SERVER_LR: self.server_lr, SEND_UPDATE: self.clip > 0,
-                RUN_KEY: self.run_key}
+        return {CLIENT_RULE: RULE, SERVER_LR: self.server_lr, SEND_UPDATE: True, RUN_KEY: self.run_key}
 
     def train_config(self, t: int, node_ids: list[int]) -> dict[str, Any]:
         return self.client_config()
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid):
-        if self.initial is None:  # the first model this strategy sees is x^0
+        first = self.initial is None
+        if first:  # the first model this strategy sees is x^0
             self.initial = dict(zip(arrays.keys(), (np.array(a) for a in arrays.to_numpy_ndarrays()),
                                     strict=True))
         sent = list(super().configure_train(server_round, arrays, config, grid))
@@ -134,6 +151,8 @@ class FedAWE(AvailabilityStrategy):
         initial = named_arrays(self.initial)
         if Layout.of(initial) != self.layout:
             raise ValueError("fedawe: the stored initial model does not match the global model's layout")
+        if first and self.num_clients is not None:  # every copy starts at x^0
+            self.xbar = self.layout.flatten(initial).astype(np.float64)
         if not sent:
             return sent
         content = RecordDict({"arrays": initial, "config": sent[0].content["config"]})
@@ -163,7 +182,7 @@ class FedAWE(AvailabilityStrategy):
         # the base reads only ``.content``: validate the model part with its rules
         report = super().parse_reply(SimpleNamespace(content=view), node)  # type: ignore[arg-type]
         factor = self._echo_factor(meta)
-        update = self._echo_update(meta) if self.clip > 0 else None
+        update = self._echo_update(meta)
         unknown = sorted(k for k in meta if k != ECHO_FACTOR and not k.startswith(UPDATE_PREFIX))
         if unknown:
             raise ReplyRejected(f"unknown FedAWE reply keys {unknown[:5]}")
@@ -189,8 +208,8 @@ class FedAWE(AvailabilityStrategy):
         for key, shape in zip(self.layout.keys, self.layout.shapes, strict=True):
             part = meta.get(UPDATE_PREFIX + key)
             if part is None:
-                raise ReplyRejected(f"reply lacks '{UPDATE_PREFIX}{key}': the server clip needs the "
-                                    "client's echoed update (config fedawe-send-update)")
+                raise ReplyRejected(f"reply lacks '{UPDATE_PREFIX}{key}': the server needs the client's "
+                                    "echoed update u_i (config fedawe-send-update) for its clip and x̄")
             if tuple(part.shape) != shape:
                 raise ReplyRejected(f"'{UPDATE_PREFIX}{key}' has shape {tuple(part.shape)}, expected {shape}")
             parts.append(np.asarray(part, np.float32).ravel())
@@ -201,26 +220,54 @@ class FedAWE(AvailabilityStrategy):
 
     # ------------------------------------------------------------------------ the rule
     def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
-        """x^{t+1} = Σ w_i x_i^† (w equal over A_t), optionally with the server clip."""
+        """x^{t+1} = Σ w_i x_i^† (w equal over A_t), optionally with the server clip; updates x̄.
+
+        ``reports`` are :class:`EchoReport` (parsed replies); a plain :class:`ClientReport` counts as
+        a client that started from x^t with echo factor 1 (u_i = Δ_i).
+        """
         self._adopters = (t + 1, [r.node_id for r in reports])
         if not reports:
-            return x, {}
+            return x, self._xbar_metrics(x)
         w = self.weights(reports)
-        new = np.asarray(x, np.float64) + sum(wi * r.delta.astype(np.float64)
-                                              for wi, r in zip(w, reports, strict=True))
-        factors = [getattr(r, "echo_factor", 1) for r in reports]
-        metrics = {"mean-echo-factor": float(np.mean(factors))}
+        deltas = np.stack([r.delta for r in reports])  # x_i^† − x^t
+        updates = np.stack([u if (u := getattr(r, "echo_update", None)) is not None else r.delta for r in reports])
+        x64 = np.asarray(x, np.float64)
+        u = np.einsum("i,ij->j", w, updates)  # ū, float64 (einsum: no BLAS threads on a busy host)
+        new = x64 + np.einsum("i,ij->j", w, deltas)
+        norm = float(np.linalg.norm(u))
+        metrics = {"mean-echo-factor": float(np.mean([getattr(r, "echo_factor", 1) for r in reports])),
+                   "echo-update-norm": norm}
         if self.clip > 0:
-            updates = [getattr(r, "echo_update", None) for r in reports]
-            if any(u is None for u in updates):
-                raise ValueError("fedawe: clip > 0 needs every report's echo_update")
-            u = sum(wi * ui.astype(np.float64) for wi, ui in zip(w, updates, strict=True))
-            clipped = clip_norm(u, self.clip)
             # mean x_i^† = mean x_i^{t,0} + η_g ū  ->  mean x_i^{t,0} + η_g clip(ū)
-            new = new + self.server_lr * (clipped - u)
-            norm = float(np.linalg.norm(u))
-            metrics.update({"echo-update-norm": norm, "echo-clipped": float(norm > self.clip)})
-        return new.astype(np.float32), metrics
+            new = new + self.server_lr * (clip_norm(u, self.clip) - u)
+            metrics["echo-clipped"] = float(norm > self.clip)
+        new = new.astype(np.float32)
+        if self.xbar is not None:
+            # the clients of A_t move from x_i^{t,0} = x_i^† − η_g u_i to x^{t+1}; the others stay
+            m = len(reports)
+            starts = m * x64 + deltas.sum(axis=0, dtype=np.float64) - self.server_lr * updates.sum(axis=0, dtype=np.float64)
+            self.xbar = self.xbar + (m * new.astype(np.float64) - starts) / self.require_num_clients()
+        return new, {**metrics, **self._xbar_metrics(new)}
+
+    def _xbar_metrics(self, x: np.ndarray) -> dict[str, float]:
+        return {} if self.xbar is None else {"xbar-gap": float(np.linalg.norm(self.xbar - x))}
+
+    def extra_evaluation_arrays(self, arrays: ArrayRecord) -> dict[str, ArrayRecord]:
+        """{"xbar": x̄}: the model the official code scores FedAWE on (empty before round 1)."""
+        if self.xbar is None or self.layout is None:
+            return {}
+        return {"xbar": self.layout.unflatten(self.xbar)}
+
+    def update_norm(self, report: ClientReport) -> float:
+        """‖Δ_i‖ = ‖u_i‖ / (t − τ_i), the client's own local change (for the base's sanity bound).
+
+        Not ‖x_i^† − x^t‖, which measures how stale the client's copy is, and not ‖u_i‖, which the
+        echo factor (up to t + 1, legitimately above 100 for rare clients) inflates.
+        """
+        u = getattr(report, "echo_update", None)
+        if u is None:
+            return super().update_norm(report)
+        return safe_norm(u) / getattr(report, "echo_factor", 1)
 
     def summary(self) -> None:
         log.info("fedawe: N=%s, server_lr=%s (applied by the clients), clip=%s, run key %s",
@@ -229,7 +276,8 @@ class FedAWE(AvailabilityStrategy):
     # -------------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
         initial = None if self.initial is None else {k: v.copy() for k, v in self.initial.items()}
-        return {**super().state_dict(), "run_key": self.run_key, "initial": initial}
+        xbar = None if self.xbar is None else self.xbar.copy()
+        return {**super().state_dict(), "run_key": self.run_key, "initial": initial, "xbar": xbar}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
@@ -238,3 +286,7 @@ class FedAWE(AvailabilityStrategy):
         self.run_key = str(state["run_key"])
         initial = state["initial"]
         self.initial = None if initial is None else {k: np.array(v) for k, v in initial.items()}
+        xbar = state.get("xbar")
+        self.xbar = None if xbar is None else np.asarray(xbar, np.float64).copy()
+        if self.xbar is None and self.initial is not None:
+            log.warning("fedawe: the checkpoint predates x̄ tracking; this run records no x̄ score")

@@ -57,11 +57,14 @@ class FedExP(AvailabilityStrategy):
         if not reports:
             return x, {}
         w = self.weights(reports)
-        mean = sum(wi * r.delta for wi, r in zip(w, reports, strict=True))
-        spread = float(sum(wi * np.dot(r.delta, r.delta) for wi, r in zip(w, reports, strict=True)))
+        mean, spread = np.zeros(x.size, np.float64), 0.0
+        for wi, r in zip(w, reports, strict=True):  # float64: float32 sums of squares overflow at ~1e19
+            d = r.delta.astype(np.float64)
+            mean += wi * d
+            spread += float(wi * np.dot(d, d))
         denom = 2.0 * (float(np.dot(mean, mean)) + self.epsilon(t, len(reports)))
         step = max(1.0, spread / denom) if denom > 0 else 1.0
-        return x + self.server_lr * step * mean, {"fedexp-step": step}
+        return (x + self.server_lr * step * mean).astype(np.float32), {"fedexp-step": step}
 
     def evaluation_arrays(self, arrays: ArrayRecord) -> ArrayRecord:
         """(x^{t+1} + x^t)/2: the model FedExP reports."""

@@ -34,16 +34,16 @@ NEEDS_A_NORM = (
 class FedNova(AvailabilityStrategy):
     """Normalised averaging (Wang et al., NeurIPS 2020, Eq. 7).
 
-    p_i = n_i / n (``weighting="num-examples"``, the paper's choice and this class's default when
-    built directly; ``weighting="equal"`` gives p_i = 1/|A_t|). Replies without ``a-norm`` are
+    p_i = n_i / n (``paper_weighting = "num-examples"``, what ``weighting="auto"``, the default,
+    resolves to; ``weighting="equal"`` gives p_i = 1/|A_t|). Replies without ``a-norm`` are
     rejected with :data:`NEEDS_A_NORM` as the logged reason.
     """
 
     name = "fednova"
     required_metrics = (NUM_EXAMPLES, A_NORM)
+    paper_weighting = "num-examples"  # p_i = n_i / n (Wang et al. 2020, Eq. 7)
 
     def __init__(self, *, server_momentum: float = 0.0, **kwargs: Any) -> None:
-        kwargs.setdefault("weighting", "num-examples")
         super().__init__(**kwargs)
         if not 0.0 <= server_momentum < 1.0:
             raise ValueError(f"server_momentum must be in [0, 1), got {server_momentum}")

@@ -23,7 +23,6 @@ train. Under rpow-d an offline candidate is chosen blindly and simply does not r
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -34,16 +33,6 @@ from .base import SUPERLINK_NODE_ID, AvailabilityStrategy, ClientReport
 from .protocol import CLIENT_ID, NUM_EXAMPLES, PROBE_BATCHES, SERVER_ROUND
 
 VARIANTS = ("pow-d", "cpow-d", "rpow-d")
-
-
-class _Nodes:
-    """A grid stand-in that lists only the chosen nodes (for the base's configure_train)."""
-
-    def __init__(self, nodes: list[int]) -> None:
-        self.nodes = nodes
-
-    def get_node_ids(self) -> list[int]:
-        return self.nodes
 
 
 class PowerOfChoice(AvailabilityStrategy):
@@ -98,7 +87,8 @@ class PowerOfChoice(AvailabilityStrategy):
                 continue
             losses[node] = float(loss)
             client = metrics.get(CLIENT_ID)
-            if isinstance(client, int) and not isinstance(client, bool) and client >= 0:
+            if (isinstance(client, int) and not isinstance(client, bool) and client >= 0
+                    and self.node_of_client.get(client, node) == node):  # never another node's client
                 self.client_of_node[node] = client
             size = metrics.get(NUM_EXAMPLES)
             if isinstance(size, int) and not isinstance(size, bool) and size > 0:
@@ -110,11 +100,9 @@ class PowerOfChoice(AvailabilityStrategy):
         ranked = sorted((n for n in candidates if n in losses), key=lambda n: -losses[n])
         return ranked[: self.m]
 
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        nodes = sorted(grid.get_node_ids())
-        candidates = self.draw_candidates(nodes)
+    def select_nodes(self, server_round: int, arrays: ArrayRecord, connected: list[int], grid: Grid) -> list[int]:
+        """Draw d candidates, probe them (pow-d, cpow-d), train the m with the largest loss."""
+        candidates = self.draw_candidates(connected)
         if self.variant == "rpow-d":
             losses = {n: self.last_loss.get(self.client_of_node.get(n, n), math.inf) for n in candidates}
         else:
@@ -127,7 +115,7 @@ class PowerOfChoice(AvailabilityStrategy):
             # rpow-d: a never-seen client's loss is unknown, written -1
             "chosen-losses": [losses[n] if math.isfinite(losses[n]) else -1.0 for n in chosen],
         }
-        return super().configure_train(server_round, arrays, config, _Nodes(chosen))
+        return chosen
 
     # ------------------------------------------------------------------ aggregation
     def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):

@@ -3,7 +3,8 @@
 Every module of this package is imported and every :class:`AvailabilityStrategy` subclass with
 a ``name`` is registered, so a new rule is one new module. A strategy spec uses the same grammar
 as schedules: ``fedau:cutoff=50``; its parameters are the class's own keyword arguments
-(beyond the shared ones), type-checked against their defaults.
+(beyond the shared ones) and the base's sanity bounds ``max-update-norm`` and ``max-norm-ratio``,
+type-checked against their defaults.
 """
 
 from __future__ import annotations
@@ -21,7 +22,10 @@ from availability.spec import SpecError, parse_spec
 
 from .base import AvailabilityStrategy
 
-SHARED = set(inspect.signature(AvailabilityStrategy.__init__).parameters) - {"self"}
+# keyword arguments of the base that a spec may set for every rule (e.g. "mifa:max-norm-ratio=50")
+SPEC_SHARED = {"max_update_norm", "max_norm_ratio"}
+# the other base arguments come from the run config (build_strategy's ``shared``), not a spec
+SHARED = set(inspect.signature(AvailabilityStrategy.__init__).parameters) - {"self"} - SPEC_SHARED
 
 
 def _all_subclasses(cls: type) -> list[type]:

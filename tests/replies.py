@@ -30,10 +30,11 @@ def start_round(strategy: AvailabilityStrategy, rnd: int, x: np.ndarray, nodes) 
     return {m.metadata.dst_node_id: m for m in sent}
 
 
-def reply(sent: Message, model, **metrics) -> Message:
+def reply(sent: Message, model, extra_arrays: dict | None = None, **metrics) -> Message:
+    """A training reply: ``model`` as array 'w' (plus ``extra_arrays``) and the metrics."""
     metrics = {"num-examples": 10, **metrics}
-    content = RecordDict({"arrays": named_arrays({"w": np.asarray(model, np.float32)}),
-                          "metrics": MetricRecord(metrics)})
+    arrays = {"w": np.asarray(model, np.float32), **(extra_arrays or {})}
+    content = RecordDict({"arrays": named_arrays(arrays), "metrics": MetricRecord(metrics)})
     return Message(content, reply_to=sent)
 
 

@@ -40,11 +40,13 @@ def _no_plots(monkeypatch):
     monkeypatch.setattr("server_app.results.plot_run", lambda *args, **kwargs: None)
 
 
-def awe_reply(sent, model, factor, update=None, **metrics):
-    """A FedAWE client's reply: x_i^† in 'w', the echo factor (and u_i) as extra keys."""
+def awe_reply(sent, model, factor, update=0.0, **metrics):
+    """A FedAWE client's reply: x_i^† in 'w', the echo factor and u_i (a scalar: filled; None: left
+    out) as extra keys."""
     arrays = {"w": np.asarray(model, np.float32), ECHO_FACTOR: np.array([factor], np.float64)}
     if update is not None:
-        arrays[UPDATE_PREFIX + "w"] = np.asarray(update, np.float32)
+        u = np.asarray(update, np.float32)
+        arrays[UPDATE_PREFIX + "w"] = np.full(np.shape(model), u, np.float32) if u.ndim == 0 else u
     content = RecordDict({"arrays": named_arrays(arrays),
                           "metrics": MetricRecord({"num-examples": 10, **metrics})})
     return Message(content, reply_to=sent)
@@ -119,7 +121,7 @@ def test_train_messages_carry_the_initial_model_and_the_client_config():
         np.testing.assert_array_equal(sent_model(msg), x0)  # x^0: the copy of a client without one
         config = msg.content["config"]
         assert config[CLIENT_RULE] == "fedawe" and config[SERVER_LR] == 0.5
-        assert config[SEND_UPDATE] is False and config[RUN_KEY] == s.run_key and config[SERVER_ROUND] == 2
+        assert config[SEND_UPDATE] is True and config[RUN_KEY] == s.run_key and config[SERVER_ROUND] == 2
     np.testing.assert_array_equal(s.current, [2.0, 2.0])  # the rule itself works on x^t
 
 
@@ -139,6 +141,8 @@ def test_server_clip_of_the_averaged_echoed_update(clip, expected, clipped):
     arrays, metrics = s.aggregate_train(2, replies)
     np.testing.assert_allclose(arrays["w"].numpy(), expected, rtol=1e-6)
     assert metrics["echo-update-norm"] == pytest.approx(1.0) and metrics["echo-clipped"] == clipped
+    # x̄ (from x^0 = (5, 5)) moves by (|A_t|/N) η_g clip(ū) = (2/4) · 2 · clip(ū)
+    np.testing.assert_allclose(s.xbar, 5.0 + (2 / 4) * 2.0 * np.array([0.6, 0.8]) * min(1.0, clip), rtol=1e-6)
 
 
 def test_spec_builds_the_clip_and_rejects_a_bad_one():
@@ -177,7 +181,8 @@ def test_broadcast_goes_only_to_the_nodes_of_valid_replies():
         (0, None, {}, "outside [1, t + 1 = 2]"),
         (3, None, {}, "outside [1, t + 1 = 2]"),
         (1.5, None, {}, "one integer"),
-        (1, None, {"fedawe.bogus": np.ones(1, np.float32)}, "unknown FedAWE reply keys"),
+        (1, [0.5], {"fedawe.bogus": np.ones(1, np.float32)}, "unknown FedAWE reply keys"),
+        (1, None, {}, "lacks 'fedawe.update.w'"),
     ],
 )
 def test_bad_fedawe_replies_are_rejected_with_reason(factor, update, extra, why):
@@ -186,6 +191,8 @@ def test_bad_fedawe_replies_are_rejected_with_reason(factor, update, extra, why)
     arrays = {"w": np.ones(1, np.float32), **extra}
     if factor is not None:
         arrays[ECHO_FACTOR] = np.array([factor], np.float64)
+    if update is not None:
+        arrays[UPDATE_PREFIX + "w"] = np.asarray(update, np.float32)
     bad = Message(RecordDict({"arrays": named_arrays(arrays),
                               "metrics": MetricRecord({"num-examples": 3, "client-id": 1})}), reply_to=sent[101])
     out, metrics = s.aggregate_train(2, [awe_reply(sent[100], [4.0], 1, **{"client-id": 0}), bad])
@@ -198,7 +205,7 @@ def test_clip_needs_the_echoed_update_of_every_reply():
     s = FedAWE(num_clients=3, clip=0.5)
     sent = start_round(s, 1, np.zeros(2), [100, 101])
     out, _ = s.aggregate_train(1, [awe_reply(sent[100], [1.0, 1.0], 1, [1.0, 1.0], **{"client-id": 0}),
-                                   awe_reply(sent[101], [9.0, 9.0], 1, **{"client-id": 1}),
+                                   awe_reply(sent[101], [9.0, 9.0], 1, None, **{"client-id": 1}),
                                    ])
     assert "fedawe.update.w" in s.round_log.rejected[0][1]
     sent = start_round(s, 2, out["w"].numpy(), [100])
@@ -207,7 +214,7 @@ def test_clip_needs_the_echoed_update_of_every_reply():
 
 
 def test_server_memory_is_constant_per_client():
-    """O(1) per client: after many rounds of 60 clients the state holds x^0 and nothing per client."""
+    """O(1) per client: after many rounds of 60 clients the state holds x^0 and x̄, nothing per client."""
     n, d = 60, 40
     s = FedAWE(num_clients=n, clip=0.5)
     rng = np.random.default_rng(0)
@@ -220,9 +227,9 @@ def test_server_memory_is_constant_per_client():
         out, _ = s.aggregate_train(rnd, replies)
         x = out["w"].numpy()
     in_state = arrays_in(s.state_dict())
-    assert sum(a.size for a in in_state) == d  # x^0 only
+    assert sum(a.size for a in in_state) == 2 * d  # x^0 and x̄ only
     held = arrays_in({k: v for k, v in vars(s).items() if k != "_sent"})  # _sent: this round's messages
-    assert sum(a.size for a in held) <= 3 * d  # x^t, x^0 and the layout's bookkeeping
+    assert sum(a.size for a in held) <= 4 * d  # x^t, x^0, x̄ and the layout's bookkeeping
     assert len(s.client_of_node) == n  # the base's node -> client id map: one int each
 
 
@@ -501,3 +508,108 @@ def test_counterexample_through_the_real_strategy_and_client_rule(tmp_path, monk
     gap = np.linalg.norm(e[0] - e[1])
     assert np.linalg.norm(finals["fedawe"] - star) < 0.014 * gap
     assert np.linalg.norm(finals["interval-reweighting"] - star) > 0.07 * gap
+
+
+# ------------------------------------------------------------------ x̄, the official score
+def drive(s, n, rounds, available, train, d=3):
+    """Rounds of ``s`` against n real client rules (one context each); returns (x^t, copies)."""
+    from flwr.app import ArrayRecord
+
+    rule, contexts = FedAWERule(), [ctx(pid=c) for c in range(n)]
+    x = np.linspace(-1.0, 1.0, d)
+    for rnd in range(1, rounds + 1):
+        t = rnd - 1
+        sent = start_round(s, rnd, x, [NODE_ID_BASE + c for c in range(n)])
+        replies = []
+        for c in available(t):
+            msg = sent[NODE_ID_BASE + c]
+            start = rule.start(msg.content["arrays"].to_torch_state_dict(), contexts[c], c, t, msg.content["config"])
+            trained = {"w": start["w"] + torch.as_tensor(train(t, c, start["w"].numpy()), dtype=torch.float32)}
+            out = rule.reply(start, trained, contexts[c], c, t, msg.content["config"])
+            replies.append(Message(RecordDict({"arrays": ArrayRecord(out),
+                                               "metrics": MetricRecord({"num-examples": 5 + c, "client-id": c})}),
+                                   reply_to=msg))
+        arrays, _ = s.aggregate_train(rnd, replies)
+        for m in s.configure_broadcast(rnd, arrays, Grid1(sent)):
+            c = m.metadata.dst_node_id - NODE_ID_BASE
+            rule.adopt(m.content["arrays"].to_torch_state_dict(), contexts[c], c, t, m.content["config"])
+        x = arrays["w"].numpy()
+    copies = []
+    for c in range(n):
+        state = StateStore(contexts[c], c, {RUN_KEY: s.run_key}).load()
+        copies.append(np.linspace(-1.0, 1.0, d) if state is None else state.copy["w"].numpy())
+    return x, np.array(copies)
+
+
+@pytest.mark.parametrize(("clip", "server_lr", "weighting"),
+                         [(0.0, 1.0, "equal"), (0.5, 1.0, "equal"), (0.0, 1.7, "equal"), (0.3, 0.6, "equal"),
+                          (0.3, 1.5, "num-examples")])
+def test_tracked_xbar_is_the_mean_of_every_clients_copy(clip, server_lr, weighting):
+    """x̄ ← x̄ + (1/N) Σ_{A_t} (x^{t+1} − x_i^{t,0}) equals the mean of the copies the client rules
+    hold, with and without the clip, η_g ≠ 1, empty rounds (t = 2, 5) and a client never seen (5)."""
+    n = 6
+    rng = np.random.default_rng(1)
+    picks = {t: sorted(rng.choice(5, size=rng.integers(1, 5), replace=False).tolist()) for t in range(12)}
+    picks[2] = picks[5] = []
+
+    def train(t, c, w):
+        return -0.3 * (w - (c - 2.0))  # a step toward e_c = c − 2: copies differ, updates large
+
+    s = FedAWE(num_clients=n, clip=clip, server_lr=server_lr, weighting=weighting)
+    x, copies = drive(s, n, 12, picks.__getitem__, train)
+    assert not np.allclose(x, copies.mean(axis=0), atol=1e-2)  # x^t and x̄ differ: not a vacuous check
+    np.testing.assert_allclose(s.xbar, copies.mean(axis=0), atol=1e-5)
+    (xbar,) = s.extra_evaluation_arrays(named_arrays({"w": x})).values()
+    np.testing.assert_allclose(xbar["w"].numpy(), copies.mean(axis=0), atol=1e-5)
+
+
+def test_xbar_survives_a_checkpoint_and_needs_num_clients():
+    a = FedAWE(num_clients=3, clip=0.5)
+    drive(a, 3, 3, lambda t: [t % 3], lambda t, c, w: np.full_like(w, 0.4))
+    b = FedAWE(num_clients=3)
+    b.load_state_dict(a.state_dict())
+    np.testing.assert_array_equal(b.xbar, a.xbar)
+    assert FedAWE().extra_evaluation_arrays(named_arrays({"w": np.zeros(1, np.float32)})) == {}
+    s = FedAWE()  # N unknown (someone else's app): no x̄, the rule still runs
+    start_round(s, 1, np.zeros(2), [100])
+    assert s.xbar is None and s.extra_evaluation_arrays(named_arrays({"w": np.zeros(2, np.float32)})) == {}
+
+
+def test_update_norm_is_the_clients_own_local_change():
+    """‖u_i‖ / (t − τ_i) = ‖Δ_i‖, whatever the copy's staleness (x_i^† − x^t) or the echo factor."""
+    s = FedAWE(num_clients=3)
+    sent = start_round(s, 5, np.zeros(2), [100])
+    report = s.parse_reply(awe_reply(sent[100], [30.0, 40.0], 4, [6.0, 8.0], **{"client-id": 0}), 100)
+    assert s.update_norm(report) == pytest.approx(2.5)
+
+
+def test_inprocess_run_records_the_xbar_score_and_tracks_the_copies_in_the_state_dir(tmp_path):
+    """A real run (ServerApp loop + ClientApp, η_g ≠ 1, clip on): the checkpointed x̄ equals the mean
+    of the copies the clients wrote to the state dir, and every evaluated round records both scores."""
+    state = tmp_path / "state"
+    run_dir = run_inprocess(quadratic(tmp_path, **{"strategy": "fedawe:clip=0.5", "server-lr": 1.5,
+                                                  "availability": "bernoulli:p=0.3", "checkpoint-every": 8,
+                                                  "state-dir": str(state)}))
+    rows = read_metrics(run_dir)
+    assert all("test-distance-to-optimum" in r and "test-distance-to-optimum-xbar" in r for r in rows)
+    assert any(r["test-distance-to-optimum"] != r["test-distance-to-optimum-xbar"] for r in rows)
+    strategy = torch.load(run_dir / "checkpoints" / "round-0008.pt", weights_only=False)["strategy"]
+    copies = []
+    for c in range(6):  # a client never available has no file: its copy is still x^0 = 0
+        path = state / f"client-{c}" / f"fedawe-{strategy['run_key']}.pt"
+        copies.append(torch.load(path, weights_only=True)["copy"]["x"].numpy() if path.exists() else np.zeros(10))
+    assert len(list(state.glob("client-*/fedawe-*.pt"))) >= 3
+    np.testing.assert_allclose(strategy["xbar"], np.mean(copies, axis=0), atol=1e-5)
+
+
+def test_norm_bound_judges_the_local_change_not_the_echo_or_the_stale_copy():
+    """max-norm-ratio 10: a rare client (echo factor 50, copy far from x^t) with an ordinary local
+    change passes; a client whose own change is 100x the others' is rejected."""
+    s = FedAWE(num_clients=5, max_norm_ratio=10.0)
+    sent = start_round(s, 60, np.zeros(2), [100 + c for c in range(5)])
+    ordinary = [awe_reply(sent[100 + c], [1.0, 0.0], 1, [1.0, 0.0], **{"client-id": c}) for c in range(3)]
+    rare = awe_reply(sent[103], [900.0, 50.0], 50, [0.0, 50.0], **{"client-id": 3})  # ‖Δ‖ = 50 / 50 = 1
+    wild = awe_reply(sent[104], [100.0, 0.0], 1, [100.0, 0.0], **{"client-id": 4})  # ‖Δ‖ = 100
+    s.aggregate_train(60, [*ordinary, rare, wild])
+    assert s.round_log.participants == [0, 1, 2, 3]
+    assert [node for node, _ in s.round_log.rejected] == [104]

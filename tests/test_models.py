@@ -98,7 +98,8 @@ def test_cifar_dataset_name_variants_and_cinic_dropout():
     cinic = build_model("cnn", (3, 32, 32), 10, dataset="cinic-10")
     kinds = [type(m).__name__ for m in cinic]
     head = kinds[kinds.index("Flatten") + 1 :]
-    assert head == ["Dropout", "Linear", "ReLU", "Linear", "ReLU", "Dropout", "Linear"]
+    # IBM/fedau model/cnn_cinic10.py: Dropout(0.2) before each of the three linear layers
+    assert head == ["Dropout", "Linear", "ReLU", "Dropout", "Linear", "ReLU", "Dropout", "Linear"]
     assert all(m.p == 0.2 for m in cinic if isinstance(m, torch.nn.Dropout))
 
 
@@ -169,3 +170,35 @@ def test_errors():
         build_model("cnn", (1, 2, 2), 10)
     with pytest.raises(ValueError, match="quadratic"):
         build_model("quadratic", (3, 4), 1)
+
+
+def linears(model):
+    return [m for m in model.modules() if isinstance(m, (torch.nn.Linear, torch.nn.Conv2d))]
+
+
+@pytest.mark.parametrize(("shape", "dataset"), [((1, 28, 28), "fashion-mnist"), ((3, 32, 32), "cifar10")])
+def test_official_cnn_init_leaves_the_output_layer_at_pytorch_default(shape, dataset):
+    """IBM/fedau model/cnn_*.py: Kaiming for conv and fc1, fc2 left at U(±1/√fan_in) (weights, biases)."""
+    torch.manual_seed(0)
+    official = linears(build_model("cnn:init=official", shape, 10, dataset=dataset))
+    torch.manual_seed(0)
+    kaiming = linears(build_model("cnn", shape, 10, dataset=dataset))
+    out = official[-1]
+    bound = out.in_features ** -0.5
+    w = out.weight.detach().flatten()
+    assert w.abs().max() <= bound and out.bias.abs().max() <= bound and torch.count_nonzero(out.bias) == 10
+    # uniform on [−b, b]: std b/√3 and half of |w| below b/2 (Kaiming: std √2·b, ~2.4x larger)
+    assert abs(w.std().item() - bound / 3**0.5) < 0.05 * bound
+    assert abs((w.abs() < bound / 2).float().mean().item() - 0.5) < 0.05
+    assert abs(kaiming[-1].weight.std().item() - 2**0.5 * bound) < 0.1 * bound
+    for m in official[:-1]:  # hidden layers: Kaiming-normal, zero bias, as with init=kaiming
+        fan_in = m.weight[0].numel()
+        assert torch.count_nonzero(m.bias) == 0
+        assert abs(m.weight.std().item() - (2 / fan_in) ** 0.5) < 0.15 * (2 / fan_in) ** 0.5
+
+
+def test_model_spec_errors_name_the_problem():
+    with pytest.raises(ValueError, match="init='xavier'; choose one of kaiming, official"):
+        build_model("cnn:init=xavier", (1, 28, 28), 10)
+    with pytest.raises(ValueError, match=r"model 'mlp': unknown parameter\(s\) \['init'\]"):
+        build_model("mlp:init=official", (1, 28, 28), 10)

@@ -24,6 +24,7 @@ def _assert_disjoint(parts, n=4000):
 
 
 @pytest.mark.parametrize("spec", ["iid", "dirichlet:alpha=0.5", "dirichlet:alpha=0.1,min_size=5",
+                                  "client-dirichlet:alpha=0.1", "client-dirichlet:alpha=0.5,min_size=150",
                                   "shards:per_client=2", "shards:per_client=4"])
 def test_disjoint_and_covering(spec):
     parts = partition(spec, LABELS, 20, seed=1)  # 4000 = 20 * 2 * 100 = 20 * 4 * 50
@@ -40,7 +41,8 @@ def test_iid_is_balanced_and_mixed():
     assert np.abs(dist - 0.1).max() < 0.05
 
 
-@pytest.mark.parametrize("spec", ["iid", "dirichlet:alpha=0.3", "shards", "clustered:clusters=4,samples=50"])
+@pytest.mark.parametrize("spec", ["iid", "dirichlet:alpha=0.3", "client-dirichlet:alpha=0.3", "shards",
+                                  "clustered:clusters=4,samples=50"])
 def test_deterministic_in_seed(spec):
     a = partition(spec, LABELS, 20, seed=3)
     b = partition(spec, LABELS, 20, seed=3)
@@ -63,6 +65,32 @@ def test_dirichlet_min_size():
     assert min(len(p) for p in parts) >= 30
     with pytest.raises(ValueError, match="min_size"):
         partition("dirichlet:alpha=0.01,min_size=150", LABELS, 20, seed=0)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_client_dirichlet_matches_the_official_codes_statistics(seed):
+    """FedAU/FedAWE ``util.partition``, 100 clients on Fashion-MNIST's training labels (6000 per class),
+    alpha 0.1: sizes near 600 (the official code gave 439-847 in the issue's run), each client
+    dominated by few classes; the per-class split of ``dirichlet`` gives clients of a few examples."""
+    labels = np.repeat(np.arange(C), 6000)
+    parts = partition("client-dirichlet:alpha=0.1", labels, 100, seed=seed)
+    sizes = np.array([len(p) for p in parts])
+    assert sizes.sum() == 60000 and 350 <= sizes.min() and sizes.max() <= 1000
+    top_share = label_distributions(labels, parts, C).max(axis=1)
+    assert np.median(top_share) > 0.5  # Dir(0.1) rows: most mass on one class (IID: 0.1)
+
+
+def test_per_class_dirichlet_sizes_differ_from_the_official_split():
+    labels = np.repeat(np.arange(C), 6000)
+    per_class = np.array([len(p) for p in partition("dirichlet:alpha=0.1", labels, 100, seed=0)])
+    assert per_class.min() < 100 and per_class.max() > 1500  # 4 to 3833 for this seed
+
+
+def test_client_dirichlet_min_size():
+    parts = partition("client-dirichlet:alpha=0.1,min_size=120", LABELS, 20, seed=0)
+    assert min(len(p) for p in parts) >= 120
+    with pytest.raises(ValueError, match="client-dirichlet.*min_size=199"):
+        partition("client-dirichlet:alpha=0.1,min_size=199", LABELS, 20, seed=0)
 
 
 @pytest.mark.parametrize("k", [1, 2, 3])

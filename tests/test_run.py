@@ -1,6 +1,7 @@
 """The ServerApp round loop against the real ClientApp, in process (no Ray): end to end."""
 
 import dataclasses
+import json
 import shutil
 import tomllib
 
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import ROOT
-from flwr.app import Message
+from flwr.app import ArrayRecord, Message
 from flwr.clientapp import ClientApp
 
 from availability import SpecError
@@ -18,6 +19,7 @@ from server_app.config import RunConfig, ServerConfig
 from server_app.experiment import run
 from server_app.network import NodesMissing
 from server_app.results import read_matrix, read_metrics
+from strategies import STRATEGIES, FedAvgActive
 from workloads.config import AvailabilityConfig, ConfigError, WorkloadConfig
 from workloads.data import DatasetError
 
@@ -182,3 +184,31 @@ def test_dataclass_fields_are_all_documented_in_pyproject():
     for cls in (ServerConfig, WorkloadConfig, AvailabilityConfig):
         for f in dataclasses.fields(cls):
             assert f.name.replace("_", "-") in keys
+
+
+class WithZeroModel(FedAvgActive):
+    """FedAvg that also asks for an all-zero model to be evaluated (as FedAWE asks for its x̄)."""
+
+    name = "with-zero-model"
+
+    def extra_evaluation_arrays(self, arrays):
+        return {"zero": ArrayRecord({k: torch.zeros_like(v) for k, v in arrays.to_torch_state_dict().items()})}
+
+
+def test_extra_models_are_evaluated_whenever_the_global_model_is(tmp_path, monkeypatch):
+    monkeypatch.setitem(STRATEGIES, "with-zero-model", WithZeroModel)
+    run_dir = run_inprocess(small(tmp_path, strategy="with-zero-model", **{"eval-every": 2}))
+    rows = read_metrics(run_dir)
+    assert [r["round"] for r in rows if "test-accuracy-zero" in r] == [2, 4, 6]
+    assert [r["round"] for r in rows if "test-accuracy" in r] == [2, 4, 6]
+    for r in (r for r in rows if "test-loss-zero" in r):  # zero weights: uniform over 10 classes
+        assert r["test-loss-zero"] == pytest.approx(np.log(10), rel=1e-6)
+        assert r["test-loss"] != pytest.approx(r["test-loss-zero"])
+
+
+@pytest.mark.parametrize(("strategy", "weighting", "used"), [
+    ("fedavg-active", "auto", "equal"), ("fednova", "auto", "num-examples"), ("fednova", "equal", "equal")])
+def test_config_json_records_the_weighting_the_rule_used(tmp_path, strategy, weighting, used):
+    run_dir = run_inprocess(small(tmp_path, strategy=strategy, weighting=weighting, **{"num-server-rounds": 1}))
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["weighting"] == weighting and config["weighting-used"] == used

@@ -151,3 +151,20 @@ def test_rules_with_per_client_state_reject_replies_without_a_client_id(name):
     sent = start_round(s, 1, np.zeros(1), [100])
     s.aggregate_train(1, [reply(sent[100], [1.0])])  # no client-id: a node id is not a row
     assert s.round_log.participants == [] and "client-id" in s.round_log.rejected[0][1]
+
+
+@pytest.mark.parametrize("name", sorted(STRATEGIES))
+def test_auto_weighting_resolves_to_the_papers_weighting(name):
+    cls = STRATEGIES[name]
+    paper = "num-examples" if name == "fednova" else "equal"  # FedNova: p_i = n_i / n
+    assert cls.paper_weighting == paper
+    for given in ({"weighting": "auto"}, {}):  # "auto" is the default
+        s = build_strategy(name, num_clients=3, probabilities=lambda t: np.ones(3), **given)
+        assert s.weighting == paper
+    if not cls.equal_weights_only:
+        assert build_strategy(name, num_clients=3, probabilities=lambda t: np.ones(3),
+                              weighting="equal").weighting == "equal"
+
+
+def test_no_extra_scored_models_by_default():
+    assert FedAvgActive(num_clients=2).extra_evaluation_arrays(named_arrays({"w": np.ones(1)})) == {}

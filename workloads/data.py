@@ -64,8 +64,9 @@ class DatasetError(ValueError):
 
 
 README_HINT = (
-    "pass download=True to fetch it with torchvision (needs internet), or point data_dir at the "
-    "offline copy described in ../shared/data/README.md"
+    "point the run config's data-dir at the offline copy described in ../shared/data/README.md "
+    "(an absolute path, e.g. --run-config \"data-dir='/abs/path/shared/data'\"), or set download=true "
+    "to fetch it with torchvision (needs internet)"
 )
 
 # Uncompressed-content md5 of the official IDX files.
@@ -296,7 +297,7 @@ def _load_cinic10(data_dir: Path, download: bool, seed: int, use_valid: bool = F
     if root is None:
         raise _missing("cinic10", ["train/<class>/*.png", "test/<class>/*.png"], dirs,
                        "download CINIC-10 from https://datashare.ed.ac.uk/handle/10283/3192 and "
-                       "extract it to data_dir/CINIC-10 (torchvision cannot download it)")
+                       "extract it to <data-dir>/CINIC-10 (torchvision cannot download it)")
     classes = sorted(p.name for p in (root / "train").iterdir() if p.is_dir())
     if not classes:
         raise DatasetError(f"cinic10: no class folders under {root / 'train'}")
@@ -405,8 +406,8 @@ def load_dataset(name: str, data_dir: str | os.PathLike | None = None, *, downlo
     loader, mean, std, num_classes, allowed = _IMAGES[key]
     _check_params(key, params, allowed)
     if data_dir is None and key != "digits":
-        raise DatasetError(f"dataset '{key}' is read from files: pass data_dir (the folder "
-                           f"holding '{key}/' or torchvision's layout); {README_HINT}")
+        raise DatasetError(f"dataset '{key}' is read from files but the run config's data-dir is empty: "
+                           f"set data-dir to the folder holding '{key}/' or torchvision's layout; {README_HINT}")
     root = Path(data_dir).expanduser() if data_dir is not None else None
     xtr, ytr, xte, yte = loader(root, download, seed, **params)
     if mean is None:  # digits: floats in [0, 1], scalar train statistics

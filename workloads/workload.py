@@ -18,7 +18,7 @@ from torch import nn
 
 from .config import ConfigError, WorkloadConfig
 from .data import DATASETS, TensorData, load_dataset
-from .models import MODELS, build_model
+from .models import build_model, model_params
 from .partition import cluster_of, label_distributions, partition
 from .solvers import LocalResult, SolverConfig, local_steps, local_train, lr_at
 
@@ -45,8 +45,10 @@ class Workload:
         cfg.validate()
         if cfg.dataset not in DATASETS:
             raise ConfigError(f"run config 'dataset' = {cfg.dataset!r}; known: {list(DATASETS)}")
-        if cfg.model not in MODELS:
-            raise ConfigError(f"run config 'model' = {cfg.model!r}; known: {list(MODELS)}")
+        try:
+            model_params(cfg.model)
+        except ValueError as exc:
+            raise ConfigError(f"run config 'model' = {cfg.model!r}: {exc}") from exc
         self.cfg = cfg
         self.device = resolve_device(cfg.device)
         self.train, self.test = load_dataset(

@@ -1,0 +1,273 @@
+"""A long-lived worker per SuperNode behind a thin ClientApp: deployments only.
+
+Flower 1.41 starts a fresh ``flwr-clientapp`` process for every message; importing torch and
+building the workload there cost ~6 s a message. With node config ``client-worker=true`` (set by
+``deploy.tuning.NODE_CONFIG``), the ClientApp's mod :func:`through_worker` hands the message and
+the node's context to this node's worker process instead, which keeps torch and the workload
+loaded, calls the same ClientApp handlers, and sends back the reply and the updated
+``context.state``. Without the key (simulation, in-process runs, tests) the handlers are called
+directly, so the numbers are the same either way.
+
+Lifetime and identity:
+
+- The worker belongs to one SuperNode process (its pid and start time), found through the
+  ``--parent-pid`` arguments Flower passes down (SuperNode -> SuperExec -> ClientApp). The first message starts it; it listens on
+  an abstract Unix socket named after that pid, start time and the installed app's folder.
+- It exits as soon as that SuperNode process exits, whatever the signal (SIGTERM, SIGKILL): it
+  holds a pidfd of the SuperNode and waits on it. A restarted SuperNode is a new process, so it
+  gets a new worker; a stopped node's worker is never addressed again (nor can it be: its name
+  holds the old process's start time).
+- It caches only what is a pure function of the run config (the workload, the schedule).
+  Client-held state (FedAWE's copy) travels with every message in ``context.state`` and is
+  written under ``state-dir`` by the handlers, exactly as without the worker.
+- It handles one message at a time, as the SuperNode does. Only processes of the same user may
+  talk to it (``SO_PEERCRED``); messages are pickled, so it trusts that user.
+
+Linux only (pidfd, abstract sockets, /proc); elsewhere the switch is an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import logging
+import os
+import pickle
+import selectors
+import socket
+import struct
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from flwr.app import Context, Message
+
+from workloads.config import ConfigError
+
+log = logging.getLogger(__name__)
+
+SWITCH = "client-worker"  # node_config key: true = hand messages to this node's worker
+APP_ROOT = Path(__file__).resolve().parent.parent  # the installed app (Flower unpacks one per FAB)
+START_TIMEOUT = 120.0  # seconds a new worker may take to listen
+_HEADER = struct.Struct("!Q")
+
+
+class WorkerError(RuntimeError):
+    """The worker could not be started or reached, or died while handling a message."""
+
+
+def uses_worker(context: Context) -> bool:
+    value = context.node_config.get(SWITCH, False)
+    if not isinstance(value, bool):
+        raise ConfigError(f"node config {SWITCH}={value!r}: use true or false (no quotes)")
+    if value and not sys.platform.startswith("linux"):
+        raise ConfigError(f"node config {SWITCH}=true needs Linux (pidfd, /proc); set it to false")
+    return value
+
+
+def through_worker(msg: Message, context: Context, call_next):
+    """Flower mod: to the node's worker when the node config asks for it, else straight on."""
+    if not uses_worker(context):
+        return call_next(msg, context)
+    return NodeWorker.of_this_process().call(msg, context)
+
+
+# ---------------------------------------------------------------------- processes (/proc)
+def start_time(pid: int) -> int:
+    """The process's start time in clock ticks since boot (/proc/PID/stat field 22)."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+
+
+def parent_pid_arg(pid: int) -> int | None:
+    """The ``--parent-pid`` argument of process ``pid`` (Flower passes it down its process chain)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return None
+    for flag, value in zip(argv, argv[1:], strict=False):
+        if flag == "--parent-pid" and value.isdigit():
+            return int(value)
+    return None
+
+
+def supernode_of(pid: int) -> int | None:
+    """The SuperNode that process ``pid`` (a ``flwr-clientapp``) works for, or None.
+
+    Flower's chain: ``flower-supernode`` starts ``flower-superexec --parent-pid SUPERNODE``, which
+    starts ``flwr-clientapp --parent-pid SUPEREXEC`` for each message.
+    """
+    superexec = parent_pid_arg(pid)
+    return None if superexec is None else parent_pid_arg(superexec)
+
+
+def address(supernode: int, started: int) -> str:
+    """The worker's abstract socket name: one per SuperNode process and installed app."""
+    app = hashlib.sha1(str(APP_ROOT).encode()).hexdigest()[:12]
+    return f"\0flchurn-worker-{supernode}-{started}-{app}"
+
+
+# ---------------------------------------------------------------------- framing
+def send_obj(sock: socket.socket, obj) -> None:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    sock.sendall(_HEADER.pack(len(data)) + data)
+
+
+def recv_obj(sock: socket.socket):
+    header = _recv_exactly(sock, _HEADER.size)
+    return pickle.loads(_recv_exactly(sock, _HEADER.unpack(header)[0]))
+
+
+def _recv_exactly(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(min(n - len(buf), 1 << 20))
+        if not chunk:
+            raise EOFError("connection closed")
+        buf += chunk
+    return bytes(buf)
+
+
+# ---------------------------------------------------------------------- the ClientApp side
+class NodeWorker:
+    """The worker of one SuperNode process, as seen from a ``flwr-clientapp`` process."""
+
+    def __init__(self, supernode: int) -> None:
+        self.supernode = supernode
+        self.started = start_time(supernode)
+        self.address = address(supernode, self.started)
+
+    @classmethod
+    def of_this_process(cls) -> NodeWorker:
+        supernode = supernode_of(os.getpid())
+        if supernode is None:
+            raise WorkerError(
+                f"node config {SWITCH}=true, but this ClientApp (pid {os.getpid()}) was not started by a "
+                "SuperNode's own SuperExec (isolation 'process' or a simulation?); set it to false there")
+        return cls(supernode)
+
+    def call(self, msg: Message, context: Context) -> Message:
+        """The reply to ``msg``; ``context.state`` is replaced by the worker's updated state."""
+        from flwr.supercore.task_identity import TaskIdentity
+
+        sock = self.connect()
+        plain = Context(run_id=context.run_id, node_id=context.node_id, state=context.state,
+                        run_config=context.run_config, series_id=context.series_id,
+                        node_config={k: v for k, v in context.node_config.items() if k != SWITCH})
+        identity = (TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id)
+        try:
+            with sock:
+                send_obj(sock, (identity, msg, plain))
+                status, payload, state = recv_obj(sock)
+        except (EOFError, OSError) as err:
+            raise WorkerError(f"the client worker of SuperNode {self.supernode} died while handling "
+                              f"the message ({err}); the next message starts a new one") from err
+        if status == "raised":
+            raise payload
+        context.state = state
+        return payload
+
+    def connect(self, timeout: float = START_TIMEOUT) -> socket.socket:
+        """A connection to the worker, starting it first when it is not there."""
+        if (sock := self._try_connect()) is not None:
+            return sock
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "client_app.worker", "--supernode", str(self.supernode),
+             "--started", str(self.started)],
+            cwd=APP_ROOT, stdin=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(APP_ROOT),
+                                                                             os.environ.get("PYTHONPATH")]))},
+        )
+        deadline = time.monotonic() + timeout
+        while (sock := self._try_connect()) is None:
+            if proc.poll() is not None:  # (exit 0 and a listener: another one of this node won the race)
+                if (sock := self._try_connect()) is not None:
+                    return sock
+                raise WorkerError(f"the client worker of SuperNode {self.supernode} exited with code "
+                                  f"{proc.returncode} before listening (see the SuperNode's log)")
+            if time.monotonic() > deadline:
+                proc.kill()
+                raise WorkerError(f"the client worker of SuperNode {self.supernode} did not listen "
+                                  f"within {timeout:.0f} s")
+            time.sleep(0.02)
+        return sock
+
+    def _try_connect(self) -> socket.socket | None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(self.address)
+        except (ConnectionRefusedError, FileNotFoundError):
+            sock.close()
+            return None
+        return sock
+
+
+# ---------------------------------------------------------------------- the worker process
+def serve(supernode: int, started: int) -> int:
+    """Serve messages until SuperNode ``supernode`` exits. Returns the exit code."""
+    try:
+        watch = os.pidfd_open(supernode)
+    except ProcessLookupError:
+        return 0
+    if start_time(supernode) != started:  # the pid was reused: that SuperNode is gone
+        return 0
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        server.bind(address(supernode, started))
+    except OSError:  # another worker of this SuperNode listens already
+        return 0
+    server.listen(8)
+    from .app import app  # the handlers; torch and the workload load at the first message
+
+    sel = selectors.DefaultSelector()
+    sel.register(watch, selectors.EVENT_READ, "supernode")
+    sel.register(server, selectors.EVENT_READ, "client")
+    while True:
+        for key, _ in sel.select():
+            if key.data == "supernode":
+                return 0  # the SuperNode exited: so does its worker, at once
+            conn, _ = server.accept()
+            with conn:
+                handle(conn, app)
+
+
+def handle(conn: socket.socket, app) -> None:
+    from flwr.supercore.task_identity import TaskIdentity
+
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    if struct.unpack("3i", creds)[1] != os.getuid():
+        return  # another user's process: not ours to answer
+    try:
+        (TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id), msg, context = recv_obj(conn)
+    except (EOFError, OSError):
+        return
+    try:
+        out = ("reply", app(msg, context), context.state)
+    except Exception as exc:  # noqa: BLE001 - handed back and raised in the ClientApp, as if local
+        traceback.print_exc()  # into the SuperNode's log, with the worker's frames
+        out = ("raised", _picklable(exc), None)
+    try:
+        send_obj(conn, out)
+    except OSError:
+        pass  # the ClientApp went (its SuperNode stopped): nobody to answer
+
+
+def _picklable(exc: Exception) -> Exception:
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:  # noqa: BLE001
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="The client worker of one SuperNode (started by the ClientApp).")
+    ap.add_argument("--supernode", type=int, required=True, help="pid of the SuperNode this worker serves")
+    ap.add_argument("--started", type=int, required=True, help="its start time (/proc/PID/stat field 22)")
+    a = ap.parse_args(argv)
+    return serve(a.supernode, a.started)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

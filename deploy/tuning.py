@@ -1,0 +1,72 @@
+"""Settings that cut a deployed round's latency; the launcher applies them to every process.
+
+- ``ENV`` is merged into the environment of every spawned SuperLink and SuperNode (and so of
+  their ``flower-superexec``, ``flwr-serverapp`` and ``flwr-clientapp`` children).
+- ``NODE_CONFIG`` is merged into every SuperNode's ``--node-config``.
+- ``SUPERNODE`` is the command that starts a SuperNode in place of ``flower-supernode`` (same
+  arguments): Flower's own, with the idle sleep between two pulls cut to ``IDLE_SLEEP``.
+
+Where a deployed round waits in Flower 1.41 (``site-packages/flwr``) and what can be set:
+
+| wait | where | default | settable |
+|---|---|---|---|
+| SuperNode idle sleep between pulls | ``supernode/start_client_internal.py`` | 3 s | no (hard-coded): ``SUPERNODE`` |
+| SuperNode waits for the ClientApp's reply | same, ``_push_messages`` | 0.5 s polls | no (hard-coded): ``SUPERNODE`` |
+| SuperExec looks for a task to launch | ``supercore/superexec/run_superexec.py`` | 1 s | ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` (0.01-60 s) |
+| ServerApp looks for replies | ``superlink/grid/http_grid.py`` ``send_and_receive`` | 3 s | no: ``server_app.network.fast_pull`` (0.1 s) |
+| a fresh ``flwr-clientapp`` process per message | ``supernode/runtime/run_clientapp.py`` | imports + workload, ~6 s | ``client-worker`` below |
+
+A node that has just replied looks for the next message at once, finds none (the server is still
+collecting the round), then sleeps 3 s: with ``flower-supernode`` that sleep is the floor of every
+round after the first. ``SUPERNODE`` caps both hard-coded sleeps of that loop at ``IDLE_SLEEP``
+(more pulls: 4 nodes x 5 small HTTP requests a second to the SuperLink).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from client_app.worker import SWITCH as CLIENT_WORKER
+
+ENV: dict[str, str] = {
+    # the SuperExec of every SuperLink and SuperNode looks for a new task every 0.1 s, not 1 s
+    "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.1",
+}
+
+NODE_CONFIG: dict = {
+    # messages go to a long-lived worker per SuperNode (torch and the workload stay loaded)
+    CLIENT_WORKER: True,
+}
+
+IDLE_SLEEP = 0.2  # seconds: what SUPERNODE sleeps when it has nothing to pull (flower-supernode: 3)
+SUPERNODE: list[str] = [sys.executable, "-m", "deploy.tuning", "supernode"]
+
+
+class _CappedSleep:
+    """The ``time`` module, but ``sleep`` never longer than ``cap`` seconds."""
+
+    def __init__(self, cap: float) -> None:
+        self.cap = cap
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(min(seconds, self.cap))
+
+
+def run_supernode(argv: list[str]) -> None:
+    """``flower-supernode ARGV`` (Flower 1.41's own) with its pull loop's sleeps capped at IDLE_SLEEP."""
+    from flwr.supernode import start_client_internal as pull_loop
+    from flwr.supernode.cli import flower_supernode
+
+    pull_loop.time = _CappedSleep(IDLE_SLEEP)  # the loop calls time.sleep(3) / time.sleep(0.5)
+    sys.argv = ["flower-supernode", *argv]
+    flower_supernode()
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] != ["supernode"]:
+        sys.exit("usage: python -m deploy.tuning supernode [flower-supernode arguments]")
+    run_supernode(sys.argv[2:])

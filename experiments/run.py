@@ -1,0 +1,287 @@
+"""One command for a run on Flower's simulation engine through ``flwr run``, honest about the outcome.
+
+    python -m experiments.run [--run-config "k=v k2='s' ..."] [--num-supernodes N] [--num-gpus 0.25]
+
+What ``flwr run . --stream`` does not do, this does:
+
+- checks the whole run config with the ServerApp's own checks (unknown keys with the closest known
+  one, types, ranges, specs, data files, checkpoint) BEFORE submitting, in seconds instead of after
+  the simulation's start-up, and exits 2 with the message;
+- derives ``num-supernodes`` from ``num-clients`` (and refuses a ``--num-supernodes`` that differs);
+- makes ``results-dir``, ``data-dir``, ``state-dir`` and ``resume-from`` absolute (the ServerApp's
+  working directory is the SuperLink's), names an unnamed run, and refuses a folder that already
+  holds a run;
+- runs Flower with telemetry, runtime dependency installation and Ray's accelerator
+  FutureWarning off, in a temporary ``FLWR_HOME`` (or ``--flwr-home``), on its own local SuperLink
+  ports (``FLWR_LOCAL_SUPERLINK_HTTP_API_PORT``/``FLWR_LOCAL_CONTROL_API_PORT``), so it never
+  reuses nor stops anybody else's local SuperLink;
+- streams the run's log, then reads the run's real status (``flwr ls --run-id``): it prints the
+  results folder and exits 0 when the run is ``finished:completed``, otherwise prints the
+  ServerApp's one-paragraph error and exits 1 (``flwr run --stream`` exits 0 either way);
+- stops the detached local SuperLink that ``flwr run`` started (and its ServerApp/Ray children),
+  found by a tag in their environment, on success, failure, ``--timeout`` and Ctrl-C.
+
+Exit codes: 0 the run completed; 1 it failed or was stopped (``--timeout``); 2 it was never
+submitted (a bad run config or flag, or ``flwr run`` refused it); 130 Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from deploy.launch import default_run_config, free_port, kill_pids, parse_run_config, tagged_pids, toml_value
+from server_app.config import RunConfig
+from server_app.results import METRICS, default_run_name
+from workloads.config import ConfigError
+
+ROOT = Path(__file__).resolve().parent.parent
+TAG_VAR = "FLCHURN_RUN_TAG"  # inherited by the detached SuperLink and everything it starts
+PATH_KEYS = ("results-dir", "data-dir", "state-dir", "resume-from")
+COMPLETED = "finished:completed"
+QUIET_ENV = {  # Flower and Ray, quiet and offline
+    "FLWR_TELEMETRY_ENABLED": "0",
+    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+    "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
+    "PYTHONUNBUFFERED": "1",
+}
+
+
+class RunnerError(RuntimeError):
+    """A problem found before or while submitting (exit code 2)."""
+
+
+class RunTimeout(RunnerError):
+    """The run went past ``--timeout`` and was stopped (exit code 1)."""
+
+
+def parse_overrides(text: str) -> dict[str, Any]:
+    """``--run-config "k=v k2='s'"`` with Flower's own parser; a TOML mistake is a ConfigError."""
+    import click
+
+    try:
+        return parse_run_config(text)
+    except click.ClickException as err:
+        raise ConfigError(f"--run-config {text!r}: {err.message} Give each key once, and string values "
+                          "inner quotes, e.g. \"strategy='fedau' num-server-rounds=100\"") from None
+
+
+def resolve_run_config(user: Mapping[str, Any], cwd: Path | None = None) -> dict[str, Any]:
+    """pyproject defaults + ``user``, relative paths made absolute against ``cwd``, the run named."""
+    cwd = cwd or Path.cwd()
+    cfg = {**default_run_config(), **user}
+    for key in PATH_KEYS:
+        value = cfg.get(key)
+        if isinstance(value, str) and value:
+            cfg[key] = str((cwd / Path(value).expanduser()).resolve())  # an absolute path stays itself
+    if not cfg.get("run-name") and not cfg.get("resume-from"):
+        cfg["run-name"] = default_run_name(str(cfg["strategy"]), str(cfg["dataset"]), int(cfg["train-seed"]))
+    return cfg
+
+
+def check(run_config: Mapping[str, Any], num_supernodes: int | None) -> int:
+    """Every check the ServerApp makes before round 1 that needs no nodes (keys, types, ranges, specs,
+    data files, model, strategy, checkpoint, a free run folder); returns the number of SuperNodes."""
+    from server_app.experiment import prepare
+
+    cfg = RunConfig.from_run_config(run_config)  # keys, types, ranges: fast, before torch is imported
+    n = cfg.workload.num_clients
+    if num_supernodes is not None and num_supernodes != n:
+        raise ConfigError(f"--num-supernodes {num_supernodes} but the run config has num-clients={n}; in "
+                          f"simulation they must be equal: pass --num-supernodes {n} (or leave it out), "
+                          f"or --run-config \"num-clients={num_supernodes}\"")
+    setup = prepare(cfg)
+    if not cfg.server.resume_from and (setup.run_dir / METRICS).exists():
+        raise ConfigError(f"{setup.run_dir} already holds a run: pick another run-name (or resume-from one "
+                          "of its checkpoints)")
+    return n
+
+
+def results_folder(log_text: str) -> str:
+    """The folder the ServerApp reported (``results: <path>``, its last line on success)."""
+    found = re.findall(r"^results: (.+)$", log_text, flags=re.MULTILINE)
+    return found[-1].strip() if found else "(not reported in the run's log)"
+
+
+def failure_paragraph(log_text: str, details: str) -> str:
+    """The ServerApp's own error: our one-paragraph line, else Flower's status details, else the
+    traceback's last line."""
+    from server_app.app import FAILED
+
+    for line in reversed(log_text.splitlines()):
+        if FAILED in line:
+            return line[line.index(FAILED) + len(FAILED):].strip()
+    if details:
+        return details.strip()
+    exc = [ln.strip() for ln in log_text.splitlines() if re.match(r"^\s*[\w.]+(Error|Exception)\b.*", ln)]
+    return exc[-1] if exc else "no error message in the run's log"
+
+
+class FlowerRun:
+    """``flwr`` commands against one private local SuperLink (its own FLWR_HOME, ports and tag)."""
+
+    def __init__(self, flwr_home: Path) -> None:
+        self.flwr_home = flwr_home
+        self.tag = uuid.uuid4().hex
+        self.env = {**os.environ, **QUIET_ENV, "FLWR_HOME": str(flwr_home), TAG_VAR: self.tag,
+                    "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_port()),
+                    "FLWR_LOCAL_CONTROL_API_PORT": str(free_port())}
+        exe = shutil.which("flwr", path=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
+        if exe is None:
+            raise RunnerError("the flwr CLI is not on PATH: activate the venv (pip install -e .)")
+        self.exe = exe
+
+    def flwr(self, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess:
+        return subprocess.run([self.exe, *args], env=self.env, capture_output=True, text=True,
+                              timeout=timeout, stdin=subprocess.DEVNULL)
+
+    def submit(self, run_config: Mapping[str, Any], federation_config: str) -> int:
+        path = self.flwr_home / f"run-config-{uuid.uuid4().hex[:6]}.toml"
+        path.write_text("".join(f"{k} = {toml_value(v)}\n" for k, v in run_config.items()))
+        res = self.flwr("run", str(ROOT), "--run-config", str(path), "--federation-config", federation_config,
+                        "--format", "json")
+        try:
+            doc = json.loads(res.stdout[res.stdout.index("{"):])
+        except ValueError:
+            doc = {}
+        if res.returncode != 0 or not doc.get("success") or "run-id" not in doc:
+            raise RunnerError(f"flwr run did not start the run (exit {res.returncode}): "
+                              f"{(res.stdout + res.stderr).strip()[-2000:]}")
+        return int(doc["run-id"])
+
+    def stream(self, run_id: int, timeout: float) -> str:
+        """Print the run's log as it comes (until the run ends); return it. After ``timeout`` s the
+        run is stopped (``flwr stop``) and RunnerError raised."""
+        proc = subprocess.Popen([self.exe, "log", str(run_id), "--stream"], env=self.env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        expired = threading.Event()
+
+        def stop() -> None:
+            expired.set()
+            self.flwr("stop", str(run_id), timeout=60)
+            proc.terminate()
+
+        watchdog = threading.Timer(timeout, stop)
+        watchdog.start()
+        lines = []
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+                lines.append(line)
+        finally:
+            watchdog.cancel()
+            if proc.poll() is None:
+                proc.terminate()
+            proc.wait(timeout=10)
+        if expired.is_set():
+            raise RunTimeout(f"run {run_id} not finished after {timeout:.0f} s: stopped")
+        return "".join(lines)
+
+    def status(self, run_id: int, wait: float = 30.0) -> tuple[str, str]:
+        """(status, status details) once the run has finished, or the last seen after ``wait`` s."""
+        deadline, status, details = time.monotonic() + wait, "", ""
+        while True:
+            res = self.flwr("ls", "--run-id", str(run_id), "--format", "json", timeout=60)
+            try:
+                runs = json.loads(res.stdout[res.stdout.index("{"):]).get("runs", [])
+            except ValueError:
+                runs = []
+            for run in runs:
+                if int(run.get("run-id", -1)) == run_id:
+                    status, details = str(run.get("status", "")), str(run.get("status-details", ""))
+            if status.startswith("finished") or time.monotonic() > deadline:
+                return status, details
+            time.sleep(1.0)
+
+    def stop_superlink(self) -> None:
+        """SIGTERM, then SIGKILL, every process carrying this runner's tag (the SuperLink it started)."""
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            pids = tagged_pids(self.tag, TAG_VAR)
+            if not pids:
+                return
+            kill_pids(pids, sig)
+            deadline = time.monotonic() + 5
+            while tagged_pids(self.tag, TAG_VAR) and time.monotonic() < deadline:
+                time.sleep(0.2)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m experiments.run", description=__doc__.split("\n\n")[0])
+    p.add_argument("--run-config", default="", help="run config overrides, as for flwr run: \"k=v k2='s'\"")
+    p.add_argument("--num-supernodes", type=int, default=None, help="default: the run config's num-clients")
+    p.add_argument("--num-cpus", type=int, default=1, help="client-resources-num-cpus (integer >= 1)")
+    p.add_argument("--num-gpus", type=float, default=0.0, help="client-resources-num-gpus (e.g. 0.25)")
+    p.add_argument("--flwr-home", default=None, help="FLWR_HOME for the CLI and its local SuperLink "
+                   "(default: a temporary folder, removed afterwards)")
+    p.add_argument("--skip-checks", action="store_true",
+                   help="submit without the checks made here first (the ServerApp makes them anyway)")
+    p.add_argument("--timeout", type=float, default=24 * 3600.0, help="stop the run after this many seconds")
+    args = p.parse_args(argv)
+
+    try:
+        run_config = resolve_run_config(parse_overrides(args.run_config))
+        if args.skip_checks:
+            nodes = args.num_supernodes or int(run_config["num-clients"])
+        else:
+            print("checking the run config ...", flush=True)
+            nodes = check(run_config, args.num_supernodes)
+        if args.num_cpus < 1:
+            raise ConfigError(f"--num-cpus {args.num_cpus}: client-resources-num-cpus must be an integer >= 1")
+    except (ValueError, RunnerError) as err:  # ConfigError, SpecError, DatasetError, a TOML mistake
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if args.num_supernodes is None:
+        print(f"num-supernodes={nodes} (= num-clients; --num-supernodes to say so yourself)")
+    federation = f"num-supernodes={nodes} client-resources-num-cpus={args.num_cpus}"
+    if args.num_gpus:
+        federation += f" client-resources-num-gpus={args.num_gpus}"
+
+    home = Path(args.flwr_home).resolve() if args.flwr_home else Path(tempfile.mkdtemp(prefix="flchurn-flwr-"))
+    home.mkdir(parents=True, exist_ok=True)
+    flower = None
+    try:
+        flower = FlowerRun(home)
+        run_id = flower.submit(run_config, federation)
+        print(f"run {run_id}: {run_config['strategy']} on {run_config['dataset']}, {nodes} SuperNodes, "
+              f"{run_config['num-server-rounds']} rounds (FLWR_HOME={home})", flush=True)
+        log_text = flower.stream(run_id, args.timeout)
+        status, details = flower.status(run_id)
+    except RunTimeout as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    except RunnerError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: stopping the local SuperLink", file=sys.stderr)
+        return 130
+    finally:
+        if flower is not None:
+            flower.stop_superlink()
+        if not args.flwr_home:
+            shutil.rmtree(home, ignore_errors=True)
+    if status == COMPLETED:
+        print(f"run {run_id}: {status}; results: {results_folder(log_text)}")
+        return 0
+    print(f"run {run_id}: {status or 'unknown status'}\nerror: {failure_paragraph(log_text, details)}",
+          file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
