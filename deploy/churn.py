@@ -585,7 +585,7 @@ def compose_main(args) -> int:
 
     user = {"results-dir": args.results_dir, **parse_run_config(args.run_config)}
     grace = args.grace if server_supports("round-start-delay") else 0.0
-    cfg = build_run_config(_Shim(), user, grace=grace, project=args.project)  # the one run name
+    cfg = build_run_config(_Shim(), user, grace=grace, churn=True, project=args.project)  # the one run name
     rounds = int(cfg["num-server-rounds"])
     schedule = build_run_schedule(cfg)
     driver = RoundChurn(nodes, schedule, rounds, run_dir_of(cfg), mode=args.churn_mode,
@@ -615,14 +615,17 @@ def compose_main(args) -> int:
         return 1
     run_id = int(doc["run-id"])
     log(f"run {run_id} submitted; following {run_dir_of(cfg)}")
-    status, next_check = "", time.monotonic() + 10
+    # the status is read by a `flwr ls` in the background, so the driver never waits for it
+    status, next_check, ls = "", time.monotonic() + 10, None
     while True:
         driver.step()
-        if time.monotonic() >= next_check:
-            ls = subprocess.run(["flwr", "ls", CONNECTION, "--run-id", str(run_id), "--format", "json"],
-                                env=env, capture_output=True, text=True, timeout=120)
+        if ls is None and time.monotonic() >= next_check:
+            ls = subprocess.Popen(["flwr", "ls", CONNECTION, "--run-id", str(run_id), "--format", "json"],
+                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        elif ls is not None and ls.poll() is not None:
+            out, ls = ls.communicate()[0] or "", None
             try:
-                runs = json.loads(ls.stdout[ls.stdout.index("{"):]).get("runs", [])
+                runs = json.loads(out[out.index("{"):]).get("runs", [])
                 status = str(runs[0].get("status", "")) if runs else ""
             except ValueError:
                 status = ""

@@ -605,7 +605,7 @@ class Outcome:
         return self.completed and (self.report is None or not self.report.failures)
 
 
-def build_run_config(dep: Any, user: Mapping[str, Any], *, grace: float = 0.0,
+def build_run_config(dep: Any, user: Mapping[str, Any], *, grace: float = 0.0, churn: bool = False,
                      project: str | Path = ROOT) -> dict[str, Any]:
     """The run config actually submitted: the project's defaults, the user's keys, and what a
     deployment must force. Call it once per run: it decides the run name.
@@ -615,7 +615,8 @@ def build_run_config(dep: Any, user: Mapping[str, Any], *, grace: float = 0.0,
     absolute ``results-dir`` (the ServerApp's cwd is the SuperLink's), a ``run-name`` (default
     ``deploy-<time>-<strategy>-<dataset>-s<seed>``, made unique in ``results-dir``),
     ``min-nodes`` = N (the caller lowers it to the round-1 count under churn) and
-    ``round-start-delay`` = the churn grace when > 0.
+    ``round-start-delay`` = the churn grace when > 0, and ``churn-barrier`` under round churn (the
+    server waits before each round until as many nodes are connected as the schedule has on).
     """
     from server_app.results import default_run_name
 
@@ -639,9 +640,15 @@ def build_run_config(dep: Any, user: Mapping[str, Any], *, grace: float = 0.0,
             k += 1
             name = f"{base}-{k}"
         cfg["run-name"] = name
+    elif not cfg.get("resume-from") and (Path(cfg["results-dir"]) / str(cfg["run-name"])).exists():
+        raise DeployError(f"run-name {cfg['run-name']!r}: {cfg['results-dir']}/{cfg['run-name']} holds a run "
+                          f"already; pick another run-name (or leave it out for a fresh one), or continue "
+                          f"that run with --resume-from")
     cfg["min-nodes"] = n
     if grace > 0:
         cfg["round-start-delay"] = float(grace)
+    if churn:
+        cfg["churn-barrier"] = True
     return cfg
 
 
@@ -702,7 +709,7 @@ def run_deployment(
             dep.log(f"the ServerApp has no 'round-start-delay' key: grace {g} s ignored (see deploy/churn.py)")
             g = 0.0
     user = {**user_config, **({"resume-from": str(resume_from)} if resume_from else {})}
-    cfg = build_run_config(dep, user, grace=g, project=dep.project)  # the one run name
+    cfg = build_run_config(dep, user, grace=g, churn=churn == "rounds", project=dep.project)  # the one run name
     RunConfig.from_run_config(cfg)  # every key checked before any process trains
     num_rounds = int(cfg["num-server-rounds"])
     run_dir = run_dir_of(cfg)
