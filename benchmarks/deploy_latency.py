@@ -46,7 +46,7 @@ os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
 def workload(n: int, rounds: int, results: Path, name: str) -> dict:
     return {"num-clients": n, "num-server-rounds": rounds, "strategy": "fedavg-all", "availability": "always",
             "dataset": "digits", "model": "logreg", "local-steps": "steps:n=2", "partition": "iid",
-            "checkpoint-every": 0, "device": "cpu", "results-dir": str(results), "run-name": name,
+            "checkpoint-every": 0, "device": "cpu", "results-dir": str(results / "results"), "run-name": name,
             "progress": False, "round-timeout": 120.0}
 
 
@@ -75,7 +75,7 @@ def ray(n: int, rounds: int, tmp: Path) -> float:
         out = subprocess.run(["pgrep", "-f", str(home)], capture_output=True, text=True).stdout.split()
         for pid in out:
             subprocess.run(["kill", pid])
-    return statistics.median(r["round-time"] for r in rows(tmp / "ray"))
+    return statistics.median(r["round-time"] for r in rows(tmp / "results" / "ray"))
 
 
 def variant_options(name: str, n: int) -> dict:
