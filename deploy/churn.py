@@ -585,7 +585,7 @@ def compose_main(args) -> int:
 
     user = {"results-dir": args.results_dir, **parse_run_config(args.run_config)}
     grace = args.grace if server_supports("round-start-delay") else 0.0
-    cfg = build_run_config(_Shim(), user, grace=grace, churn=True, project=args.project)  # the one run name
+    cfg = build_run_config(_Shim(), user, grace=grace, project=args.project)  # the one run name
     rounds = int(cfg["num-server-rounds"])
     schedule = build_run_schedule(cfg)
     driver = RoundChurn(nodes, schedule, rounds, run_dir_of(cfg), mode=args.churn_mode,
@@ -647,7 +647,7 @@ def add_churn_args(p) -> None:
     p.add_argument("--num-nodes", type=int, required=True)
     p.add_argument("--run-config", default="", help="the run config, as for flwr run")
     p.add_argument("--churn-mode", choices=MODES, default="term")
-    p.add_argument("--grace", type=float, default=1.0, help="round-start-delay (if the ServerApp has it)")
+    p.add_argument("--grace", type=float, default=3.0, help="round-start-delay (if the ServerApp has it)")
     p.add_argument("--superlink", default="superlink:8000", help="SuperLink address for the flwr CLI")
     p.add_argument("--root-certificates", default="", help="CA file: TLS connection (else insecure)")
     p.add_argument("--results-dir", default="/results",

@@ -67,6 +67,9 @@ CONNECTION = "deploy"
 NODE_ID_RE = re.compile(r"SuperNode ID: (\d+)")
 FINISHED = "finished"
 COMPLETED = "finished:completed"
+# seconds before each round under churn (round-start-delay): a returning SuperNode, started one round
+# early, needs 2-5 s to register, and a tuned round can be shorter than that
+DEFAULT_GRACE = 3.0
 
 _LIVE: weakref.WeakSet[Deployment] = weakref.WeakSet()
 
@@ -605,7 +608,7 @@ class Outcome:
         return self.completed and (self.report is None or not self.report.failures)
 
 
-def build_run_config(dep: Any, user: Mapping[str, Any], *, grace: float = 0.0, churn: bool = False,
+def build_run_config(dep: Any, user: Mapping[str, Any], *, grace: float = 0.0,
                      project: str | Path = ROOT) -> dict[str, Any]:
     """The run config actually submitted: the project's defaults, the user's keys, and what a
     deployment must force. Call it once per run: it decides the run name.
@@ -615,8 +618,7 @@ def build_run_config(dep: Any, user: Mapping[str, Any], *, grace: float = 0.0, c
     absolute ``results-dir`` (the ServerApp's cwd is the SuperLink's), a ``run-name`` (default
     ``deploy-<time>-<strategy>-<dataset>-s<seed>``, made unique in ``results-dir``),
     ``min-nodes`` = N (the caller lowers it to the round-1 count under churn) and
-    ``round-start-delay`` = the churn grace when > 0, and ``churn-barrier`` under round churn (the
-    server waits before each round until as many nodes are connected as the schedule has on).
+    ``round-start-delay`` = the churn grace when > 0.
     """
     from server_app.results import default_run_name
 
@@ -647,8 +649,6 @@ def build_run_config(dep: Any, user: Mapping[str, Any], *, grace: float = 0.0, c
     cfg["min-nodes"] = n
     if grace > 0:
         cfg["round-start-delay"] = float(grace)
-    if churn:
-        cfg["churn-barrier"] = True
     return cfg
 
 
@@ -704,12 +704,12 @@ def run_deployment(
     g = 0.0
     if churn:
         supported = server_supports("round-start-delay")
-        g = (1.0 if supported else 0.0) if grace is None else float(grace)
+        g = (DEFAULT_GRACE if supported else 0.0) if grace is None else float(grace)
         if g > 0 and not supported:
             dep.log(f"the ServerApp has no 'round-start-delay' key: grace {g} s ignored (see deploy/churn.py)")
             g = 0.0
     user = {**user_config, **({"resume-from": str(resume_from)} if resume_from else {})}
-    cfg = build_run_config(dep, user, grace=g, churn=churn == "rounds", project=dep.project)  # the one run name
+    cfg = build_run_config(dep, user, grace=g, project=dep.project)  # the one run name
     RunConfig.from_run_config(cfg)  # every key checked before any process trains
     num_rounds = int(cfg["num-server-rounds"])
     run_dir = run_dir_of(cfg)
@@ -802,7 +802,7 @@ def add_launch_args(p) -> None:
                    help="churn by elapsed time (trace-intervals specs) instead of by rounds")
     p.add_argument("--speedup", type=float, default=1.0, help="trace seconds per real second (wall-clock churn)")
     p.add_argument("--grace", type=float, default=None,
-                   help="round-start-delay passed to the ServerApp under churn (default 1 s if supported)")
+                   help="round-start-delay passed to the ServerApp under churn (default 3 s if supported)")
     p.add_argument("--no-lookahead", action="store_true",
                    help="start returning nodes only when their round starts (needs grace >= node start time)")
     p.add_argument("--work-dir", default=None,

@@ -33,7 +33,6 @@ class ServerConfig:
     wait_for_nodes: float = 60.0  # seconds to wait for min-nodes nodes before round 1
     min_nodes: int = 0  # nodes that must be connected before round 1 (0: num-clients)
     round_start_delay: float = 0.0  # seconds to wait before each round (a churn driver's grace)
-    churn_barrier: bool = False  # before round t, wait for as many nodes as the schedule has on in t
     eval_every: int = 1  # central evaluation every k rounds (0: only after the last)
     federated_evaluation: bool = False  # also ask clients to evaluate on their own data
     checkpoint_every: int = 10  # 0: no checkpoints

@@ -28,14 +28,14 @@ from workloads.config import ConfigError
 from workloads.workload import Workload, get_workload
 
 from .config import RunConfig, ServerConfig
-from .network import AvailabilityGrid, discover_clients, fast_pull, wait_for_clients, wait_for_nodes
+from .network import AvailabilityGrid, discover_clients, fast_pull, wait_for_nodes
 from .results import METRICS, RunRecorder, default_run_name
 
 log = logging.getLogger(__name__)
 CHECKPOINT_FREE_KEYS = {  # may differ between a run and its resumption
     "num-server-rounds", "resume-from", "run-name", "results-dir", "progress",
     "checkpoint-every", "round-timeout", "wait-for-nodes", "min-nodes", "device", "state-dir",
-    "round-start-delay", "churn-barrier",
+    "round-start-delay",
 }
 
 
@@ -202,7 +202,6 @@ def _run_rounds(grid: Grid, setup: Setup, client_of_node: dict[int, int], consol
     if cfg.availability.availability_gate == "server":
         net = AvailabilityGrid(grid, setup.schedule, client_of_node, s.round_timeout)
 
-    barrier_known: dict[int, int] = dict(client_of_node)  # node id -> client id, for churn-barrier
     arrays, strategy, t_run = setup.arrays, setup.strategy, time.monotonic()
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[status]}"), TimeElapsedColumn())
@@ -210,11 +209,6 @@ def _run_rounds(grid: Grid, setup: Setup, client_of_node: dict[int, int], consol
         task = bar.add_task(s.strategy, total=s.num_server_rounds, completed=setup.start_round - 1, status="")
         for rnd in range(setup.start_round, s.num_server_rounds + 1):
             time.sleep(s.round_start_delay)  # lets a churn driver bring the round's nodes up
-            if s.churn_barrier:  # a churn driver starts the round's nodes: wait until they are connected
-                wanted = set(np.flatnonzero(setup.schedule.available(rnd - 1)).tolist())
-                if missing := wait_for_clients(grid, wanted, barrier_known, s.wait_for_nodes):
-                    log.warning("round %d starts without scheduled clients %s (not connected after %.0f s)",
-                                rnd, sorted(missing), s.wait_for_nodes)
             t0 = time.monotonic()
             replies = net.send_and_receive(strategy.configure_train(rnd, arrays, ConfigRecord(), net),
                                            timeout=s.round_timeout)

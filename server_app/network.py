@@ -61,21 +61,6 @@ def discover_clients(grid: Grid, known: dict[int, int], timeout: float) -> dict[
     return known
 
 
-def wait_for_clients(grid: Grid, wanted: set[int], known: dict[int, int], timeout: float,
-                     poll: float = 0.2) -> set[int]:
-    """Wait (at most ``timeout`` s) until connected nodes host every client id in ``wanted``;
-    asks new nodes who they are (``known`` is updated). Returns the wanted ids still missing."""
-    deadline = time.monotonic() + timeout
-    while True:
-        nodes = set(grid.get_node_ids())
-        if any(n not in known for n in nodes):
-            discover_clients(grid, known, max(1.0, min(10.0, deadline - time.monotonic())))
-        missing = wanted - {known[n] for n in nodes if n in known}
-        if not missing or time.monotonic() >= deadline:
-            return missing
-        time.sleep(poll)
-
-
 class DelegatingGrid(Grid):
     """A grid that hands every call to the grid it wraps (subclasses change some)."""
 
