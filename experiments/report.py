@@ -9,8 +9,8 @@ ran); the only fixed text is the preset's ``notes`` (citation and the paper's se
 differences are computed too: the preset's ``paper_setup`` against the runs' configs.
 
 Summary of a run: the mean of the metric over its evaluations in the last 10% of its rounds
-(``--fraction``), or over its last K evaluations (``--last K``); the report says how many
-evaluations were averaged. A rule whose runs also recorded ``<metric>-xbar`` (FedAWE: the mean
+(``--fraction``), over its last K evaluations (``--last K``), or over the first fraction of
+its rounds (``--early``: how fast the rules learn); the report says how many evaluations were averaged. A rule whose runs also recorded ``<metric>-xbar`` (FedAWE: the mean
 of all clients' copies, which its official code scores) gets a second, labelled row.
 """
 
@@ -26,9 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from experiments.sweep import Sweep
+from experiments.sweep import SWEEP_LOG, Claim, Sweep
 from server_app.results import integer_ticks, read_metrics
 
+PAPER_METRIC = "test-accuracy"  # what the presets' paper numbers are
 XBAR = "-xbar"  # suffix of the x̄ score's metric (``test-accuracy-xbar``)
 HIDDEN_KEYS = {"results-dir", "run-name", "data-dir", "progress", "resume-from", "device", "state-dir",
                "seeds", "versions", "schedule", "train-seed", "data-seed", "schedule-seed"}
@@ -36,27 +37,31 @@ HIDDEN_KEYS = {"results-dir", "run-name", "data-dir", "progress", "resume-from",
 
 @dataclass(frozen=True)
 class Window:
-    """Which evaluations summarise a run: those in the last ``fraction`` of rounds, or the last ``evals``."""
+    """Which evaluations summarise a run: those in the last ``fraction`` of rounds, the last
+    ``evals``, or (``early``) those in the first ``fraction`` of rounds, while the rules still learn."""
 
     fraction: float = 0.1
     evals: int = 0  # > 0: the last K evaluations instead
+    early: bool = False
 
-    def first_round(self, rounds: int) -> int:
-        return rounds - max(1, math.ceil(self.fraction * rounds)) + 1
+    def span(self, rounds: int) -> tuple[int, int]:
+        k = max(1, math.ceil(self.fraction * rounds))
+        return (1, k) if self.early else (rounds - k + 1, rounds)
 
     def describe(self, rounds: list[int], counts: list[int]) -> str:
         got = _span(counts)
         if self.evals:
             return f"mean over the last {self.evals} evaluations of each run ({got} actually averaged per run)"
-        spans = ", ".join(f"round {r} of {r}" if self.first_round(r) == r else
-                          f"rounds {self.first_round(r)}–{r} of {r}" for r in rounds)
-        return f"mean over the evaluations in the last {self.fraction:.0%} of rounds ({spans}: {got} per run)"
+        spans = ", ".join(f"round {a} of {r}" if a == b else f"rounds {a}–{b} of {r}"
+                          for r in rounds for a, b in [self.span(r)])
+        where = "first" if self.early else "last"
+        return f"mean over the evaluations in the {where} {self.fraction:.0%} of rounds ({spans}: {got} per run)"
 
     def pick(self, rows: list[dict[str, Any]], metric: str) -> list[float]:
         if self.evals:
             return [r[metric] for r in rows if metric in r][-self.evals:]
-        start = self.first_round(max(r["round"] for r in rows))
-        return [r[metric] for r in rows if metric in r and r["round"] >= start]
+        first, last = self.span(max(r["round"] for r in rows))
+        return [r[metric] for r in rows if metric in r and first <= r["round"] <= last]
 
 
 def _span(values: Iterable[int]) -> str:
@@ -111,10 +116,25 @@ def collect(sweep: Sweep, results: Path, metric: str, window: Window, scale: flo
     return table
 
 
-def _stats(scores: dict[int, float]) -> dict[str, Any]:
+def _stats(scores: dict[int, float], digits: int) -> dict[str, Any]:
     values = np.array(list(scores.values()))
-    return {"mean": round(float(values.mean()), 1), "std": round(float(values.std(ddof=1)) if len(values) > 1 else 0.0, 1),
-            "n": len(values)}
+    return {"mean": round(float(values.mean()), digits),
+            "std": round(float(values.std(ddof=1)) if len(values) > 1 else 0.0, digits),
+            "n": len(values), "seeds": {str(k): round(v, digits + 1) for k, v in sorted(scores.items())}}
+
+
+def paired_gap(a: dict[str, Any], b: dict[str, Any], sign: float, digits: int) -> dict[str, Any]:
+    """a − b (times ``sign``) seed by seed: same seed, same data, schedule and training seeds.
+
+    ``order``: "ahead" / "behind" when every shared seed agrees (one seed: its sign), "mixed" when
+    the order flips between seeds; a gap that rounds to 0 at ``digits`` is never ahead or behind.
+    """
+    seeds = sorted(set(a["seeds"]) & set(b["seeds"]), key=int)
+    per_seed = [round(sign * (a["seeds"][k] - b["seeds"][k]), digits + 1) for k in seeds]
+    gap = round(float(np.mean(per_seed)), digits) if per_seed else 0.0
+    order = ("ahead" if gap > 0 and all(g > 0 for g in per_seed) else
+             "behind" if gap < 0 and all(g < 0 for g in per_seed) else "mixed")
+    return {"gap": gap, "per-seed": per_seed, "order": order}
 
 
 def _columns(sweep: Sweep) -> list[tuple[str, ...]]:
@@ -128,7 +148,9 @@ def summarise(sweep: Sweep, results: Path, metric: str = "test-accuracy", window
     """Everything the report states, computed from the results folder (JSON-serialisable)."""
     higher = "accuracy" in metric
     scale = 100.0 if higher else 1.0
+    digits = 1 if higher else 3  # accuracy in points, losses and distances as they are
     table = collect(sweep, results, metric, window, scale)
+    papers = sweep.paper if metric == PAPER_METRIC else {}  # the papers' numbers are accuracies
     found = find_runs(sweep, results)
     configs = [json.loads((d / "config.json").read_text()) for runs in found.values() for d in runs.values()
                if (d / "config.json").exists()]
@@ -141,11 +163,11 @@ def summarise(sweep: Sweep, results: Path, metric: str = "test-accuracy", window
             cell = table.get((*col, rule))
             if cell is None:
                 continue
-            paper = sweep.paper.get(" / ".join((*col, rule)))
-            entries.append({"label": rule, **_stats(cell.scores), "paper": None if cell.xbar else paper})
+            paper = papers.get(" / ".join((*col, rule)))
+            entries.append({"label": rule, **_stats(cell.scores, digits), "paper": None if cell.xbar else paper})
             if cell.xbar:
-                entries.append({"label": f"{rule} [x̄]", **_stats(cell.xbar), "paper": paper})
-        columns[" / ".join(col) or sweep.name] = {"entries": entries, **_findings(entries, higher)}
+                entries.append({"label": f"{rule} [x̄]", **_stats(cell.xbar, digits), "paper": paper})
+        columns[" / ".join(col) or sweep.name] = {"entries": entries, **_findings(entries, higher, digits)}
     constant = {k: configs[0][k] for k in sorted(configs[0]) if k not in HIDDEN_KEYS
                 and all(c.get(k) == configs[0][k] for c in configs)} if configs else {}
     varying = sorted({k for c in configs for k in c if k not in HIDDEN_KEYS and k not in constant})
@@ -153,10 +175,14 @@ def summarise(sweep: Sweep, results: Path, metric: str = "test-accuracy", window
                    for k, v in sweep.paper_setup.items() if any(str(c.get(k)) != str(v) for c in configs)}
     return {
         "preset": sweep.name, "metric": metric, "scale": scale, "higher-is-better": higher,
+        "digits": digits, "verdicts": [verdict(claim, columns, papers, higher, digits) for claim in sweep.claims],
         "window": window.describe(rounds, [n for c in table.values() for n in c.evals]),
         "rounds": rounds, "seeds": sorted({s for runs in found.values() for s in runs}),
         "runs-found": sum(len(runs) for runs in found.values()),
         "runs-per-seed": len(sweep.runs(seeds=[0])),
+        "sweep-invocations": (log := _sweep_log(results)),
+        "sweep-wall-minutes": round(sum(i["wall-seconds"] for i in log) / 60, 1),
+        "sweep-runs-done": sum(i["runs-done"] for i in log),
         "wall-time-per-run": round(float(np.mean([s for c in table.values() for s in c.secs])), 1) if table else None,
         "columns": columns, "setup": constant,
         "setup-varying": {k: sorted({str(c.get(k)) for c in configs}) for k in varying},
@@ -164,12 +190,44 @@ def summarise(sweep: Sweep, results: Path, metric: str = "test-accuracy", window
     }
 
 
-def _findings(entries: list[dict[str, Any]], higher: bool) -> dict[str, Any]:
-    """Ordering by mean, gaps between neighbours (flagged when within the seed spread), paper pairs."""
+def verdict(claim: Claim, columns: dict[str, Any], papers: dict[str, float], higher: bool,
+            digits: int) -> dict[str, Any]:
+    """Check ``claim`` in every column it names: each gap rule − other (signed so that > 0 is better).
+
+    The gap is paired by seed (:func:`paired_gap`). Beats: held when ``rule`` is ahead in every
+    seed. Within w: held when the mean gap is >= -w. Reproduced: held in every comparison; not:
+    in none; partly: in between.
+    """
+    comparisons = []
+    for name in claim.columns or list(columns):
+        entries = {e["label"]: e for e in columns.get(name, {}).get("entries", [])}
+        for other in claim.others:
+            a, b = entries.get(claim.rule), entries.get(other)
+            if a is None or b is None:
+                continue
+            pair = paired_gap(a, b, 1 if higher else -1, digits)
+            pa, pb = (papers.get(f"{name} / {label.removesuffix(' [x̄]')}") for label in (claim.rule, other))
+            held = pair["order"] == "ahead" if claim.within is None else pair["gap"] >= -claim.within
+            comparisons.append({"column": name, "other": other, **pair, "held": held,
+                                "paper-gap": None if pa is None or pb is None else round((pa - pb) * (1 if higher else -1), 1)})
+    held = sum(c["held"] for c in comparisons)
+    result = ("no runs" if not comparisons else "reproduced" if held == len(comparisons)
+              else "not reproduced" if held == 0 else "partly reproduced")
+    return {"claim": claim.text, "rule": claim.rule, "within": claim.within, "verdict": result, "why": claim.why,
+            "held": held, "comparisons": comparisons}
+
+
+def _sweep_log(results: Path) -> list[dict[str, Any]]:
+    path = results / SWEEP_LOG
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def _findings(entries: list[dict[str, Any]], higher: bool, digits: int) -> dict[str, Any]:
+    """Ordering by mean, gaps between neighbours (paired by seed: does the order hold in every seed?), paper pairs."""
     ranked = sorted(entries, key=lambda e: -e["mean"] if higher else e["mean"])
-    gaps = [{"between": [a["label"], b["label"]], "gap": round(abs(a["mean"] - b["mean"]), 1),
-             "within-spread": abs(a["mean"] - b["mean"]) <= max(a["std"], b["std"]) if min(a["n"], b["n"]) > 1 else None}
-            for a, b in zip(ranked, ranked[1:], strict=False)]
+    gaps = [{"between": [a["label"], b["label"]], "gap": round(abs(a["mean"] - b["mean"]), digits),
+             "seeds": len(pair["per-seed"]), "order": pair["order"]}
+            for a, b in zip(ranked, ranked[1:], strict=False) for pair in [paired_gap(a, b, 1 if higher else -1, digits)]]
     with_paper = [e for e in entries if e["paper"] is not None]
     pairs = [(a, b) for i, a in enumerate(with_paper) for b in with_paper[i + 1:] if a["paper"] != b["paper"]]
     disagree = [[a["label"], b["label"]] for a, b in pairs if (a["mean"] - b["mean"]) * (a["paper"] - b["paper"]) <= 0]
@@ -185,34 +243,41 @@ def render(sweep: Sweep, s: dict[str, Any], curves_name: str, extra: list[str]) 
     lines += [f"Runs found: {s['runs-found']} (the preset has {s['runs-per-seed']} combinations; seeds found: "
               f"{', '.join(map(str, seeds))}); rounds per run: {', '.join(map(str, rounds))}; wall time per run "
               f"{s['wall-time-per-run']} s on average.", ""]
-    row_axis = list(sweep.axes)[-1]
+    if s["sweep-invocations"]:
+        lines += [f"Sweep wall time: {s['sweep-wall-minutes']:.1f} min for {s['sweep-runs-done']} runs in {len(s['sweep-invocations'])} "
+                  f"invocation(s) of `experiments.sweep` with "
+                  f"{'/'.join(sorted({str(i['workers']) for i in s['sweep-invocations']}))} worker(s) on "
+                  f"{'/'.join(sorted({str(i['cpus']) for i in s['sweep-invocations']}))} CPU(s).", ""]
+    row_axis, d = list(sweep.axes)[-1], s["digits"]
     lines += [f"| {row_axis} | " + " | ".join(s["columns"]) + " |", "|" + "---|" * (len(s["columns"]) + 1)]
     labels = list(dict.fromkeys(e["label"] for c in s["columns"].values() for e in c["entries"]))
     for label in labels:
         cells = []
         for col in s["columns"].values():
             e = next((e for e in col["entries"] if e["label"] == label), None)
-            spread = f" ± {e['std']:.1f}" if e and e["n"] > 1 else ""
-            cells.append("–" if e is None else f"{e['mean']:.1f}{spread} (n={e['n']})"
+            spread = f" ± {e['std']:.{d}f}" if e and e["n"] > 1 else ""
+            cells.append("–" if e is None else f"{e['mean']:.{d}f}{spread} (n={e['n']})"
                          + (f" [paper {e['paper']}]" if e["paper"] is not None else ""))
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    legend = f"{s['metric']} × {s['scale']:g}, {s['window']}; mean ± std over seeds (n = seeds)."
+    legend = (f"{s['metric']} × {s['scale']:g}, {s['window']}; mean ± std over seeds (n = seeds). Gaps between "
+              "rules are compared seed by seed: a seed fixes the data split, the schedule and the training seeds.")
     if any(label.endswith("[x̄]") for label in labels):
         legend += (" A row marked [x̄] scores the mean of all clients' copies (`" + s["metric"] + XBAR + "`), the "
                    "model FedAWE's official code scores; the row above it scores the global model x^t. Where a "
                    "rule has an [x̄] row, the paper's number stands beside it.")
-    lines += ["", legend, "", f"![curves]({curves_name})", "", *extra, "## What the numbers show", ""]
+    lines += ["", legend, "", f"![curves]({curves_name})", "", *render_verdicts(s), *extra,
+              "## What the numbers show", ""]
     better = "higher" if s["higher-is-better"] else "lower"
     for name, col in s["columns"].items():
         if not col["entries"]:
             continue
         means = {e["label"]: e["mean"] for e in col["entries"]}
-        order = (" > " if s["higher-is-better"] else " < ").join(f"{r} {means[r]:.1f}" for r in col["ranking"])
+        order = (" > " if s["higher-is-better"] else " < ").join(f"{r} {means[r]:.{d}f}" for r in col["ranking"])
         lines.append(f"- **{name}** ({better} is better): {order}.")
         for g in col["gaps"]:
-            spread = {None: "one seed: no spread measured", True: "within the seed spread",
-                      False: "larger than the seed spread"}[g["within-spread"]]
-            lines.append(f"  - {g['between'][0]} vs {g['between'][1]}: {g['gap']:.1f} apart ({spread}).")
+            spread = ("one seed: no spread measured" if g["seeds"] < 2 else "the order flips between seeds"
+                      if g["order"] == "mixed" else f"the same order in all {g['seeds']} seeds")
+            lines.append(f"  - {g['between'][0]} vs {g['between'][1]}: {g['gap']:.{d}f} apart ({spread}).")
         if col["paper-pairs"]:
             lines.append(f"  - Paper: {col['paper-pairs-agree']} of {col['paper-pairs']} pairs ordered as in the paper"
                          + ("." if not col["paper-disagree"] else "; not: "
@@ -229,6 +294,25 @@ def render(sweep: Sweep, s: dict[str, Any], curves_name: str, extra: list[str]) 
               f"Regenerate (from the repository root): `python -m experiments.sweep {sweep.name}` then "
               f"`python -m experiments.report {sweep.name}` (results in `results/{sweep.name}`)."]
     return "\n".join(lines) + "\n"
+
+
+def render_verdicts(s: dict[str, Any]) -> list[str]:
+    if not s["verdicts"]:
+        return []
+    d = s["digits"]
+    lines = ["## The paper's claims", ""]
+    for v in s["verdicts"]:
+        test = "ahead in every seed" if v["within"] is None else f"no more than {v['within']:g} behind on average"
+        lines.append(f"- **{v['verdict']}**: {v['claim']} ({v['rule']} {test} in {v['held']} of "
+                     f"{len(v['comparisons'])} comparisons).")
+        for c in v["comparisons"]:
+            paper = "" if c["paper-gap"] is None else f"; paper {c['paper-gap']:+.1f}"
+            seeds = ", ".join(f"{g:+.{d + 1}f}" for g in c["per-seed"])
+            lines.append(f"  - {c['column']}, {v['rule']} vs {c['other']}: {c['gap']:+.{d}f} in {v['rule']}'s favour "
+                         f"(per seed {seeds}{paper})")
+        if v["why"] and v["verdict"] != "reproduced":
+            lines.append(f"  - Why: {v['why']}")
+    return [*lines, ""]
 
 
 def plot_curves(sweep: Sweep, table: dict[tuple[str, ...], Cell], metric: str, path: Path) -> None:
@@ -295,7 +379,7 @@ def fdms_similarity(sweep: Sweep, results: Path, out: Path) -> list[str]:
     path = out.with_name(out.name + "-similarity.png")
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    lines = [f"![similarity]({path.name})", ""]
+    lines, recovered = ["## Friend discovery", "", f"![similarity]({path.name})", ""], []
     for title, seed, rnd, matrix, clusters in panels:
         if clusters is None:
             continue
@@ -303,8 +387,16 @@ def fdms_similarity(sweep: Sweep, results: Path, out: Path) -> list[str]:
         np.fill_diagonal(same, False)
         off = ~same
         np.fill_diagonal(off, False)
+        nearest = np.where(np.eye(len(matrix), dtype=bool), -np.inf, matrix).argmax(axis=1)
+        recovered.append(int((clusters[nearest] == clusters).sum()))
         lines.append(f"- {title} (seed {seed}, round {rnd}): mean R within a cluster {matrix[same].mean():.2f}, "
-                     f"between clusters {matrix[off].mean():.2f}.")
+                     f"between clusters {matrix[off].mean():.2f}; {recovered[-1]} of {len(matrix)} clients' "
+                     f"most similar client (their friend when dropped) is in their own cluster.")
+    if recovered:
+        total, clients = sum(recovered), sum(len(p[3]) for p in panels if p[4] is not None)
+        verdict = "reproduced" if total == clients else "not reproduced" if total == 0 else "partly reproduced"
+        lines.append(f"- **{verdict}**: FL-FDMS's similarities R recover the clusters "
+                     f"({total} of {clients} most-similar clients in the same cluster).")
     return [*lines, ""]
 
 
@@ -338,13 +430,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fraction", type=float, default=0.1,
                         help="summarise a run by its evaluations in the last FRACTION of its rounds")
     parser.add_argument("--last", type=int, default=0, help="instead: its last K evaluations")
+    parser.add_argument("--early", action="store_true",
+                        help="instead: its evaluations in the FIRST fraction of its rounds (how fast rules learn)")
     args = parser.parse_args(argv)
     if not 0 < args.fraction <= 1 or args.last < 0:
         parser.error(f"--fraction must be in (0, 1] and --last >= 0; got {args.fraction}, {args.last}")
     sweep = PRESETS[args.preset]
     path = write_report(sweep, Path(args.results or f"results/{sweep.name}"),
                         Path(args.out or f"reports/{sweep.name.replace('-', '_')}"), args.metric,
-                        Window(args.fraction, args.last))
+                        Window(args.fraction, args.last, args.early))
     print(f"report: {path}")
     return 0
 

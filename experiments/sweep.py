@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import multiprocessing as mp
 import os
 import time
@@ -21,6 +22,22 @@ from pathlib import Path
 from typing import Any
 
 from availability.spec import parse_value
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A paper's claim about two rows of a sweep's table, checked by the report in every listed column.
+
+    ``rule`` beats each of ``others`` (``within`` is None), or stays no more than ``within`` points
+    behind each of them. ``columns`` empty: every column of the table.
+    """
+
+    text: str
+    rule: str
+    others: tuple[str, ...]
+    columns: tuple[str, ...] = ()
+    within: float | None = None
+    why: str = ""  # what we found when it did not reproduce; printed only under a verdict short of reproduced
 
 
 @dataclass(frozen=True)
@@ -35,13 +52,17 @@ class Sweep:
     paper: Mapping[str, Any] = field(default_factory=dict)  # "<col labels> / <row label>" -> paper's number
     paper_setup: Mapping[str, Any] = field(default_factory=dict)  # run config key -> the paper's value
     figures: tuple[str, ...] = ()  # extra figures the report draws (see experiments.report.FIGURES)
+    claims: tuple[Claim, ...] = ()  # the paper's claims the report gives a verdict on
 
     def runs(self, seeds: Iterable[int] | None = None) -> list[tuple[str, dict[str, Any]]]:
-        """(run name, run config overrides) for every combination and seed."""
+        """(run name, run config overrides) for every combination and seed, seed by seed.
+
+        Seed-major order: a sweep stopped early holds whole seeds, not whole cells.
+        """
         out = []
         labels = [list(values.items()) for values in self.axes.values()]
-        for combo in itertools.product(*labels):
-            for seed in self.seeds if seeds is None else seeds:
+        for seed in self.seeds if seeds is None else seeds:
+            for combo in itertools.product(*labels):
                 overrides: dict[str, Any] = dict(self.base)
                 for _, values in combo:
                     overrides.update(values)
@@ -76,14 +97,29 @@ def run_sweep(sweep: Sweep, out: str | Path, *, workers: int = 1, seeds: Iterabl
         for name, cfg, _ in todo:
             print(" ", name, cfg)
         return []
+    if not todo:
+        return []
     out.mkdir(parents=True, exist_ok=True)
     done = []
+    started = time.time()
     ctx = mp.get_context("spawn")  # a fresh interpreter per worker: no forked torch state
     with ctx.Pool(workers, maxtasksperchild=1) as pool:
         for name, seconds, error in pool.imap_unordered(_run_one, todo):
             print(f"  {name}: {'FAILED ' + error if error else 'done'} in {seconds:.0f} s", flush=True)
             done.append((name, seconds, error))
+    log_invocation(out, started, workers, done)
     return done
+
+
+SWEEP_LOG = "sweep-log.jsonl"  # one line per sweep invocation: when, how long, how many workers and runs
+
+
+def log_invocation(out: Path, started: float, workers: int, done: list[tuple[str, float, str]]) -> None:
+    entry = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+             "wall-seconds": round(time.time() - started, 1), "workers": workers, "cpus": os.cpu_count(),
+             "runs-done": sum(not error for _, _, error in done), "runs-failed": sum(bool(error) for _, _, error in done)}
+    with (out / SWEEP_LOG).open("a") as fh:
+        fh.write(json.dumps(entry) + "\n")
 
 
 def parse_sets(items: list[str]) -> dict[str, Any]:

@@ -10,7 +10,7 @@ import pytest
 
 from experiments.presets import PRESETS
 from experiments.report import Window, write_report
-from experiments.sweep import Sweep, run_sweep
+from experiments.sweep import Claim, Sweep, run_sweep
 from server_app.results import read_metrics
 
 TINY = Sweep(
@@ -23,6 +23,9 @@ TINY = Sweep(
     notes="A tiny sweep for the report tests.",
     paper={"sine / fedavg-active": 62.1, "sine / fedavg-all": 52.1, "sine / fedawe": 63.5},
     paper_setup={"num-server-rounds": 2000, "num-clients": 6},
+    claims=(Claim("FedAWE beats both FedAvgs", "fedawe [x̄]", ("fedavg-active", "fedavg-all")),
+            Claim("FedAvg over all clients stays close to FedAvg over the active ones", "fedavg-all",
+                  ("fedavg-active",), within=0.5)),
 )
 NUMBER = re.compile(r"\d+(?:\.\d+)?")
 
@@ -61,7 +64,8 @@ def allowed_numbers(obj):
     """Every number in the summary, as the report may print it, and those inside its strings."""
     if isinstance(obj, bool) or obj is None:
         return set()
-    if isinstance(obj, (int, float)):
+    if isinstance(obj, (int, float)):  # the text's numbers are matched without their sign
+        obj = abs(obj)
         return {str(obj), f"{obj:.1f}"} | ({str(int(obj))} if float(obj).is_integer() else set())
     if isinstance(obj, str):
         return set(NUMBER.findall(obj))
@@ -112,3 +116,38 @@ def test_last_k_evaluations_says_how_many_were_averaged(results, tmp_path):
 def test_no_results_gives_a_report_that_says_so(tmp_path):
     text = write_report(TINY, tmp_path / "nothing", tmp_path / "r").read_text()
     assert "No finished runs found." in text and "|" not in text
+
+
+def test_verdicts_follow_the_recomputed_gaps(results, tmp_path):
+    text, summary = report_of(results, tmp_path)
+    raw = {}  # unrounded scores × 100
+    for rule in TINY.axes["rule"]:
+        rows = read_metrics(results / f"sine__{rule}__s0")
+        for metric, label in (("test-accuracy", rule), ("test-accuracy-xbar", f"{rule} [x̄]")):
+            if any(metric in r for r in rows):
+                raw[label] = 100 * float(np.mean([r[metric] for r in rows if metric in r and r["round"] == 3]))
+    beats, near = summary["verdicts"]
+    for c in beats["comparisons"]:
+        gap = raw["fedawe [x̄]"] - raw[c["other"]]
+        assert abs(c["gap"] - gap) < 0.07
+        if abs(gap) > 0.1:  # one seed: held exactly when FedAWE is ahead
+            assert c["held"] == (gap > 0)
+    held = sum(c["held"] for c in beats["comparisons"])
+    assert beats["verdict"] == {2: "reproduced", 1: "partly reproduced", 0: "not reproduced"}[held]
+    assert [c["paper-gap"] for c in beats["comparisons"]] == [1.4, 11.4]  # 63.5 - 62.1, 63.5 - 52.1
+    (c,) = near["comparisons"]
+    assert c["held"] == (c["gap"] >= -0.5)
+    assert near["verdict"] == ("reproduced" if c["held"] else "not reproduced")
+    assert (f"- **{beats['verdict']}**: FedAWE beats both FedAvgs (fedawe [x̄] ahead in every seed in {held} "
+            "of 2 comparisons).") in text
+    gap = beats["comparisons"][1]["gap"]
+    assert f"  - sine, fedawe [x̄] vs fedavg-all: {gap:+.1f} in fedawe [x̄]'s favour (per seed " in text
+
+
+def test_the_early_window_averages_the_first_rounds(results, tmp_path):
+    text, _ = report_of(results, tmp_path, Window(fraction=0.5, early=True))
+    rows = read_metrics(results / "sine__fedavg-all__s0")
+    first = [r["test-accuracy"] for r in rows if r["round"] <= 2 and "test-accuracy" in r]  # ceil(0.5 * 3) = 2
+    assert len(first) == 2
+    assert "mean over the evaluations in the first 50% of rounds (rounds 1–2 of 3: 2 per run)" in text
+    assert f"| fedavg-all | {100 * float(np.mean(first)):.1f} (n=1) [paper 52.1] |" in text

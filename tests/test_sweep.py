@@ -1,8 +1,10 @@
 """Sweeps run every combination once, resume by skipping finished runs, and reports read them."""
 
+import json
+
 from experiments.presets import PRESETS
 from experiments.report import write_report
-from experiments.sweep import run_sweep
+from experiments.sweep import SWEEP_LOG, run_sweep
 from server_app.results import read_metrics
 
 
@@ -12,10 +14,13 @@ def test_smoke_sweep_runs_every_combination_resumes_and_reports(tmp_path):
     assert sorted(name for name, _, error in done if not error) == sorted(name for name, _ in sweep.runs())
     assert all(len(read_metrics(tmp_path / name)) == 3 for name, _ in sweep.runs())
     assert run_sweep(sweep, tmp_path, workers=1) == []  # everything finished: nothing to redo
+    (log,) = [json.loads(line) for line in (tmp_path / SWEEP_LOG).read_text().splitlines()]  # no line for a no-op
+    assert log["runs-done"] == 4 and log["runs-failed"] == 0 and log["workers"] == 2
 
     report = write_report(sweep, tmp_path, tmp_path / "report" / "smoke").read_text()
     assert "| fedavg-active |" in report and "| fedavg-all |" in report
     assert report.count("(n=2)") == 2
+    assert f"Sweep wall time: {log['wall-seconds'] / 60:.1f} min for 4 runs in 1 invocation(s)" in report
     assert (tmp_path / "report" / "smoke-curves.png").stat().st_size > 0
 
 
@@ -24,3 +29,8 @@ def test_seeds_are_separate_per_run_and_recorded():
     cfg = runs["sine__fedavg-all__s3"]
     assert cfg["train-seed"] == cfg["data-seed"] == cfg["schedule-seed"] == 3
     assert cfg["strategy"] == "fedavg-all"
+
+
+def test_runs_come_seed_by_seed_so_a_stopped_sweep_holds_whole_seeds():
+    names = [name for name, _ in PRESETS["smoke"].runs(seeds=[0, 1])]
+    assert [name.rsplit("__", 1)[1] for name in names] == ["s0", "s0", "s1", "s1"]
