@@ -22,6 +22,10 @@ FEDAWE_RULES = {
     "mifa": {"strategy": "mifa", "lr": 0.05},
     "fedvarp": {"strategy": "fedvarp", "lr": 0.05},
 }
+FEDAWE_BASE = {"dataset": "fashion-mnist", "data-dir": DATA_DIR, "model": "mlp", "num-clients": 100,
+               "partition": "client-dirichlet:alpha=0.1", "local-steps": "steps:n=10", "batch-size": 128,
+               "lr-schedule": "inv-sqrt:every=10", "server-lr": 1.0, "solver": "sgd", "num-server-rounds": 300,
+               "eval-every": 5, "checkpoint-every": 0, "availability-gate": "server"}
 FEDAWE_DYNAMICS = {
     "stationary": {"availability": "stationary"},
     "staircase": {"availability": "staircase:period=20,low=0.4"},
@@ -76,10 +80,7 @@ PRESETS: dict[str, Sweep] = {
     ),
     "fedawe-table2": Sweep(
         name="fedawe-table2",
-        base={"dataset": "fashion-mnist", "data-dir": DATA_DIR, "model": "mlp", "num-clients": 100,
-              "partition": "client-dirichlet:alpha=0.1", "local-steps": "steps:n=10", "batch-size": 128,
-              "lr-schedule": "inv-sqrt:every=10", "server-lr": 1.0, "solver": "sgd", "num-server-rounds": 300,
-              "eval-every": 5, "checkpoint-every": 0, "availability-gate": "server"},
+        base=FEDAWE_BASE,
         axes={"dynamics": FEDAWE_DYNAMICS, "rule": FEDAWE_RULES},
         seeds=(0, 1, 2),
         notes=(
@@ -110,6 +111,22 @@ PRESETS: dict[str, Sweep] = {
                      "partition": "client-dirichlet:alpha=0.1", "local-steps": "steps:n=10", "batch-size": 128,
                      "num-server-rounds": 2000, "lr-schedule": "inv-sqrt:every=10", "server-lr": 1.0,
                      "solver": "sgd"},
+    ),
+    "fedawe-diagnosis": Sweep(
+        name="fedawe-diagnosis",
+        base=FEDAWE_BASE,
+        axes={"dynamics": {"staircase": FEDAWE_DYNAMICS["staircase"]},
+              "rule": {"fedawe": FEDAWE_RULES["fedawe"],
+                       "fedawe-no-clip": {"strategy": "fedawe:clip=0", "lr": 0.1},
+                       "fedawe-lr-0.05": {"strategy": "fedawe:clip=0.5", "lr": 0.05},
+                       "fedavg-active": FEDAWE_RULES["fedavg-active"]}},
+        seeds=(0,),
+        notes=(
+            "Why FedAWE trails in fedawe-table2: the same setup (staircase, seed 0), FedAWE as in the table "
+            "(clip 0.5, η_0 = 0.1), without the official code's clip, and with the baselines' η_0 = 0.05, "
+            "against FedAvg over the active clients. The `fedawe` and `fedavg-active` runs have the table's "
+            "configs, so `fedawe-table2`'s folders can be copied in instead of rerun."
+        ),
     ),
     "fdms-clustered": Sweep(
         name="fdms-clustered",

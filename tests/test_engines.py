@@ -19,8 +19,10 @@ from server_app.experiment import run
 from server_app.results import read_matrix, read_metrics
 
 pytestmark = pytest.mark.slow
+# round-timeout: a Ray worker starting cold on a loaded 2-core machine took over 120 s to send the
+# first reply; these tests check numbers, not latency, so a slow reply must still count
 SMALL = {"num-clients": 4, "num-server-rounds": 3, "local-steps": "steps:n=3", "progress": False,
-         "availability": "staircase:period=2,low=0.5", "checkpoint-every": 0}
+         "availability": "staircase:period=2,low=0.5", "checkpoint-every": 0, "round-timeout": 600.0}
 TIMES = {"round-time", "wall-time"}
 
 
@@ -96,7 +98,7 @@ def flwr_run(tmp_path, run_config: str) -> tuple[str, str]:
             os.kill(pid, signal.SIGTERM)
 
 
-FLWR_SMALL = "num-clients=4 num-server-rounds=3 local-steps='steps:n=3' checkpoint-every=0"
+FLWR_SMALL = "num-clients=4 num-server-rounds=3 local-steps='steps:n=3' checkpoint-every=0 round-timeout=600.0"
 needs_flwr = pytest.mark.skipif(shutil.which("flwr") is None, reason="the flwr CLI is not on PATH")
 
 
