@@ -103,11 +103,13 @@ def run_sweep(sweep: Sweep, out: str | Path, *, workers: int = 1, seeds: Iterabl
     done = []
     started = time.time()
     ctx = mp.get_context("spawn")  # a fresh interpreter per worker: no forked torch state
-    with ctx.Pool(workers, maxtasksperchild=1) as pool:
-        for name, seconds, error in pool.imap_unordered(_run_one, todo):
-            print(f"  {name}: {'FAILED ' + error if error else 'done'} in {seconds:.0f} s", flush=True)
-            done.append((name, seconds, error))
-    log_invocation(out, started, workers, done)
+    try:
+        with ctx.Pool(workers, maxtasksperchild=1) as pool:
+            for name, seconds, error in pool.imap_unordered(_run_one, todo):
+                print(f"  {name}: {'FAILED ' + error if error else 'done'} in {seconds:.0f} s", flush=True)
+                done.append((name, seconds, error))
+    finally:  # an interrupted sweep (Ctrl-C) still logs the time it spent and the runs it finished
+        log_invocation(out, started, workers, done)
     return done
 
 
