@@ -78,8 +78,8 @@ FEDNOVA_SOLVERS = {
 
 # Sizes: each sweep is meant to take about an hour or less with --workers 2 on the project's
 # 2-core CPU (FedAWE's table, 84 runs, takes about two). Measured wall times (sweep-log.jsonl):
-# fednova 6 min (18 runs x 300 rounds), fdms-clustered 9 min (36 x 100), fedawe-table2 about
-# 2.8 min per run (84 x 300, FedAWE itself 3.7 min: it also scores x̄).
+# fednova 6 min (18 runs x 300 rounds), fdms-clustered 9 min (36 x 100), fedawe-table2 118.5 min
+# for 63 of its 84 runs (seed-major order: seeds 0-1 and the stationary column of seed 2).
 PRESETS: dict[str, Sweep] = {
     "smoke": Sweep(
         name="smoke",

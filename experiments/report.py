@@ -299,7 +299,7 @@ def render(sweep: Sweep, s: dict[str, Any], curves_name: str, extra: list[str]) 
 def render_verdicts(s: dict[str, Any]) -> list[str]:
     if not s["verdicts"]:
         return []
-    d = s["digits"]
+    d, told = s["digits"], set()
     lines = ["## The paper's claims", ""]
     for v in s["verdicts"]:
         test = "ahead in every seed" if v["within"] is None else f"no more than {v['within']:g} behind on average"
@@ -311,7 +311,8 @@ def render_verdicts(s: dict[str, Any]) -> list[str]:
             lines.append(f"  - {c['column']}, {v['rule']} vs {c['other']}: {c['gap']:+.{d}f} in {v['rule']}'s favour "
                          f"(per seed {seeds}{paper})")
         if v["why"] and v["verdict"] != "reproduced":
-            lines.append(f"  - Why: {v['why']}")
+            lines.append(f"  - Why: {'see above.' if v['why'] in told else v['why']}")
+            told.add(v["why"])
     return [*lines, ""]
 
 
