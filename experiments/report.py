@@ -10,8 +10,9 @@ differences are computed too: the preset's ``paper_setup`` against the runs' con
 
 Summary of a run: the mean of the metric over its evaluations in the last 10% of its rounds
 (``--fraction``), over its last K evaluations (``--last K``), or over the first fraction of
-its rounds (``--early``: how fast the rules learn); the report says how many evaluations were averaged. A rule whose runs also recorded ``<metric>-xbar`` (FedAWE: the mean
-of all clients' copies, which its official code scores) gets a second, labelled row.
+its rounds (``--early``: how fast the rules learn); the report says how many evaluations were
+averaged. A rule whose runs also recorded ``<metric>-xbar`` (FedAWE: the mean of all clients'
+copies, which its official code scores) gets a second, labelled row.
 """
 
 from __future__ import annotations
@@ -147,6 +148,7 @@ def _columns(sweep: Sweep) -> list[tuple[str, ...]]:
 def summarise(sweep: Sweep, results: Path, metric: str = "test-accuracy", window: Window = Window()) -> dict[str, Any]:
     """Everything the report states, computed from the results folder (JSON-serialisable)."""
     higher = "accuracy" in metric
+    sign = 1 if higher else -1  # gaps are signed so that > 0 favours the first rule
     scale = 100.0 if higher else 1.0
     digits = 1 if higher else 3  # accuracy in points, losses and distances as they are
     table = collect(sweep, results, metric, window, scale)
@@ -167,7 +169,7 @@ def summarise(sweep: Sweep, results: Path, metric: str = "test-accuracy", window
             entries.append({"label": rule, **_stats(cell.scores, digits), "paper": None if cell.xbar else paper})
             if cell.xbar:
                 entries.append({"label": f"{rule} [x̄]", **_stats(cell.xbar, digits), "paper": paper})
-        columns[" / ".join(col) or sweep.name] = {"entries": entries, **_findings(entries, higher, digits)}
+        columns[" / ".join(col) or sweep.name] = {"entries": entries, **_findings(entries, sign, digits)}
     constant = {k: configs[0][k] for k in sorted(configs[0]) if k not in HIDDEN_KEYS
                 and all(c.get(k) == configs[0][k] for c in configs)} if configs else {}
     varying = sorted({k for c in configs for k in c if k not in HIDDEN_KEYS and k not in constant})
@@ -175,7 +177,7 @@ def summarise(sweep: Sweep, results: Path, metric: str = "test-accuracy", window
                    for k, v in sweep.paper_setup.items() if any(str(c.get(k)) != str(v) for c in configs)}
     return {
         "preset": sweep.name, "metric": metric, "scale": scale, "higher-is-better": higher,
-        "digits": digits, "verdicts": [verdict(claim, columns, papers, higher, digits) for claim in sweep.claims],
+        "digits": digits, "verdicts": [verdict(claim, columns, sign, digits) for claim in sweep.claims],
         "window": window.describe(rounds, [n for c in table.values() for n in c.evals]),
         "rounds": rounds, "seeds": sorted({s for runs in found.values() for s in runs}),
         "runs-found": sum(len(runs) for runs in found.values()),
@@ -190,8 +192,7 @@ def summarise(sweep: Sweep, results: Path, metric: str = "test-accuracy", window
     }
 
 
-def verdict(claim: Claim, columns: dict[str, Any], papers: dict[str, float], higher: bool,
-            digits: int) -> dict[str, Any]:
+def verdict(claim: Claim, columns: dict[str, Any], sign: int, digits: int) -> dict[str, Any]:
     """Check ``claim`` in every column it names: each gap rule − other (signed so that > 0 is better).
 
     The gap is paired by seed (:func:`paired_gap`). Beats: held when ``rule`` is ahead in every
@@ -205,11 +206,10 @@ def verdict(claim: Claim, columns: dict[str, Any], papers: dict[str, float], hig
             a, b = entries.get(claim.rule), entries.get(other)
             if a is None or b is None:
                 continue
-            pair = paired_gap(a, b, 1 if higher else -1, digits)
-            pa, pb = (papers.get(f"{name} / {label.removesuffix(' [x̄]')}") for label in (claim.rule, other))
+            pair = paired_gap(a, b, sign, digits)
             held = pair["order"] == "ahead" if claim.within is None else pair["gap"] >= -claim.within
-            comparisons.append({"column": name, "other": other, **pair, "held": held,
-                                "paper-gap": None if pa is None or pb is None else round((pa - pb) * (1 if higher else -1), 1)})
+            paper_gap = None if a["paper"] is None or b["paper"] is None else round(sign * (a["paper"] - b["paper"]), 1)
+            comparisons.append({"column": name, "other": other, **pair, "held": held, "paper-gap": paper_gap})
     held = sum(c["held"] for c in comparisons)
     result = ("no runs" if not comparisons else "reproduced" if held == len(comparisons)
               else "not reproduced" if held == 0 else "partly reproduced")
@@ -222,12 +222,12 @@ def _sweep_log(results: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
-def _findings(entries: list[dict[str, Any]], higher: bool, digits: int) -> dict[str, Any]:
+def _findings(entries: list[dict[str, Any]], sign: int, digits: int) -> dict[str, Any]:
     """Ordering by mean, gaps between neighbours (paired by seed: does the order hold in every seed?), paper pairs."""
-    ranked = sorted(entries, key=lambda e: -e["mean"] if higher else e["mean"])
+    ranked = sorted(entries, key=lambda e: -sign * e["mean"])
     gaps = [{"between": [a["label"], b["label"]], "gap": round(abs(a["mean"] - b["mean"]), digits),
              "seeds": len(pair["per-seed"]), "order": pair["order"]}
-            for a, b in zip(ranked, ranked[1:], strict=False) for pair in [paired_gap(a, b, 1 if higher else -1, digits)]]
+            for a, b in zip(ranked, ranked[1:], strict=False) for pair in [paired_gap(a, b, sign, digits)]]
     with_paper = [e for e in entries if e["paper"] is not None]
     pairs = [(a, b) for i, a in enumerate(with_paper) for b in with_paper[i + 1:] if a["paper"] != b["paper"]]
     disagree = [[a["label"], b["label"]] for a, b in pairs if (a["mean"] - b["mean"]) * (a["paper"] - b["paper"]) <= 0]
@@ -380,7 +380,7 @@ def fdms_similarity(sweep: Sweep, results: Path, out: Path) -> list[str]:
     path = out.with_name(out.name + "-similarity.png")
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    lines, recovered = ["## Friend discovery", "", f"![similarity]({path.name})", ""], []
+    lines, recovered, clients = ["## Friend discovery", "", f"![similarity]({path.name})", ""], 0, 0
     for title, seed, rnd, matrix, clusters in panels:
         if clusters is None:
             continue
@@ -389,15 +389,15 @@ def fdms_similarity(sweep: Sweep, results: Path, out: Path) -> list[str]:
         off = ~same
         np.fill_diagonal(off, False)
         nearest = np.where(np.eye(len(matrix), dtype=bool), -np.inf, matrix).argmax(axis=1)
-        recovered.append(int((clusters[nearest] == clusters).sum()))
+        found = int((clusters[nearest] == clusters).sum())
+        recovered, clients = recovered + found, clients + len(matrix)
         lines.append(f"- {title} (seed {seed}, round {rnd}): mean R within a cluster {matrix[same].mean():.2f}, "
-                     f"between clusters {matrix[off].mean():.2f}; {recovered[-1]} of {len(matrix)} clients' "
+                     f"between clusters {matrix[off].mean():.2f}; {found} of {len(matrix)} clients' "
                      f"most similar client (their friend when dropped) is in their own cluster.")
-    if recovered:
-        total, clients = sum(recovered), sum(len(p[3]) for p in panels if p[4] is not None)
-        verdict = "reproduced" if total == clients else "not reproduced" if total == 0 else "partly reproduced"
-        lines.append(f"- **{verdict}**: FL-FDMS's similarities R recover the clusters "
-                     f"({total} of {clients} most-similar clients in the same cluster).")
+    if clients:
+        result = "reproduced" if recovered == clients else "not reproduced" if recovered == 0 else "partly reproduced"
+        lines.append(f"- **{result}**: FL-FDMS's similarities R recover the clusters "
+                     f"({recovered} of {clients} most-similar clients in the same cluster).")
     return [*lines, ""]
 
 
