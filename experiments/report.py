@@ -308,8 +308,9 @@ def render_verdicts(s: dict[str, Any]) -> list[str]:
         for c in v["comparisons"]:
             paper = "" if c["paper-gap"] is None else f"; paper {c['paper-gap']:+.1f}"
             seeds = ", ".join(f"{g:+.{d + 1}f}" for g in c["per-seed"])
+            ahead = sum(g > 0 for g in c["per-seed"])
             lines.append(f"  - {c['column']}, {v['rule']} vs {c['other']}: {c['gap']:+.{d}f} in {v['rule']}'s favour "
-                         f"(per seed {seeds}{paper})")
+                         f"(per seed {seeds}: ahead in {ahead} of {len(c['per-seed'])}{paper})")
         if v["why"] and v["verdict"] != "reproduced":
             lines.append(f"  - Why: {'see above.' if v['why'] in told else v['why']}")
             told.add(v["why"])
