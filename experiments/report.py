@@ -135,7 +135,13 @@ def paired_gap(a: dict[str, Any], b: dict[str, Any], sign: float, digits: int) -
     gap = round(float(np.mean(per_seed)), digits) if per_seed else 0.0
     order = ("ahead" if gap > 0 and all(g > 0 for g in per_seed) else
              "behind" if gap < 0 and all(g < 0 for g in per_seed) else "mixed")
-    return {"gap": gap, "per-seed": per_seed, "order": order}
+    return {"gap": gap, "per-seed": per_seed, "seeds-ahead": sum(g > 0 for g in per_seed), "order": order}
+
+
+def verdict_word(held: int, total: int) -> str:
+    """Reproduced: held in every comparison; not: in none; partly: in between."""
+    return ("no runs" if not total else "reproduced" if held == total
+            else "not reproduced" if held == 0 else "partly reproduced")
 
 
 def _columns(sweep: Sweep) -> list[tuple[str, ...]]:
@@ -196,8 +202,7 @@ def verdict(claim: Claim, columns: dict[str, Any], sign: int, digits: int) -> di
     """Check ``claim`` in every column it names: each gap rule − other (signed so that > 0 is better).
 
     The gap is paired by seed (:func:`paired_gap`). Beats: held when ``rule`` is ahead in every
-    seed. Within w: held when the mean gap is >= -w. Reproduced: held in every comparison; not:
-    in none; partly: in between.
+    seed. Within w: held when the mean gap is >= -w. The verdict: :func:`verdict_word`.
     """
     comparisons = []
     for name in claim.columns or list(columns):
@@ -211,10 +216,8 @@ def verdict(claim: Claim, columns: dict[str, Any], sign: int, digits: int) -> di
             paper_gap = None if a["paper"] is None or b["paper"] is None else round(sign * (a["paper"] - b["paper"]), 1)
             comparisons.append({"column": name, "other": other, **pair, "held": held, "paper-gap": paper_gap})
     held = sum(c["held"] for c in comparisons)
-    result = ("no runs" if not comparisons else "reproduced" if held == len(comparisons)
-              else "not reproduced" if held == 0 else "partly reproduced")
-    return {"claim": claim.text, "rule": claim.rule, "within": claim.within, "verdict": result, "why": claim.why,
-            "held": held, "comparisons": comparisons}
+    return {"claim": claim.text, "rule": claim.rule, "within": claim.within,
+            "verdict": verdict_word(held, len(comparisons)), "why": claim.why, "held": held, "comparisons": comparisons}
 
 
 def _sweep_log(results: Path) -> list[dict[str, Any]]:
@@ -308,9 +311,8 @@ def render_verdicts(s: dict[str, Any]) -> list[str]:
         for c in v["comparisons"]:
             paper = "" if c["paper-gap"] is None else f"; paper {c['paper-gap']:+.1f}"
             seeds = ", ".join(f"{g:+.{d + 1}f}" for g in c["per-seed"])
-            ahead = sum(g > 0 for g in c["per-seed"])
             lines.append(f"  - {c['column']}, {v['rule']} vs {c['other']}: {c['gap']:+.{d}f} in {v['rule']}'s favour "
-                         f"(per seed {seeds}: ahead in {ahead} of {len(c['per-seed'])}{paper})")
+                         f"(per seed {seeds}: ahead in {c['seeds-ahead']} of {len(c['per-seed'])}{paper})")
         if v["why"] and v["verdict"] != "reproduced":
             lines.append(f"  - Why: {'see above.' if v['why'] in told else v['why']}")
             told.add(v["why"])
@@ -396,8 +398,7 @@ def fdms_similarity(sweep: Sweep, results: Path, out: Path) -> list[str]:
                      f"between clusters {matrix[off].mean():.2f}; {found} of {len(matrix)} clients' "
                      f"most similar client (their friend when dropped) is in their own cluster.")
     if clients:
-        result = "reproduced" if recovered == clients else "not reproduced" if recovered == 0 else "partly reproduced"
-        lines.append(f"- **{result}**: FL-FDMS's similarities R recover the clusters "
+        lines.append(f"- **{verdict_word(recovered, clients)}**: FL-FDMS's similarities R recover the clusters "
                      f"({recovered} of {clients} most-similar clients in the same cluster).")
     return [*lines, ""]
 
