@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING
 from flwr.app import ArrayRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from availability import Schedule, build_schedule
+from availability import Schedule, schedule_for
+from runconfig import AvailabilityConfig, ConfigError, WorkloadConfig, from_run_config
 from strategies.protocol import (
     A_NORM,
     CLIENT_ID,
@@ -32,7 +33,6 @@ from strategies.protocol import (
     SERVER_ROUND,
     TRAIN_LOSS,
 )
-from workloads.config import AvailabilityConfig, ConfigError, WorkloadConfig, from_run_config
 
 from .worker import through_worker
 
@@ -71,8 +71,8 @@ def workload_of(context: Context) -> tuple[Workload, int]:
 
 
 @functools.lru_cache(maxsize=4)
-def _schedule(spec: str, n: int, seed: int, wl: Workload) -> Schedule:
-    return build_schedule(spec, n, seed, label_dists=wl.label_dists, clusters=wl.clusters)
+def _schedule(run_config: tuple[tuple[str, object], ...], wl: Workload) -> Schedule:
+    return schedule_for(dict(run_config), wl)
 
 
 def declines(msg: Message, context: Context, wl: Workload, pid: int, rnd: int) -> bool:
@@ -80,7 +80,7 @@ def declines(msg: Message, context: Context, wl: Workload, pid: int, rnd: int) -
     acfg = from_run_config(AvailabilityConfig, context.run_config).validate()
     if acfg.availability_gate != "client" or msg.content["config"].get(IGNORE_AVAILABILITY, False):
         return False
-    schedule = _schedule(acfg.availability, wl.cfg.num_clients, acfg.schedule_seed, wl)
+    schedule = _schedule(tuple(sorted(context.run_config.items())), wl)
     return not schedule.is_available(pid, rnd)
 
 

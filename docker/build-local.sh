@@ -66,7 +66,7 @@ fi
 t1=$(date +%s)
 
 echo "== docker build -> $IMAGE (base $BASE_IMAGE, torch from $TORCH_INDEX_URL, pip from $PIP_INDEX_URL)"
-sources=(pyproject.toml README.md docker/Dockerfile availability workloads strategies client_app
+sources=(pyproject.toml README.md docker/Dockerfile runconfig availability workloads strategies client_app
          server_app experiments deploy)
 tar -c --exclude=__pycache__ --exclude='*.pyc' "${sources[@]}" |
   DOCKER_BUILDKIT=0 nice -n 10 docker build --network host -f docker/Dockerfile -t "$IMAGE" \

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from experiments.sweep import Claim, Sweep
+from experiments.study import Claim, Sweep
 
 DATA_DIR = os.environ.get("FLCHURN_DATA_DIR", str(Path(__file__).resolve().parents[2] / "shared" / "data"))
 

@@ -44,9 +44,9 @@ from pathlib import Path
 from typing import Any
 
 from deploy.launch import default_run_config, free_port, kill_pids, parse_run_config, tagged_pids, toml_value
+from runconfig import ConfigError
 from server_app.config import RunConfig
 from server_app.results import METRICS, default_run_name
-from workloads.config import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 TAG_VAR = "FLCHURN_RUN_TAG"  # inherited by the detached SuperLink and everything it starts

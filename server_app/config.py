@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from workloads.config import (
+from runconfig import (
     AvailabilityConfig,
     ConfigError,
     WorkloadConfig,
@@ -17,8 +17,10 @@ from workloads.config import (
     from_run_config,
     known_keys,
 )
+from strategies.base import AUTO_WEIGHTING, WEIGHTINGS
 
-WEIGHTINGS = ("auto", "equal", "num-examples")  # auto: the rule's paper weighting (FedNova: num-examples)
+#: the run config's ``weighting``: the strategies' own, or auto (the rule's paper weighting)
+WEIGHTING_CHOICES = (AUTO_WEIGHTING, *WEIGHTINGS)
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,7 @@ class ServerConfig:
     def validate(self) -> ServerConfig:
         check(self.num_server_rounds >= 1, "num-server-rounds", self.num_server_rounds, ">= 1")
         check(self.server_lr > 0, "server-lr", self.server_lr, "> 0")
-        check(self.weighting in WEIGHTINGS, "weighting", self.weighting, f"one of {WEIGHTINGS}")
+        check(self.weighting in WEIGHTING_CHOICES, "weighting", self.weighting, f"one of {WEIGHTING_CHOICES}")
         check(self.max_update_norm >= 0, "max-update-norm", self.max_update_norm, ">= 0 (0: the rule's default)")
         check(self.max_norm_ratio == 0 or self.max_norm_ratio > 1, "max-norm-ratio", self.max_norm_ratio,
               "> 1 (0: the rule's default)")

@@ -22,21 +22,17 @@ from flwr.serverapp import Grid
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from availability import Schedule, build_schedule, parse_spec
+from availability import Schedule, parse_spec, schedule_for
+from runconfig import ConfigError
 from strategies import AvailabilityStrategy, build_strategy, named_arrays
-from workloads.config import ConfigError
 from workloads.workload import Workload, get_workload
 
+from . import checkpoint
 from .config import RunConfig, ServerConfig
 from .network import AvailabilityGrid, discover_clients, fast_pull, wait_for_nodes
 from .results import METRICS, RunRecorder, default_run_name
 
 log = logging.getLogger(__name__)
-CHECKPOINT_FREE_KEYS = {  # may differ between a run and its resumption
-    "num-server-rounds", "resume-from", "run-name", "results-dir", "progress",
-    "checkpoint-every", "round-timeout", "wait-for-nodes", "min-nodes", "device", "state-dir",
-    "round-start-delay",
-}
 
 
 @dataclass
@@ -56,8 +52,7 @@ def prepare(cfg: RunConfig) -> Setup:
     """Build workload, schedule and strategy; load a checkpoint. Raises before any training."""
     n = cfg.workload.num_clients
     workload = get_workload(cfg.workload)
-    schedule = build_schedule(cfg.availability.availability, n, cfg.availability.schedule_seed,
-                              label_dists=workload.label_dists, clusters=workload.clusters)
+    schedule = schedule_for(cfg.to_dict(), workload)
     s = cfg.server
     strategy = build_strategy(
         strategy_spec(s), num_clients=n, server_lr=s.server_lr, weighting=s.weighting,
@@ -125,30 +120,14 @@ def connect(grid: Grid, cfg: RunConfig) -> dict[int, int]:
 def load_checkpoint(path: str, cfg: RunConfig) -> dict[str, Any]:
     if not Path(path).is_file():
         raise ConfigError(f"run config 'resume-from' = {path!r}: no such checkpoint file")
-    ckpt = torch.load(path, map_location="cpu", weights_only=False)
-    old, new = ckpt["config"], cfg.to_dict()
-    differ = sorted(k for k in set(old) | set(new) if k not in CHECKPOINT_FREE_KEYS and old.get(k) != new.get(k))
-    if differ:
-        raise ConfigError(f"checkpoint {path} was made with other settings for {differ}: "
-                          + ", ".join(f"{k}={old.get(k)!r} (now {new.get(k)!r})" for k in differ))
-    if ckpt["round"] >= cfg.server.num_server_rounds:
-        raise ConfigError(f"checkpoint {path} is at round {ckpt['round']}, not before "
-                          f"num-server-rounds={cfg.server.num_server_rounds}")
+    ckpt = checkpoint.load(path)
+    checkpoint.check_resumable(ckpt, path, cfg.to_dict(), cfg.server.num_server_rounds)
     return ckpt
 
 
 def save_checkpoint(setup: Setup, rnd: int, arrays: ArrayRecord) -> Path:
-    path = setup.run_dir / "checkpoints" / f"round-{rnd:04d}.pt"
-    partial = path.with_suffix(".pt.partial")  # a crash mid-write never leaves a truncated checkpoint
-    torch.save({
-        "round": rnd,
-        "arrays": {k: v for k, v in zip(arrays.keys(), arrays.to_numpy_ndarrays(), strict=True)},
-        "strategy": setup.strategy.state_dict(),
-        "config": setup.cfg.to_dict(),
-        "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
-    }, partial)
-    partial.replace(path)
-    return path
+    return checkpoint.save(setup.run_dir, rnd, dict(zip(arrays.keys(), arrays.to_numpy_ndarrays(), strict=True)),
+                           setup.strategy.state_dict(), setup.cfg.to_dict())
 
 
 def evaluate(workload: Workload, arrays: ArrayRecord) -> dict[str, float]:
@@ -191,10 +170,7 @@ def _run_rounds(grid: Grid, setup: Setup, client_of_node: dict[int, int], consol
     recorder.write_config(config_record)
     recorder.resume_at(setup.start_round - 1)
     if setup.start_round > 1:
-        ckpt = torch.load(s.resume_from, map_location="cpu", weights_only=False)
-        random.setstate(ckpt["rng"]["python"])
-        np.random.set_state(ckpt["rng"]["numpy"])
-        torch.set_rng_state(ckpt["rng"]["torch"])
+        checkpoint.restore_rng(checkpoint.load(s.resume_from))
     else:
         random.seed(cfg.workload.train_seed)
 

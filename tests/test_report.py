@@ -10,7 +10,8 @@ import pytest
 
 from experiments.presets import PRESETS
 from experiments.report import Window, write_report
-from experiments.sweep import Claim, Sweep, run_sweep
+from experiments.study import Claim, Sweep
+from experiments.sweep import run_sweep
 from server_app.results import read_metrics
 
 TINY = Sweep(

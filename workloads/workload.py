@@ -1,7 +1,7 @@
 """A workload: dataset + partition + model + local training, rebuilt identically anywhere.
 
 The server and every client build the same :class:`Workload` from the same
-:class:`~workloads.config.WorkloadConfig`; :func:`get_workload` caches it per process, so a
+:class:`~runconfig.WorkloadConfig`; :func:`get_workload` caches it per process, so a
 client's partition is built once per process, not once per round. All randomness is keyed by
 the config's seeds and by (client, round), never by process state, so a client trained in a Ray
 worker, a SuperNode or in-process gives the same update.
@@ -16,7 +16,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from .config import ConfigError, WorkloadConfig
+from runconfig import ConfigError, WorkloadConfig
+
 from .data import DATASETS, TensorData, load_dataset
 from .models import build_model, model_params
 from .partition import cluster_of, label_distributions, partition
