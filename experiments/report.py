@@ -149,6 +149,7 @@ def fdms_similarity(sweep: Sweep, results: Path, out: Path) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from strategies import STRATEGIES
     from workloads.partition import cluster_of
 
     panels = []
@@ -160,7 +161,7 @@ def fdms_similarity(sweep: Sweep, results: Path, out: Path) -> list[str]:
         if ckpts:
             ckpt = checkpoint.load(ckpts[-1])
             config = ckpt["config"]
-            panels.append((labels[0], seed, ckpt["round"], np.asarray(ckpt["strategy"]["fl-fdms"]["R"]),
+            panels.append((labels[0], seed, ckpt["round"], np.asarray(STRATEGIES["fl-fdms"].read_state(ckpt["strategy"]).R),
                            cluster_of(config["partition"], config["num-clients"])))
     if not panels:
         return []
