@@ -1,11 +1,12 @@
-"""``python -m deploy launch ...``: see ``deploy/launch.py`` and ``docker/README.md``."""
+"""``python -m deploy launch ...`` (processes) and ``python -m deploy churn ...`` (the compose
+stack's churn service): see ``deploy/__init__.py`` and ``docker/README.md``."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from .churn import add_churn_args, compose_main
+from .compose import add_churn_args, compose_main
 from .launch import add_launch_args, launch_main
 
 

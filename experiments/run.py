@@ -43,7 +43,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from deploy.launch import default_run_config, free_port, kill_pids, parse_run_config, tagged_pids, toml_value
+from deploy.flwr_cli import toml_value
+from deploy.procs import free_port, kill_pids, tagged_pids
+from deploy.runconfig import default_run_config, parse_run_config
 from runconfig import ConfigError
 from server_app.config import RunConfig
 from server_app.results import METRICS, default_run_name
