@@ -83,6 +83,18 @@ class CohortTrainer:
         self.y = wl.train.y.to(wl.device)
         self._mask_shapes: dict[int, list[tuple[int, ...]]] = {}
         self._step = vmap(grad_and_value(self._loss), in_dims=(0, 0, 0, 0), randomness="error")
+        self._dry_run()
+
+    def _dry_run(self) -> None:
+        """One vmapped step on two copies of the initial model: raises what vmap cannot batch."""
+        state = {k: v.detach() for k, v in self.model.state_dict().items() if k not in self.dropouts}
+        params = {k: torch.stack([state[k]] * 2) for k in self.param_names}
+        others = {k: torch.stack([v] * 2) for k, v in state.items() if k not in params}
+        batch = min(2, len(self.x))
+        for name, shape in zip(self.dropouts, self.mask_shapes(batch), strict=True):
+            others[name] = torch.ones((2, *shape), device=self.x.device)
+        idx = torch.zeros((2, batch), dtype=torch.long, device=self.x.device)
+        self._step(params, others, self.x[idx], self.y[idx])
 
     # -- the per-client loss, vmapped over clients --------------------------------------------
     def _loss(self, params: StateDict, others: StateDict, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
