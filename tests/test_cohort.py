@@ -67,7 +67,9 @@ def test_every_rule_ends_where_the_per_client_engine_ends(tmp_path, rule):
     {"solver": "momentum", "momentum": 0.9, "local-steps": "epochs:min=1,max=3"},  # heterogeneous steps
     {"solver": "prox", "prox-mu": 0.5, "weight-decay": 1e-3, "lr-schedule": "inv-sqrt"},
     {"solver": "sgd", "local-steps": "steps:n=4", "lr-schedule": "step:gamma=0.5,every=1"},
-    {"model": "cnn", "local-steps": "epochs:min=1,max=2", "batch-size": 64},  # clients smaller than the batch
+    # clients smaller than the batch; lr 0.01: at 0.05 this CNN's loss reaches 6 and three rounds of
+    # chaotic training amplify float reassociation (4e-7 after one round, see below) past 1e-4
+    {"model": "cnn", "local-steps": "epochs:min=1,max=2", "batch-size": 64, "lr": 0.01},
     {"model": "logreg", "strategy": "fednova", "solver": "momentum", "momentum": 0.5},
 ])
 def test_solvers_and_step_options_match(tmp_path, options):
@@ -124,8 +126,9 @@ def test_auto_says_what_it_picked(tmp_path):
         assert cfg["engine-used"] == expected and cfg["engine-reason"].startswith("auto:")
 
 
-def test_gradient_clipping_matches_the_per_client_solver():
-    wl = Workload(_cfg(**{"local-steps": "epochs:min=1,max=3", "solver": "momentum", "momentum": 0.9}))
+@pytest.mark.parametrize("model", ["mlp", "cnn"])
+def test_one_round_equals_each_clients_own_training_with_clipping(model):
+    wl = Workload(_cfg(model=model, **{"local-steps": "epochs:min=1,max=3", "batch-size": 64}))
     wl.solver = SolverConfig(kind="momentum", lr=0.5, momentum=0.9, max_grad_norm=0.05)
     start = wl.new_model().state_dict()
     clients = list(range(wl.cfg.num_clients))
@@ -133,6 +136,7 @@ def test_gradient_clipping_matches_the_per_client_solver():
     for c, (trained, result) in zip(clients, ours, strict=True):
         model = wl.scratch_model(start)
         ref = wl.train_client(model, c, 2)
-        assert_close(model.state_dict(), trained)
+        for k, v in model.state_dict().items():
+            assert ((trained[k] - v).norm() / v.norm()).item() <= 1e-5, k
         assert (result.num_steps, result.a_norm) == (ref.num_steps, ref.a_norm)
         assert result.train_loss == pytest.approx(ref.train_loss, rel=1e-5)

@@ -2,7 +2,7 @@
 
 :func:`train_cohort` runs, for every client of a round, exactly the local steps of
 :meth:`~workloads.workload.Workload.train_client` (the same mini-batches, learning rate, solver
-and dropout masks), but as ``torch.func.vmap(grad_and_value(functional_call))`` over the clients'
+and dropout masks), but as ``torch.func.vmap(functional_call)`` with autograd through it over the clients'
 stacked parameters, in chunks that fit a memory budget. Clients are grouped by mini-batch size (a
 client with fewer examples than the batch uses all of them, as per client); clients with fewer
 local steps than others stop updating (their step is masked). The solver is
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call, grad_and_value, vmap
+from torch.func import functional_call, vmap
 
 from .solvers import LocalResult, SolverConfig, a_norm
 
@@ -82,7 +82,7 @@ class CohortTrainer:
         self.x = wl.train.x.to(wl.device)  # the data, resident on the device once
         self.y = wl.train.y.to(wl.device)
         self._mask_shapes: dict[int, list[tuple[int, ...]]] = {}
-        self._step = vmap(grad_and_value(self._loss), in_dims=(0, 0, 0, 0), randomness="error")
+        self._losses = vmap(self._loss, in_dims=(0, 0, 0, 0), randomness="error")
         self._dry_run()
 
     def _dry_run(self) -> None:
@@ -95,6 +95,17 @@ class CohortTrainer:
             others[name] = torch.ones((2, *shape), device=self.x.device)
         idx = torch.zeros((2, batch), dtype=torch.long, device=self.x.device)
         self._step(params, others, self.x[idx], self.y[idx])
+
+    def _step(self, params: StateDict, others: StateDict, x: torch.Tensor,
+              y: torch.Tensor) -> tuple[StateDict, torch.Tensor]:
+        """Every client's loss gradient and loss: the vmapped forward pass (batched matmuls and
+        convolutions), then autograd through it; the sum's gradient with respect to client c's
+        parameters is client c's own (the clients share nothing). On a CPU this is about twice as
+        fast as ``vmap(grad(...))``."""
+        leaves = {k: v.detach().requires_grad_() for k, v in params.items()}
+        losses = self._losses(leaves, others, x, y)
+        grads = torch.autograd.grad(losses.sum(), list(leaves.values()))
+        return dict(zip(leaves, grads, strict=True)), losses.detach()
 
     # -- the per-client loss, vmapped over clients --------------------------------------------
     def _loss(self, params: StateDict, others: StateDict, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -160,7 +171,7 @@ class CohortTrainer:
         params = {k: torch.stack([s[k] for s in starts]).to(dev, torch.float32) for k in self.param_names}
         others = {k: torch.stack([s[k] for s in starts]).to(dev) for k in starts[0] if k not in params}
         steps = [wl.steps_for(c, rnd) for c in clients]
-        longest = max(steps)
+        longest, shortest = max(steps), min(steps)
         active_at = torch.tensor([[k < s for s in steps] for k in range(longest)], device=dev)
         batches = [wl.batch_indices(c, rnd) for c in clients]
         gens = [torch.Generator().manual_seed(wl.dropout_seed(c, rnd)) for c in clients] if self.dropouts else []
@@ -179,20 +190,24 @@ class CohortTrainer:
                     torch.empty(shape).bernoulli_(1 - self._p(name), generator=g) if k < s else torch.ones(shape)
                     for g, s in zip(gens, steps, strict=True)]).to(dev)
             grads, loss = self._step(params, others, self.x[idx], self.y[idx])
-            if solver.max_grad_norm is not None:  # torch.nn.utils.clip_grad_norm_, per client
-                total = torch.sqrt(sum(g.pow(2).flatten(1).sum(1) for g in grads.values()))
-                coef = torch.clamp(solver.max_grad_norm / (total + 1e-6), max=1.0)
-                grads = {key: g * _per(coef, g) for key, g in grads.items()}
-            for key, p in params.items():
-                g = grads[key]
-                if prox:
-                    g = g + solver.mu * (p - x0[key])
-                if solver.weight_decay:
-                    g = g + solver.weight_decay * p
-                if momentum:
-                    g = buf[key] = torch.where(_per(active, g), solver.momentum * buf[key] + g, buf[key])
-                params[key] = torch.where(_per(active, p), p - solver.lr * g, p)
-            loss_sum += torch.where(active, loss.detach(), 0.0)
+            everyone = k < shortest
+            with torch.no_grad():
+                if solver.max_grad_norm is not None:  # torch.nn.utils.clip_grad_norm_, per client
+                    total = torch.sqrt(sum(g.pow(2).flatten(1).sum(1) for g in grads.values()))
+                    coef = torch.clamp(solver.max_grad_norm / (total + 1e-6), max=1.0)
+                    grads = {key: g * _per(coef, g) for key, g in grads.items()}
+                for key, p in params.items():
+                    g = grads[key]
+                    if prox:
+                        g = g + solver.mu * (p - x0[key])
+                    if solver.weight_decay:
+                        g = g + solver.weight_decay * p
+                    if momentum:
+                        new_buf = solver.momentum * buf[key] + g
+                        g = buf[key] = new_buf if everyone else torch.where(_per(active, g), new_buf, buf[key])
+                    new_p = p - solver.lr * g
+                    params[key] = new_p if everyone else torch.where(_per(active, p), new_p, p)
+                loss_sum += loss if everyone else torch.where(active, loss, 0.0)
         losses = loss_sum.cpu().tolist()
         out = []
         for i, s in enumerate(steps):
