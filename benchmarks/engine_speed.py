@@ -10,8 +10,8 @@ steps) and each cohort size (``bernoulli:p=0.15``: about 15 participants a round
 - ``cohort``: the cohort engine (the same loop; local training vmapped over the cohort);
 - ``flwr``: Flower's Ray simulation through ``experiments.run`` (``--flwr``; slow to start).
 
-Each figure is the best of ``--repeats`` repetitions of the median round time over rounds 2..R
-(round 1 warms caches up). Central evaluation is off (``eval-every = 0`` evaluates only after the
+Each figure is the best of ``--repeats`` repetitions (interleaved across engines, so that a load
+spike hits them alike) of the median round time over rounds 2..R (round 1 warms caches up). Central evaluation is off (``eval-every = 0`` evaluates only after the
 last round, outside the timed rounds). The machine's load average is printed with the figures.
 
     python -m benchmarks.engine_speed                       # CPU, MLP and CNN, 15 and 100
@@ -120,18 +120,17 @@ def main(argv: list[str] | None = None) -> int:
         for model in a.models:
             for size in a.sizes:
                 cfg = run_config(model, size, a.rounds, a.device)
-                best = {}
-                for engine in engines:
-                    reps = 1 if engine == "flwr" else a.repeats
-                    runs = []
-                    for _ in range(reps):
+                runs: dict[str, list[float]] = {e: [] for e in engines}
+                for rep in range(a.repeats):  # interleaved, so a load spike hits every engine alike
+                    for engine in engines:
                         if engine == "raw":
-                            runs.append(per_round(raw_round_times(cfg)))
+                            runs[engine].append(per_round(raw_round_times(cfg)))
                         elif engine == "flwr":
-                            runs.append(per_round(flwr_round_times(cfg, Path(tmp))))
+                            if rep == 0:  # one run: Ray and the SuperLink take minutes to start
+                                runs[engine].append(per_round(flwr_round_times(cfg, Path(tmp))))
                         else:
-                            runs.append(per_round(engine_round_times(cfg, engine, Path(tmp))))
-                    best[engine] = min(runs)
+                            runs[engine].append(per_round(engine_round_times(cfg, engine, Path(tmp))))
+                best = {e: min(v) for e, v in runs.items()}
                 ratios = " ".join(f"{e} {best[e] / best['raw']:.2f}x" for e in engines if e != "raw" and "raw" in best)
                 print(f"{model:5} {size:5d} " + " ".join(f"{best[e]:11.3f}" for e in engines) + f"   {ratios}",
                       flush=True)

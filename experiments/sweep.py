@@ -6,8 +6,8 @@ Every run is an in-process run (the real ServerApp loop and ClientApp; ``engine`
 per worker). Ray starts locally by default; ``--address`` joins an existing cluster (then the
 results folder must be on a file system every node sees, and the project is shipped to the
 workers as Ray's ``working_dir``). A run whose folder already holds ``final_model.pt`` is skipped,
-so an interrupted sweep continues where it stopped; every invocation appends one line to
-``sweep-log.jsonl``. Reports read only the folders.
+and a run interrupted after a checkpoint resumes from its newest one, so an interrupted sweep
+continues where it stopped; every invocation appends one line to ``sweep-log.jsonl``. Reports read only the folders.
 
     python -m experiments.sweep fedawe-table2 --out results/fedawe-table2 --cpus-per-run 1
     python -m experiments.sweep fedawe-table2-cifar --gpus-per-run 0.25 --set engine=cohort
@@ -40,9 +40,12 @@ def run_one(name: str, overrides: dict[str, Any], out: str, threads: int) -> tup
 
     torch.set_num_threads(threads)
     from experiments.inprocess import run_inprocess
+    from server_app import checkpoint
 
     t0 = time.time()
     try:
+        if list((Path(out) / name / checkpoint.FOLDER).glob("round-*.pt")):  # interrupted: go on from there
+            overrides = {**overrides, "resume-from": str(checkpoint.latest(Path(out) / name))}
         run_inprocess({**overrides, "results-dir": out, "run-name": name, "progress": False})
     except Exception as exc:  # one failed run must not stop the sweep; it is reported
         return name, time.time() - t0, f"{type(exc).__name__}: {exc}"

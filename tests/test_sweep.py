@@ -44,6 +44,21 @@ def test_a_ray_task_writes_what_an_in_process_run_writes_and_a_rerun_skips_it(tm
     assert run_sweep(sweep, tmp_path / "sweep", seeds=[1], num_cpus=2) == []
 
 
+def test_an_interrupted_run_resumes_from_its_newest_checkpoint(tmp_path):
+    sweep = PRESETS["smoke"]
+    over = {"checkpoint-every": 1}
+    run_sweep(sweep, tmp_path, seeds=[0], num_cpus=2, overrides=over)
+    name = sweep.runs(seeds=[0])[0][0]
+    first = torch.load(tmp_path / name / "final_model.pt")
+    (tmp_path / name / "final_model.pt").unlink()  # as if stopped after round 2's checkpoint
+    (tmp_path / name / "checkpoints" / "round-0003.pt").unlink()
+    (done,) = run_sweep(sweep, tmp_path, seeds=[0], num_cpus=2, overrides=over)
+    assert done[0] == name and not done[2]
+    assert [r["round"] for r in read_metrics(tmp_path / name)] == [1, 2, 3]
+    for k, v in first.items():
+        assert torch.equal(torch.load(tmp_path / name / "final_model.pt")[k], v)
+
+
 def test_seeds_are_separate_per_run_and_recorded():
     runs = dict(PRESETS["smoke"].runs(seeds=[3]))
     cfg = runs["sine__fedavg-all__s3"]
