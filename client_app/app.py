@@ -136,10 +136,14 @@ def train_start(msg: Message, context: Context) -> TrainStart | Message:
 
 
 def local_training(ts: TrainStart) -> tuple[dict[str, Any], LocalResult]:
-    """The client's local steps from ``ts.start``: (trained state dict on the CPU, result)."""
+    """The client's local steps from ``ts.start``: (trained state dict on the CPU, result).
+
+    On the CPU the trained tensors are the workload's scratch model's own (no copy): valid until
+    the next message, and :func:`train_reply` turns them into the reply at once.
+    """
     model = ts.workload.scratch_model(ts.start)
     result = ts.workload.train_client(model, ts.client, ts.rnd)
-    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}, result
+    return {k: v.detach().cpu() for k, v in model.state_dict().items()}, result
 
 
 def train_reply(ts: TrainStart, trained: dict[str, Any], result: LocalResult) -> Message:

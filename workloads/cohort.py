@@ -182,9 +182,11 @@ class CohortTrainer:
         buf = {k: torch.zeros_like(v) for k, v in params.items()} if momentum else {}
         loss_sum = torch.zeros(n, device=dev)
         idle = torch.zeros(batch, dtype=torch.long)
+        every_idx = torch.stack([torch.stack([next(b) if k < s else idle for b, s in zip(batches, steps, strict=True)])
+                                 for k in range(longest)]).to(dev)  # (steps, clients, batch): one copy
         for k in range(longest):
             active = active_at[k]
-            idx = torch.stack([next(b) if k < s else idle for b, s in zip(batches, steps, strict=True)]).to(dev)
+            idx = every_idx[k]
             for name, shape in zip(self.dropouts, shapes, strict=True):
                 others[name] = torch.stack([
                     torch.empty(shape).bernoulli_(1 - self._p(name), generator=g) if k < s else torch.ones(shape)
