@@ -57,6 +57,7 @@ class CohortGrid(InProcessGrid):
         if engine not in ENGINES:
             raise ValueError(f"engine {engine!r}: one of {ENGINES}")
         self.requested = engine
+        self.run_config = dict(run_config)
         self._trainer: CohortTrainer | None = None
         self._record: dict[str, str] | None = None
 
@@ -64,7 +65,7 @@ class CohortGrid(InProcessGrid):
     def engine_record(self) -> dict[str, str]:
         """What ``config.json`` records: ``engine-used`` and, when not what was asked, ``engine-reason``."""
         if self._record is None:
-            wl = get_workload(from_run_config(WorkloadConfig, self.contexts[next(iter(self.contexts))].run_config))
+            wl = get_workload(from_run_config(WorkloadConfig, self.run_config))
             used, why = (("cohort", "") if self.requested == "cohort" else auto_engine(wl))
             if used == "cohort":
                 try:
