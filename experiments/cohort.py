@@ -30,7 +30,7 @@ from server_app.config import ENGINES
 from workloads.cohort import CohortTrainer
 from workloads.workload import Workload, get_workload
 
-from .grid import InProcessGrid
+from .grid import InProcessGrid, default_client_app
 
 log = logging.getLogger(__name__)
 #: models whose vmapped step beats the per-client loop on a CPU (benchmarks/engine_speed.py)
@@ -67,6 +67,8 @@ class CohortGrid(InProcessGrid):
         if self._record is None:
             wl = get_workload(from_run_config(WorkloadConfig, self.run_config))
             used, why = (("cohort", "") if self.requested == "cohort" else auto_engine(wl))
+            if used == "cohort" and self.app is not default_client_app:
+                used, why = "per-client", "a ClientApp other than client_app.app: its own train handler must run"
             if used == "cohort":
                 try:
                     self._trainer = CohortTrainer(wl)

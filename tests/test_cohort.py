@@ -120,6 +120,23 @@ def test_a_model_it_cannot_batch_falls_back_says_why_once_and_is_equal(tmp_path,
     assert len(warnings) == 1 and "AlphaDropout" in warnings[0].getMessage()
 
 
+def test_a_custom_client_app_is_never_bypassed(tmp_path):
+    from flwr.clientapp import ClientApp
+
+    from client_app.app import app as client_app
+    from experiments.cohort import CohortGrid
+
+    custom = ClientApp()
+
+    @custom.train()
+    def train(msg, context):  # e.g. a test's ClientApp that poisons replies
+        return client_app(msg, context)
+
+    grid = CohortGrid(3, {**SMALL, "num-clients": 3}, engine="cohort", client_app=custom)
+    assert grid.engine_record["engine-used"] == "per-client"
+    assert "its own train handler" in grid.engine_record["engine-reason"]
+
+
 def test_auto_says_what_it_picked(tmp_path):
     for model, expected in (("mlp", "cohort"), ("cnn", "per-client")):
         _, cfg, _ = final_and_config(tmp_path / model, "auto", model=model)
