@@ -21,6 +21,8 @@ from strategies.base import AUTO_WEIGHTING, WEIGHTINGS
 
 #: the run config's ``weighting``: the strategies' own, or auto (the rule's paper weighting)
 WEIGHTING_CHOICES = (AUTO_WEIGHTING, *WEIGHTINGS)
+#: the run config's ``engine`` (in-process runs; see experiments.cohort)
+ENGINES = ("per-client", "cohort", "auto")
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,7 @@ class ServerConfig:
     run_name: str = ""  # "" -> <time>-<strategy>-<dataset>-s<seed>
     resume_from: str = ""  # a checkpoint file; continues that run in its own folder
     progress: bool = True
+    engine: str = "per-client"  # in-process runs: "per-client", "cohort" (vmapped cohort), "auto"
 
     def validate(self) -> ServerConfig:
         check(self.num_server_rounds >= 1, "num-server-rounds", self.num_server_rounds, ">= 1")
@@ -56,6 +59,7 @@ class ServerConfig:
         check(self.round_start_delay >= 0, "round-start-delay", self.round_start_delay, ">= 0 seconds")
         check(self.eval_every >= 0, "eval-every", self.eval_every, ">= 0")
         check(self.checkpoint_every >= 0, "checkpoint-every", self.checkpoint_every, ">= 0")
+        check(self.engine in ENGINES, "engine", self.engine, f"one of {ENGINES}")
         return self
 
 

@@ -131,8 +131,7 @@ def save_checkpoint(setup: Setup, rnd: int, arrays: ArrayRecord) -> Path:
 
 
 def evaluate(workload: Workload, arrays: ArrayRecord) -> dict[str, float]:
-    model = workload.new_model()
-    model.load_state_dict(arrays.to_torch_state_dict())
+    model = workload.scratch_model(arrays.to_torch_state_dict())
     return {f"test-{k}": v for k, v in workload.evaluate(model).items()}
 
 
@@ -166,7 +165,7 @@ def _run_rounds(grid: Grid, setup: Setup, client_of_node: dict[int, int], consol
     s, n = cfg.server, cfg.workload.num_clients
     recorder = RunRecorder(setup.run_dir, n)
     config_record = {**cfg.to_dict(), "weighting-used": setup.strategy.weighting, "seeds": cfg.seeds,
-                     "schedule": setup.schedule.describe(), "versions": _versions()}
+                     "schedule": setup.schedule.describe(), **engine_record(grid, cfg), "versions": _versions()}
     recorder.write_config(config_record)
     recorder.resume_at(setup.start_round - 1)
     if setup.start_round > 1:
@@ -226,6 +225,19 @@ def _run_rounds(grid: Grid, setup: Setup, client_of_node: dict[int, int], consol
                   f"{time.monotonic() - t_run:.1f} s; {summary}", soft_wrap=True)
     console.print(f"results: {setup.run_dir}", soft_wrap=True)
     return setup.run_dir
+
+
+def engine_record(grid: Grid, cfg: RunConfig) -> dict[str, str]:
+    """The engine that trains the clients, for ``config.json``: the grid's own record (the cohort
+    engine's), else per client, with the reason when another engine was asked for."""
+    if (record := getattr(grid, "engine_record", None)) is not None:
+        return dict(record)
+    if cfg.server.engine == "per-client":
+        return {"engine-used": "per-client"}
+    why = (f"engine={cfg.server.engine} applies to in-process runs (experiments.inprocess, experiments.sweep); "
+           "here every client trains in its own ClientApp")
+    log.warning("training per client: %s", why)
+    return {"engine-used": "per-client", "engine-reason": why}
 
 
 def _versions() -> dict[str, str]:

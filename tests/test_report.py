@@ -34,7 +34,7 @@ NUMBER = re.compile(r"\d+(?:\.\d+)?")
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("tiny")
-    done = run_sweep(TINY, out, workers=1)
+    done = run_sweep(TINY, out, num_cpus=1)
     assert [error for _, _, error in done] == ["", "", ""]
     return out
 
