@@ -14,6 +14,7 @@ long-lived worker, and the short-lived ``flwr-clientapp`` process stays thin.
 from __future__ import annotations
 
 import functools
+import time
 from typing import TYPE_CHECKING
 
 from flwr.app import ArrayRecord, Context, Error, Message, MetricRecord, RecordDict
@@ -31,9 +32,11 @@ from strategies.protocol import (
     PROBE_BATCHES,
     SERVER_ROUND,
     TRAIN_LOSS,
+    TRAIN_TIME,
 )
 from workloads.config import AvailabilityConfig, ConfigError, WorkloadConfig, from_run_config
 
+from . import timing
 from .worker import through_worker
 
 if TYPE_CHECKING:
@@ -103,6 +106,7 @@ def query(msg: Message, context: Context) -> Message:
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
+    received = time.monotonic()
     wl, pid = workload_of(context)
     rnd = server_round(msg) - 1
     if declines(msg, context, wl, pid, rnd):
@@ -112,7 +116,9 @@ def train(msg: Message, context: Context) -> Message:
     start = rule.start(msg.content["arrays"].to_torch_state_dict(), context, pid, rnd, config)
     model = wl.new_model()
     model.load_state_dict(start)
+    t0, cpu0 = time.monotonic(), time.process_time()
     result = wl.train_client(model, pid, rnd)
+    train_time, cpu_time = time.monotonic() - t0, time.process_time() - cpu0
     trained = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     metrics = MetricRecord({
         CLIENT_ID: pid,
@@ -123,6 +129,11 @@ def train(msg: Message, context: Context) -> Message:
         LR: wl.lr_at(rnd),
     })
     arrays = ArrayRecord(rule.reply(start, trained, context, pid, rnd, config))
+    if timing.reports_timing(context):  # edge emulation (deployments): train time, see client_app/timing.py
+        metrics[TRAIN_TIME] = train_time
+        timing.record(context, pid, rnd + 1, {"train-time": train_time, "cpu-time": cpu_time,
+                                              "num-steps": result.num_steps, "peak-rss-mb": timing.peak_rss_mb(),
+                                              "receive-to-reply": time.monotonic() - received})
     return Message(RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)
 
 

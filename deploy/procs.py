@@ -20,7 +20,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,6 +56,16 @@ def prctl(option: int, value: int) -> bool:
 
 def _set_pdeathsig() -> None:  # runs in the child between fork and exec
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the launcher dying kills the child
+
+
+def _child_setup(then: Callable[[], None] | None) -> Callable[[], None]:
+    """The function a child runs between fork and exec: parent-death signal, then ``then``."""
+    def setup() -> None:
+        _set_pdeathsig()
+        if then is not None:
+            then()
+
+    return setup
 
 
 def tagged_pids(value: str, var: str = TAG_VAR) -> list[int]:
@@ -166,9 +176,11 @@ class Spawner:
         env.update(extra or {})
         return env
 
-    def spawn(self, name: str, argv: list[str], cwd: Path, env: Mapping[str, str] | None = None) -> Proc:
+    def spawn(self, name: str, argv: list[str], cwd: Path, env: Mapping[str, str] | None = None,
+              preexec: Callable[[], None] | None = None) -> Proc:
         """Start ``argv`` (its own session, parent-death signal, tag ``<tag>-<name>``), output to
-        ``logs/<name>.log``; ``env`` is added to the spawner's environment."""
+        ``logs/<name>.log``; ``env`` is added to the spawner's environment; ``preexec`` runs in
+        the child before exec (e.g. join a cgroup and a network namespace)."""
         if self.closed:
             raise DeployError("deployment is closed")
         cwd.mkdir(parents=True, exist_ok=True)
@@ -178,7 +190,7 @@ class Spawner:
             popen = subprocess.Popen(
                 [find_exe(argv[0]), *argv[1:]], cwd=cwd, env=self.env(node_tag, env),
                 stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
-                start_new_session=True, preexec_fn=_set_pdeathsig if LINUX else None,
+                start_new_session=True, preexec_fn=_child_setup(preexec) if LINUX else preexec,
             )
         self.spawned.append(Proc(name, popen, log_path, node_tag))
         return self.spawned[-1]
