@@ -86,6 +86,16 @@ class EdgeRecorder:
     def on_row(self, row: Mapping[str, Any]) -> None:
         self.samples[int(row["round"])] = self._measure()
 
+    def per_round(self) -> dict[int, dict[int, dict[str, Any]]]:
+        """round -> node -> what it used in that round (differences of the cumulative figures)."""
+        out: dict[int, dict[int, dict[str, Any]]] = {}
+        rounds = sorted(self.samples)
+        for prev, r in zip(rounds, rounds[1:], strict=False):
+            out[r] = {i: {k: round(v - self.samples[prev].get(i, {}).get(k, 0), 3) for k, v in m.items()
+                          if k in ("cpu-seconds", "bytes-in", "bytes-out", "oom-kills")}
+                      for i, m in self.samples[r].items()}
+        return out
+
     def oom_rounds(self) -> set[tuple[int, int]]:
         """(round, client): an OOM kill in the node's cgroup between the round's start and end lines."""
         out = set()
@@ -107,7 +117,7 @@ class EdgeRecorder:
         statuses = classify(schedule, out.rows, timing, oom=self.oom_rounds(),
                             client_of_node=self.dep.client_of_node())
         classes = self.classes()
-        write_clients_jsonl(out.run_dir / "clients.jsonl", statuses, timing, classes)
+        write_clients_jsonl(out.run_dir / "clients.jsonl", statuses, timing, classes, self.per_round())
         realised = realised_matrix(statuses, n)
         write_trace_matrix(out.run_dir / "realised-trace.csv", realised,
                            comment=f"realised participation of {out.run_dir.name}: 1 = answered before the "

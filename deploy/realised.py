@@ -98,17 +98,26 @@ def write_trace_matrix(path: str | Path, matrix: np.ndarray, comment: str = "") 
     return path
 
 
+TIMED = ("train-time", "cpu-time", "receive-to-reply", "peak-rss-mb")  # what a client records per reply
+
+
 def write_clients_jsonl(path: str | Path, statuses: Mapping[int, Mapping[int, str]],
                         timing: Mapping[tuple[int, int], Mapping[str, Any]],
-                        classes: Mapping[int, str] | None = None) -> Path:
-    """One line per round: each client's status (and, where it recorded one, its train time)."""
+                        classes: Mapping[int, str] | None = None,
+                        nodes: Mapping[int, Mapping[int, Mapping[str, Any]]] | None = None) -> Path:
+    """One line per round: each client's status, what it recorded of its reply (:data:`TIMED`,
+    client -> value) and, with ``nodes`` (round -> client -> figures), what its node used in
+    the round (``node``: CPU seconds, bytes in/out, ...)."""
     path = Path(path)
     with path.open("w") as fh:
         for r in sorted(statuses):
             rec: dict[str, Any] = {"round": r, "status": {str(c): s for c, s in sorted(statuses[r].items())}}
-            times = {str(c): timing[r, c]["train-time"] for c in statuses[r] if (r, c) in timing}
-            if times:
-                rec["train-time"] = times
+            for key in TIMED:
+                values = {str(c): timing[r, c][key] for c in statuses[r] if key in timing.get((r, c), {})}
+                if values:
+                    rec[key] = values
+            if nodes and r in nodes:
+                rec["node"] = {str(c): dict(v) for c, v in sorted(nodes[r].items())}
             if classes:
                 rec["class"] = {str(c): classes[c] for c in sorted(statuses[r])}
             fh.write(json.dumps(rec) + "\n")
