@@ -21,6 +21,7 @@ import numpy as np
 from deploy.devices import load_devices
 from deploy.edgerun import run_recorded
 from deploy.local import Deployment
+from deploy.procs import exit_on_signals
 from experiments.inprocess import run_inprocess
 from server_app.results import read_matrix, read_metrics
 
@@ -91,6 +92,7 @@ def main() -> None:
     ap.add_argument("--deadline", type=float, default=3.0, help="round-deadline, seconds")
     ap.add_argument("--out", default=str(ROOT / "reports" / "edge.md"))
     a = ap.parse_args()
+    exit_on_signals()  # Ctrl-C / kill: the deployments close, nothing is left behind
     plan = load_devices(a.devices, a.nodes)
     load0 = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="edge-report-") as d:

@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 from deploy.local import Deployment
+from deploy.procs import exit_on_signals
 from deploy.run import run_deployment
 
 VARIANTS = {  # name -> run_deployment keyword arguments
@@ -29,6 +30,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=1)
     a = ap.parse_args()
+    exit_on_signals()
     cfg = {"num-server-rounds": a.rounds, "availability": "group-cyclic:groups=2,window=2", "progress": False,
            "checkpoint-every": 0}
     out: dict[str, list[float]] = {k: [] for k in VARIANTS}

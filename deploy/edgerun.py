@@ -28,6 +28,7 @@ import numpy as np
 
 from .devices import LIMITS
 from .local import Deployment
+from .procs import child_setup
 from .realised import (
     OOM,
     classify,
@@ -59,24 +60,31 @@ class EdgeRecorder:
         if self.edge is None:
             return {}
         cfg = json.dumps({**run_config, "num-clients": self.dep.num_nodes})
-        procs = {}
-        for dc in self.edge.plan.classes:
-            i = dc.clients[0]
-            procs[dc.name] = subprocess.Popen(
-                [sys.executable, "-m", "deploy.calibrate", cfg, str(i)], preexec_fn=self.edge.preexec(i),
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=self.dep.work_dir)
-        for name, p in procs.items():
-            try:
-                out, err = p.communicate(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                out, err = p.communicate()
-            if p.returncode == 0:
-                self.calibration[name] = json.loads(out.strip().splitlines()[-1])
-            else:
-                oom = p.returncode == -9
-                self.calibration[name] = {"error": "out of memory" if oom else f"exit {p.returncode}: {err[-300:]}"}
-            self.dep.log(f"calibration [{name}]: {self.calibration[name]}")
+        procs: dict[str, subprocess.Popen] = {}
+        try:
+            for dc in self.edge.plan.classes:
+                i = dc.clients[0]
+                procs[dc.name] = subprocess.Popen(
+                    [sys.executable, "-m", "deploy.calibrate", cfg, str(i)], cwd=self.dep.work_dir,
+                    preexec_fn=child_setup(self.edge.preexec(i)),  # its limits; dies with us
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for name, p in procs.items():
+                try:
+                    out, err = p.communicate(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    out, err = p.communicate()
+                if p.returncode == 0:
+                    self.calibration[name] = json.loads(out.strip().splitlines()[-1])
+                else:
+                    oom = p.returncode == -9
+                    self.calibration[name] = {"error": "out of memory" if oom else f"exit {p.returncode}: {err[-300:]}"}
+                self.dep.log(f"calibration [{name}]: {self.calibration[name]}")
+        finally:  # interrupted: no calibration outlives us (nor keeps a cgroup busy)
+            for p in procs.values():
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
         self.samples[0] = self._measure()  # after calibration: the run's figures are differences
         return self.calibration
 

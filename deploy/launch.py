@@ -5,7 +5,6 @@ schedule up to the timing slack. SIGINT/SIGTERM/SIGHUP stop everything."""
 
 from __future__ import annotations
 
-import signal
 import sys
 import tomllib
 from pathlib import Path
@@ -19,16 +18,8 @@ from .devices import classes_from_trace, load_devices, parse_devices, read_trace
 from .edgerun import run_recorded, summary
 from .errors import DeployError
 from .local import Deployment
+from .procs import exit_on_signals
 from .runconfig import default_run_config, latest_checkpoint, parse_run_config
-
-
-def _install_signal_handlers() -> None:
-    def handler(signum, frame):  # noqa: ARG001
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGHUP, handler)
-    # SIGINT raises KeyboardInterrupt already; both unwind through the finally in launch_main
 
 
 def add_launch_args(p) -> None:
@@ -86,7 +77,7 @@ def devices_main(args) -> int:
 
 def launch_main(args) -> int:
     console = Console(stderr=True)
-    _install_signal_handlers()
+    exit_on_signals()
     user = parse_run_config(args.run_config)
     num_rounds = int({**default_run_config(), **user}["num-server-rounds"])
     work = Path(args.work_dir).resolve() if args.work_dir else None
@@ -94,7 +85,7 @@ def launch_main(args) -> int:
     try:
         plan = load_devices(args.devices, args.num_nodes) if args.devices else None
     except DeployError as err:
-        console.print(f"[red]error:[/] {err}")
+        console.print(f"[red]error:[/] {escape(str(err))}")
         return 2
     dep = Deployment(args.num_nodes, work, data_dir=args.data_dir, keep_workdir=args.keep_workdir, devices=plan,
                      log=lambda s: (console if not progress.live.is_started else progress.console).log(escape(s)))
@@ -124,7 +115,7 @@ def launch_main(args) -> int:
                 round_start_signal=False if args.fixed_grace else None)
         console.print(f"run {out.run_id}: {out.status} in {out.wall:.1f} s; results: {out.run_dir}")
         if out.report is not None:
-            console.print(out.report.summary(), soft_wrap=True)
+            console.print(escape(out.report.summary()), soft_wrap=True)
         if counts:
             console.print("clients per class (clients.jsonl, realised-trace.csv"
                           + (", devices.csv" if plan else "") + "):\n" + escape(summary(counts)), soft_wrap=True)
@@ -133,9 +124,9 @@ def launch_main(args) -> int:
             console.print(f"[red]run did not complete[/]; see the logs in {dep.logs} (--keep-workdir keeps them)")
         elif not out.ok:
             console.print(f"[red]participation departs from the schedule beyond the timing slack:[/] "
-                          f"{out.report.failure_text()}", soft_wrap=True)
+                          f"{escape(out.report.failure_text())}", soft_wrap=True)
     except DeployError as err:
-        console.print(f"[red]error:[/] {err}; logs in {dep.logs} (--keep-workdir keeps them)")
+        console.print(f"[red]error:[/] {escape(str(err))}; logs in {dep.logs} (--keep-workdir keeps them)")
     except KeyboardInterrupt:
         console.print("interrupted: stopping everything")
         code = 130

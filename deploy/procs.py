@@ -58,7 +58,18 @@ def _set_pdeathsig() -> None:  # runs in the child between fork and exec
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the launcher dying kills the child
 
 
-def _child_setup(then: Callable[[], None] | None) -> Callable[[], None]:
+def exit_on_signals() -> None:
+    """SIGTERM and SIGHUP raise SystemExit, SIGINT KeyboardInterrupt (even where a shell started us
+    with SIGINT ignored): every ``finally`` and context manager runs, so nothing is left behind."""
+    def handler(signum, frame):  # noqa: ARG001
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGHUP, handler)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def child_setup(then: Callable[[], None] | None) -> Callable[[], None]:
     """The function a child runs between fork and exec: parent-death signal, then ``then``."""
     def setup() -> None:
         _set_pdeathsig()
@@ -190,7 +201,7 @@ class Spawner:
             popen = subprocess.Popen(
                 [find_exe(argv[0]), *argv[1:]], cwd=cwd, env=self.env(node_tag, env),
                 stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
-                start_new_session=True, preexec_fn=_child_setup(preexec) if LINUX else preexec,
+                start_new_session=True, preexec_fn=child_setup(preexec) if LINUX else preexec,
             )
         self.spawned.append(Proc(name, popen, log_path, node_tag))
         return self.spawned[-1]

@@ -478,3 +478,49 @@ print("TORCHVISION", "torchvision" in sys.modules)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "TORCHVISION False" in res.stdout, res.stdout
     assert json.loads(res.stdout.splitlines()[0])["num-steps"] == 2
+
+
+def _ours() -> set[str]:
+    """Every cgroup folder, namespace and interface an edge deployment names (flchurn-*, flc*)."""
+    import subprocess
+    from pathlib import Path
+
+    cg = {str(p) for p in Path("/sys/fs/cgroup").glob("*/flchurn-*")} | {
+        str(p) for p in Path("/sys/fs/cgroup").glob("flchurn-*")}
+    ns = {p.name for p in Path("/run/netns").glob("flc*")} if Path("/run/netns").is_dir() else set()
+    links = {line.split(":")[1].strip().split("@")[0] for line in subprocess.run(
+        ["ip", "-o", "link"], capture_output=True, text=True).stdout.splitlines() if ": flc" in line}
+    return cg | ns | links
+
+
+@needs_root
+@pytest.mark.slow
+def test_ctrl_c_during_a_run_removes_every_limit(tmp_path):
+    """The launcher with device classes, interrupted (SIGINT) once its nodes run: it exits 130 and
+    leaves no cgroup, namespace, interface or process behind."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    devices = tmp_path / "devices.toml"
+    devices.write_text("[slow]\ncount = 1\ncpus = 0.5\nup_kbps = 2000\ndown_kbps = 2000\n\n[fast]\ncount = 1\n")
+    before = _ours()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "deploy", "launch", "--num-nodes", "2", "--devices", str(devices),
+         "--work-dir", str(tmp_path / "work"), "--run-config",
+         f"num-server-rounds=50 dataset='digits' model='logreg' local-steps='steps:n=2' checkpoint-every=0 "
+         f"results-dir='{tmp_path / 'results'}' progress=false"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = ""
+    deadline = time.monotonic() + 600
+    while "submitted run" not in seen and time.monotonic() < deadline and proc.poll() is None:
+        seen += proc.stdout.readline()
+    assert "submitted run" in seen, seen
+    assert _ours() - before, "the limits should exist while the run goes on"
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 130, seen + out
+    assert _ours() - before == set(), _ours() - before
+    left = subprocess.run(["pgrep", "-f", str(tmp_path / "work")], capture_output=True, text=True).stdout.split()
+    assert left == [], left
