@@ -155,6 +155,26 @@ def test_the_realised_trace_is_read_back_by_the_trace_matrix_schedule(tmp_path):
     assert np.array_equal(replay, m)
 
 
+def test_a_simulation_replays_a_written_realised_trace_exactly(tmp_path):
+    """Emulate once, compare rules in simulation: the in-process engine given the realised trace
+    (``availability=trace-matrix:path=...``, server gate) makes exactly those clients take part."""
+    import numpy as np
+
+    from deploy.realised import LATE, LOST, OFF, ON_TIME, realised_matrix, write_trace_matrix
+    from experiments.inprocess import run_inprocess
+    from server_app.results import read_matrix
+
+    statuses = {1: {0: ON_TIME, 1: ON_TIME, 2: LATE}, 2: {0: LATE, 1: ON_TIME, 2: ON_TIME},
+                3: {0: ON_TIME, 1: LOST, 2: OFF}}
+    m = realised_matrix(statuses, 3)
+    trace = write_trace_matrix(tmp_path / "realised-trace.csv", m)
+    run = run_inprocess({"num-clients": 3, "num-server-rounds": 3, "strategy": "mifa", "dataset": "digits",
+                         "model": "logreg", "local-steps": "steps:n=2", "partition": "iid", "checkpoint-every": 0,
+                         "device": "cpu", "availability": f"trace-matrix:path={trace}",
+                         "availability-gate": "server", "results-dir": str(tmp_path / "r"), "run-name": "replay"})
+    assert np.array_equal(read_matrix(run / "participation.csv"), m)
+
+
 def test_client_timing_records_and_clients_jsonl(tmp_path):
     import json
 
