@@ -8,6 +8,7 @@ everything it made at :meth:`EdgeLimits.close` (the launcher's exit, failure, Ct
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import zlib
@@ -94,6 +95,16 @@ class EdgeLimits:
                 net.enter()
 
         return enter
+
+    def env(self, i: int) -> dict[str, str]:
+        """Environment of node ``i``: as many compute threads as whole CPUs its quota gives (at
+        least 1). Threads beyond the quota only spin and wait on it (OpenMP's busy-waiting burns
+        a CFS quota: measured 70x slower local steps at 0.2 CPU with torch's default 2 threads)."""
+        cpus = self.plan.of(i).cpus
+        if cpus is None:
+            return {}
+        n = str(max(1, math.ceil(cpus)))
+        return {"OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n, "OPENBLAS_NUM_THREADS": n}
 
     def superlink_host(self, i: int) -> str:
         """The address node ``i`` reaches the SuperLink at."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -66,6 +67,7 @@ class EdgeRecorder:
                 i = dc.clients[0]
                 procs[dc.name] = subprocess.Popen(
                     [sys.executable, "-m", "deploy.calibrate", cfg, str(i)], cwd=self.dep.work_dir,
+                    env={**os.environ, **self.edge.env(i)},
                     preexec_fn=child_setup(self.edge.preexec(i)),  # its limits; dies with us
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for name, p in procs.items():

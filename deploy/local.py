@@ -177,7 +177,8 @@ class Deployment:
             f"node-{i}.{node.incarnations}",
             [*TUNING_SUPERNODE, "--insecure", "--superlink", f"{link}:{self.superlink_port}",
              "--host", "127.0.0.1", "--port", str(node.port), "--node-config", self.node_config(i)],
-            home, home, self.node_env.get(i), self.edge.preexec(i) if self.edge is not None else None,
+            home, home, {**(self.edge.env(i) if self.edge is not None else {}), **self.node_env.get(i, {})},
+            self.edge.preexec(i) if self.edge is not None else None,
         )
         self.log(f"node {i}: started (incarnation {node.incarnations}, pid {node.proc.popen.pid})")
         if wait:
