@@ -14,6 +14,7 @@ measure CPU time and peak memory.
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -80,18 +81,15 @@ class NodeCgroup:
 
     def create(self) -> None:
         """Make the cgroup(s) and set the limits."""
+        for d in self.dirs:  # the group's folder is shared by its nodes: remove_group() removes it
+            d.parent.mkdir(exist_ok=True)
         if self.version == 2:
-            parent = self.root / self.group
-            if not parent.exists():
-                parent.mkdir()
-                self.created.append(parent)
-            for p in (self.root, parent):
+            for p in (self.root, self.root / self.group):
                 _write(p / "cgroup.subtree_control", "+cpu +memory")
         for d in self.dirs:
-            for p in (d.parent, d):
-                if not p.exists():
-                    p.mkdir()
-                    self.created.append(p)
+            if not d.exists():
+                d.mkdir()
+                self.created.append(d)
         if self.version == 1:
             if self.cpus is not None:
                 _write(self.cpu / "cpu.cfs_period_us", str(PERIOD_US))
@@ -141,10 +139,18 @@ class NodeCgroup:
             return _read_int(self.acct / "cpuacct.usage") / 1e9 if self.acct is not None else 0.0
         return _read_int(self.cpu / "cpu.stat", "usage_usec") / 1e6
 
-    def remove(self, timeout: float = 10.0) -> list[str]:
-        """Remove what :meth:`create` made (the processes must be gone: the caller kills them);
-        returns the paths that could not be removed."""
+    def remove(self, timeout: float = 30.0) -> list[str]:
+        """Remove what :meth:`create` made; a process still inside (ours by construction: a
+        straggler of a killed tree) is SIGKILLed first. Returns the paths that could not be
+        removed."""
         deadline = time.monotonic() + timeout
+        while (left_pids := self.pids()) and time.monotonic() < deadline:
+            for pid in left_pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.1)
         left = []
         for p in reversed(self.created):
             while p.exists():
@@ -157,6 +163,17 @@ class NodeCgroup:
                     time.sleep(0.1)
         self.created = [p for p in self.created if p.exists()]
         return left
+
+
+def remove_group(group: str, root: Path = ROOT) -> list[str]:
+    """Remove the (empty) group folders of deployment ``group``; the ones that could not be."""
+    left = []
+    for p in leftover_cgroups(group, root):
+        try:
+            os.rmdir(p)
+        except OSError:
+            left.append(p)
+    return left
 
 
 def leftover_cgroups(group: str, root: Path = ROOT) -> list[str]:

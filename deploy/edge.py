@@ -15,7 +15,7 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
-from .cgroups import NodeCgroup, cgroup_version, leftover_cgroups
+from .cgroups import NodeCgroup, cgroup_version, leftover_cgroups, remove_group
 from .devices import DevicePlan, check_host
 from .errors import DeployError
 from .netns import NodeNet, leftover_net, netem_available, subnet_free
@@ -97,13 +97,12 @@ class EdgeLimits:
         return enter
 
     def env(self, i: int) -> dict[str, str]:
-        """Environment of node ``i``: as many compute threads as whole CPUs its quota gives (at
-        least 1). Threads beyond the quota only spin and wait on it (OpenMP's busy-waiting burns
-        a CFS quota: measured 70x slower local steps at 0.2 CPU with torch's default 2 threads)."""
+        """Environment of node ``i``: as many compute threads as whole CPUs its quota gives, one
+        for a node without a CPU cap (the nodes share the host). Threads beyond what a process
+        gets only spin and wait (OpenMP busy-waiting burns a CFS quota, and on a shared host:
+        measured 20-70x slower local steps with torch's default threads)."""
         cpus = self.plan.of(i).cpus
-        if cpus is None:
-            return {}
-        n = str(max(1, math.ceil(cpus)))
+        n = str(max(1, math.ceil(cpus)) if cpus is not None else 1)
         return {"OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n, "OPENBLAS_NUM_THREADS": n}
 
     def superlink_host(self, i: int) -> str:
@@ -131,14 +130,8 @@ class EdgeLimits:
             left += net.remove()
         for cg in self.cgroups.values():
             left += cg.remove()
-        left += [p for p in leftover_cgroups(self.group) if p not in left]
+        left += remove_group(self.group)
         left += [n for n in leftover_net(self.group) if n not in left]
-        for p in reversed(leftover_cgroups(self.group)):
-            try:
-                os.rmdir(p)
-                left.remove(p)
-            except OSError:
-                pass
         if left:
             self.log(f"device limits: could not remove {left}")
         return left
