@@ -40,7 +40,7 @@ from .edge import EdgeLimits
 from .errors import DeployError
 from .flwr_cli import FlwrCli, toml_value
 from .nodes import MODES, NODE_ID_RE
-from .procs import Proc, Spawner, free_port, port_open
+from .procs import Proc, Spawner, free_port, hold_signals, port_open, release_signals
 from .runconfig import ROOT
 from .tuning import (  # round-latency settings: env, node config, the SuperNode command
     ENV as TUNING_ENV,
@@ -291,14 +291,18 @@ class Deployment:
         """Stop every process of this deployment (idempotent, safe from atexit and handlers)."""
         if self.closed:
             return
-        if self.cli is not None:
-            self.cli.close()
-        procs = [n.proc for n in self.nodes.values() if n.proc is not None]
-        if self.superlink is not None:
-            procs.append(self.superlink)
-        self.spawner.close(procs)
-        if self.edge is not None:
-            self.edge.close()  # the processes are gone: cgroups can be removed
+        held = hold_signals()  # a second Ctrl-C or kill waits until everything is removed
+        try:
+            if self.cli is not None:
+                self.cli.close()
+            procs = [n.proc for n in self.nodes.values() if n.proc is not None]
+            if self.superlink is not None:
+                procs.append(self.superlink)
+            self.spawner.close(procs)
+            if self.edge is not None:
+                self.edge.close()  # the processes are gone: cgroups can be removed
+        finally:
+            release_signals(held)
         if self.remove_workdir:
             shutil.rmtree(self.work_dir, ignore_errors=True)
             self.log(f"deployment stopped; work dir {self.work_dir} removed (keep it with --keep-workdir)")

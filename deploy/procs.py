@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -65,8 +66,36 @@ def exit_on_signals() -> None:
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGHUP, handler)
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # nohup: stay immune
+        signal.signal(signal.SIGHUP, handler)
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+CLEANUP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+
+
+def hold_signals() -> tuple[dict, list[int]] | None:
+    """Hold SIGINT/SIGTERM/SIGHUP back (a cleanup must not be cut short by a second Ctrl-C or
+    kill): until :func:`release_signals`, they are only noted, then re-raised. Main thread only
+    (where Python runs handlers); elsewhere None and nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    noted: list[int] = []
+    old = {s: signal.getsignal(s) for s in CLEANUP_SIGNALS}
+    for s, h in old.items():
+        if h is not signal.SIG_IGN:
+            signal.signal(s, lambda signum, frame: noted.append(signum))  # noqa: ARG005
+    return old, noted
+
+
+def release_signals(held: tuple[dict, list[int]] | None) -> None:
+    if held is None:
+        return
+    old, noted = held
+    for s, h in old.items():
+        signal.signal(s, h if h is not None else signal.SIG_DFL)
+    if noted:
+        signal.raise_signal(noted[0])  # now the original handler acts on it
 
 
 def child_setup(then: Callable[[], None] | None) -> Callable[[], None]:
