@@ -14,6 +14,7 @@ long-lived worker, and the short-lived ``flwr-clientapp`` process stays thin.
 from __future__ import annotations
 
 import functools
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -33,8 +34,10 @@ from strategies.protocol import (
     PROBE_BATCHES,
     SERVER_ROUND,
     TRAIN_LOSS,
+    TRAIN_TIME,
 )
 
+from . import timing
 from .worker import through_worker
 
 if TYPE_CHECKING:
@@ -120,11 +123,13 @@ class TrainStart:
     config: Any
     rule: Any
     start: dict[str, Any]  # the state dict local training starts from (the client rule's choice)
+    received: float  # time.monotonic() when the message was taken up
 
 
 def train_start(msg: Message, context: Context) -> TrainStart | Message:
     """Decode ``msg``, apply the client-side gate (an "unavailable" error reply when it declines),
     and let the client rule choose the start model (FedAWE: the client's own copy)."""
+    received = time.monotonic()
     wl, pid = workload_of(context)
     rnd = server_round(msg) - 1
     if declines(msg, context, wl, pid, rnd):
@@ -132,7 +137,7 @@ def train_start(msg: Message, context: Context) -> TrainStart | Message:
     config = msg.content["config"]
     rule = rule_of(config)
     start = rule.start(msg.content["arrays"].to_torch_state_dict(), context, pid, rnd, config)
-    return TrainStart(msg, context, wl, pid, rnd, config, rule, start)
+    return TrainStart(msg, context, wl, pid, rnd, config, rule, start, received)
 
 
 def local_training(ts: TrainStart) -> tuple[dict[str, Any], LocalResult]:
@@ -146,8 +151,10 @@ def local_training(ts: TrainStart) -> tuple[dict[str, Any], LocalResult]:
     return {k: v.detach().cpu() for k, v in model.state_dict().items()}, result
 
 
-def train_reply(ts: TrainStart, trained: dict[str, Any], result: LocalResult) -> Message:
-    """The reply: the client rule's arrays (FedAWE: the echo) and every metric a rule may need."""
+def train_reply(ts: TrainStart, trained: dict[str, Any], result: LocalResult,
+                times: tuple[float, float] | None = None) -> Message:
+    """The reply: the client rule's arrays (FedAWE: the echo) and every metric a rule may need.
+    ``times`` (wall and CPU seconds of local training) is reported where the node asks for timing."""
     wl, pid, rnd = ts.workload, ts.client, ts.rnd
     metrics = MetricRecord({
         CLIENT_ID: pid,
@@ -158,6 +165,12 @@ def train_reply(ts: TrainStart, trained: dict[str, Any], result: LocalResult) ->
         LR: wl.lr_at(rnd),
     })
     arrays = ArrayRecord(ts.rule.reply(ts.start, trained, ts.context, pid, rnd, ts.config))
+    if times is not None and timing.reports_timing(ts.context):  # edge emulation: see client_app/timing.py
+        train_time, cpu_time = times
+        metrics[TRAIN_TIME] = train_time
+        timing.record(ts.context, pid, rnd + 1, {"train-time": train_time, "cpu-time": cpu_time,
+                                                 "num-steps": result.num_steps, "peak-rss-mb": timing.peak_rss_mb(),
+                                                 "receive-to-reply": time.monotonic() - ts.received})
     return Message(RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=ts.msg)
 
 
@@ -166,8 +179,9 @@ def train(msg: Message, context: Context) -> Message:
     ts = train_start(msg, context)
     if isinstance(ts, Message):
         return ts  # declined
+    t0, cpu0 = time.monotonic(), time.process_time()
     trained, result = local_training(ts)
-    return train_reply(ts, trained, result)
+    return train_reply(ts, trained, result, (time.monotonic() - t0, time.process_time() - cpu0))
 
 
 @app.train("adopt")

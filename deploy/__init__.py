@@ -15,7 +15,12 @@ the availability schedule. One job per module; arrows point down the list, never
 - ``churn``: :class:`churn.RoundChurn` / :class:`churn.WallClockChurn`, typed against ``Nodes``;
 - ``report``: the participation report (pure);
 - ``run``: :func:`run.run_deployment`, one run on any ``Site``;
-- ``launch`` / ``compose`` / ``__main__``: the CLIs (``python -m deploy launch|churn``).
+- edge emulation: ``devices`` (device classes from TOML or a FedScale-style trace, host check),
+  ``cgroups`` and ``netns`` (one node's CPU/memory cgroup, its network namespace + veth + tbf),
+  ``edge`` (all nodes' limits: made, entered before exec, removed), ``realised`` (per-client
+  statuses, the realised trace; pure), ``edgerun`` (calibration, sampling, the files of a run),
+  ``calibrate`` (seconds per local step, run under a class's limits);
+- ``launch`` / ``compose`` / ``__main__``: the CLIs (``python -m deploy launch|churn|devices``).
 
 A deployed round: ``launch`` starts a :class:`Deployment` and calls :func:`run.run_deployment`, which
 builds the run config (``runconfig``), lets ``churn`` start the round-1 nodes, submits through

@@ -30,6 +30,12 @@ leaves after S_r still gets a message (its reply is an error or never comes).
   evaluation / round-end broadcast (messages addressed to *all connected* nodes after training)
   reach it; use ``lookahead=False`` with D >= a node's start time to be exact there.
   Without lookahead, nodes are started at L_{r-1} and the driver waits up to D for them.
+- Round-start signal (``signal_dir``; the launcher's default): instead of a fixed D, the
+  server waits before round r until the driver has written ``<signal_dir>/round-<r>``, at most
+  D (``round-start-signal`` / ``round-start-delay`` in the run config). The driver writes it as
+  soon as every node on in round r is registered (and the nodes off in r have left), so a round
+  waits exactly for its devices; a node still not registered at the bound is late. S_r is then
+  the signal's time, and the look-ahead starts count from it, so they stay out of round r - 1.
 - A node that is not registered at S_r is reported "late" (``self.late``); its reply for round r
   is missing. :attr:`missed` lists every (round, client) that the schedule has on but that the
   deployment could not serve (late, crashed), so a reference simulation can drop exactly those.
@@ -87,6 +93,7 @@ class RoundChurn:
         grace: float = 0.0,
         lookahead: bool = True,
         margin: float = 1.0,
+        signal_dir: str | Path | None = None,
         crashes: Mapping[int, list[tuple[int, float]]] | None = None,
         log: Callable[[str], None] | None = None,
         start_round: int = 1,
@@ -104,6 +111,11 @@ class RoundChurn:
         self.grace = float(grace)
         self.lookahead = lookahead
         self.margin = float(margin)
+        # round-start signal: the server starts round r when <signal_dir>/round-<r> exists (or after
+        # its round-start-delay, the bound): the driver writes it once r's nodes are registered
+        self.signal_dir = Path(signal_dir) if signal_dir is not None else None
+        if self.signal_dir is not None:
+            self.signal_dir.mkdir(parents=True, exist_ok=True)
         self.crashes = {int(r): list(v) for r, v in (crashes or {}).items()}
         self.log = log or nodes.log
         self.matrix = schedule.matrix(num_rounds).astype(bool)  # (R, N), row t = schedule round t
@@ -205,7 +217,8 @@ class RoundChurn:
                 self._event(action, r, client)
 
     def _begin(self, r: int, at: float) -> None:
-        """The server finished round r - 1 at ``at`` and starts round r at ``at`` + grace."""
+        """The server finished round r - 1 at ``at`` and starts round r at ``at`` + grace, or, with
+        a ``signal_dir``, as soon as round r's nodes are registered (at most ``at`` + grace)."""
         self.round = r
         want = self.on(r)
         up = self.nodes.running_nodes()
@@ -217,7 +230,10 @@ class RoundChurn:
         for i in missing:  # not started ahead (no lookahead, a crash, or a node that died)
             self.nodes.start_node(i)
             self._event("start", r, i, lookahead=False)
-        deadline = at + max(0.0, self.grace - 0.3)
+        if self.signal_dir is None:  # the server starts the round at + grace, whatever happens
+            deadline = at + max(0.0, self.grace - 0.3)
+        else:  # the server waits for our signal, up to its bound (grace): signal as soon as all are in
+            deadline = at + max(0.0, self.grace - 0.5)
         while time.monotonic() < deadline and any(self.nodes.registered_id(i) is None for i in want):
             time.sleep(0.05)
         late = sorted(i for i in want if self.nodes.registered_id(i) is None)
@@ -225,9 +241,12 @@ class RoundChurn:
         if late:
             self.late[r] = late
             self.log(f"round {r}: node(s) {late} not registered when the round started: they miss it")
-        for i in leaving:
+        for i in leaving:  # (SIGTERMed above: gone from the SuperLink's node list by now)
             self.nodes.stop_node(i, self.mode)
             self._event("stop", r, i, mode=self.mode)
+        if self.signal_dir is not None:
+            (self.signal_dir / f"round-{r}").touch()
+            at = time.monotonic() - self.grace  # the round starts now: timers below count from here
         for client, after, *how in self.crashes.get(r, []):
             if client in want:
                 self.timers.append((at + self.grace + after, "crash" if not how or how[0] == "kill" else "term",

@@ -122,7 +122,10 @@ class DockerNodes:
 class ComposeSite(DockerNodes):
     """The compose stack from its ``churn`` service: node containers, and the ``superlink``
     service reached by the flwr CLI (``address``; TLS with ``root_certificates``). The SuperLink
-    is the stack's, not ours: it is neither started nor restarted here (no resume)."""
+    is the stack's, not ours: it is neither started nor restarted here (no resume). The ServerApp
+    runs in the superlink container: no round-start signal (rounds start after the fixed grace)."""
+
+    local_files = False
 
     def __init__(self, num_nodes: int, *, address: str, cli_home: str | Path, project: str | Path,
                  root_certificates: str | None = None, **nodes_kwargs) -> None:

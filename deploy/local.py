@@ -33,10 +33,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from client_app.timing import SWITCH as TIMING  # clients time their training (client_app/timing.py)
+
+from .devices import DevicePlan
+from .edge import EdgeLimits
 from .errors import DeployError
 from .flwr_cli import FlwrCli, toml_value
 from .nodes import MODES, NODE_ID_RE
-from .procs import Proc, Spawner, free_port, port_open
+from .procs import Proc, Spawner, free_port, hold_signals, port_open, release_signals
 from .runconfig import ROOT
 from .tuning import (  # round-latency settings: env, node config, the SuperNode command
     ENV as TUNING_ENV,
@@ -70,6 +74,8 @@ class Node:
 class Deployment:
     """SuperLink + N SuperNodes on loopback. Use as a context manager; always closes."""
 
+    local_files = True  # the ServerApp runs here: it sees the churn driver's round-start signal
+
     def __init__(
         self,
         num_nodes: int,
@@ -81,6 +87,7 @@ class Deployment:
         node_config_extra: Mapping[int, Mapping[str, Any]] | None = None,
         log: Callable[[str], None] | None = None,
         keep_workdir: bool = False,
+        devices: DevicePlan | None = None,
     ) -> None:
         if num_nodes < 1:
             raise DeployError("num_nodes must be >= 1")
@@ -102,6 +109,10 @@ class Deployment:
         self.logs = self.work_dir / "logs"
         for d in (self.cli_home, self.state_dir, self.logs):
             d.mkdir(parents=True, exist_ok=True)
+        if devices is not None and devices.num_nodes != num_nodes:
+            raise DeployError(f"the device plan is for {devices.num_nodes} nodes, not {num_nodes}")
+        # device limits (root): made with the SuperLink, removed by close()
+        self.edge = EdgeLimits(devices, self.tag, self.log) if devices is not None else None
         self.spawner = Spawner(self.tag, self.logs, BASE_ENV)
         self.cli: FlwrCli | None = None  # once the SuperLink listens
         _LIVE.add(self)
@@ -112,17 +123,21 @@ class Deployment:
 
     # ------------------------------------------------------------------ processes
     def _spawn(self, name: str, argv: list[str], flwr_home: Path, cwd: Path,
-               extra_env: Mapping[str, str] | None = None) -> Proc:
+               extra_env: Mapping[str, str] | None = None, preexec: Callable[[], None] | None = None) -> Proc:
         flwr_home.mkdir(parents=True, exist_ok=True)
-        return self.spawner.spawn(name, argv, cwd, {"FLWR_HOME": str(flwr_home), **(extra_env or {})})
+        return self.spawner.spawn(name, argv, cwd, {"FLWR_HOME": str(flwr_home), **(extra_env or {})}, preexec)
 
     def start_superlink(self, timeout: float = 60.0) -> None:
+        if self.edge is not None and not self.edge.cgroups:
+            self.edge.setup()  # before any process: all limits in place, or none and an error
+        # nodes in their own network namespace reach the SuperLink through their veth pair
+        host = "0.0.0.0" if self.edge is not None and self.edge.shaped else "127.0.0.1"
         self.superlink_port = free_port()
         home = self.work_dir / "superlink"
         self.superlink = self._spawn(
             "superlink",
             ["flower-superlink", "--insecure", "--disable-runtime-dependency-installation",
-             "--host", "127.0.0.1", "--port", str(self.superlink_port)],
+             "--host", host, "--port", str(self.superlink_port)],
             home, home,
         )
         deadline = time.monotonic() + timeout
@@ -140,8 +155,8 @@ class Deployment:
         self.log(f"SuperLink on 127.0.0.1:{self.superlink_port} (log {self.superlink.log})")
 
     def node_config(self, i: int) -> str:
-        cfg: dict[str, Any] = {**TUNING_NODE_CONFIG, "partition-id": i, "num-partitions": self.num_nodes,
-                               "state-dir": str(self.state_dir)}
+        cfg: dict[str, Any] = {**TUNING_NODE_CONFIG, TIMING: True, "partition-id": i,
+                               "num-partitions": self.num_nodes, "state-dir": str(self.state_dir)}
         if self.data_dir:
             cfg["data-dir"] = str(self.data_dir)
         cfg.update(self.node_config_extra.get(i, {}))
@@ -157,11 +172,13 @@ class Deployment:
         node.incarnations += 1
         node.port = free_port()
         home = self.work_dir / f"node-{i}"
+        link = self.edge.superlink_host(i) if self.edge is not None else "127.0.0.1"
         node.proc = self._spawn(
             f"node-{i}.{node.incarnations}",
-            [*TUNING_SUPERNODE, "--insecure", "--superlink", f"127.0.0.1:{self.superlink_port}",
+            [*TUNING_SUPERNODE, "--insecure", "--superlink", f"{link}:{self.superlink_port}",
              "--host", "127.0.0.1", "--port", str(node.port), "--node-config", self.node_config(i)],
-            home, home, self.node_env.get(i),
+            home, home, {**(self.edge.env(i) if self.edge is not None else {}), **self.node_env.get(i, {})},
+            self.edge.preexec(i) if self.edge is not None else None,
         )
         self.log(f"node {i}: started (incarnation {node.incarnations}, pid {node.proc.popen.pid})")
         if wait:
@@ -274,12 +291,18 @@ class Deployment:
         """Stop every process of this deployment (idempotent, safe from atexit and handlers)."""
         if self.closed:
             return
-        if self.cli is not None:
-            self.cli.close()
-        procs = [n.proc for n in self.nodes.values() if n.proc is not None]
-        if self.superlink is not None:
-            procs.append(self.superlink)
-        self.spawner.close(procs)
+        held = hold_signals()  # a second Ctrl-C or kill waits until everything is removed
+        try:
+            if self.cli is not None:
+                self.cli.close()
+            procs = [n.proc for n in self.nodes.values() if n.proc is not None]
+            if self.superlink is not None:
+                procs.append(self.superlink)
+            self.spawner.close(procs)
+            if self.edge is not None:
+                self.edge.close()  # the processes are gone: cgroups can be removed
+        finally:
+            release_signals(held)
         if self.remove_workdir:
             shutil.rmtree(self.work_dir, ignore_errors=True)
             self.log(f"deployment stopped; work dir {self.work_dir} removed (keep it with --keep-workdir)")

@@ -58,6 +58,7 @@ class Site(Nodes, Protocol):
 
     cli: FlwrCli  # the flwr CLI connected to the SuperLink
     project: Path  # the Flower app that is submitted
+    local_files: bool  # the ServerApp sees this machine's files (the round-start signal folder)
 
     def ensure_superlink(self, fresh: bool) -> None:
         """Make sure a SuperLink serves; ``fresh``: a new one and no node running (a resumed run)."""

@@ -19,8 +19,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,6 +57,55 @@ def prctl(option: int, value: int) -> bool:
 
 def _set_pdeathsig() -> None:  # runs in the child between fork and exec
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the launcher dying kills the child
+
+
+def exit_on_signals() -> None:
+    """SIGTERM and SIGHUP raise SystemExit, SIGINT KeyboardInterrupt (even where a shell started us
+    with SIGINT ignored): every ``finally`` and context manager runs, so nothing is left behind."""
+    def handler(signum, frame):  # noqa: ARG001
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, handler)
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # nohup: stay immune
+        signal.signal(signal.SIGHUP, handler)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+CLEANUP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+
+
+def hold_signals() -> tuple[dict, list[int]] | None:
+    """Hold SIGINT/SIGTERM/SIGHUP back (a cleanup must not be cut short by a second Ctrl-C or
+    kill): until :func:`release_signals`, they are only noted, then re-raised. Main thread only
+    (where Python runs handlers); elsewhere None and nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    noted: list[int] = []
+    old = {s: signal.getsignal(s) for s in CLEANUP_SIGNALS}
+    for s, h in old.items():
+        if h is not signal.SIG_IGN:
+            signal.signal(s, lambda signum, frame: noted.append(signum))  # noqa: ARG005
+    return old, noted
+
+
+def release_signals(held: tuple[dict, list[int]] | None) -> None:
+    if held is None:
+        return
+    old, noted = held
+    for s, h in old.items():
+        signal.signal(s, h if h is not None else signal.SIG_DFL)
+    if noted:
+        signal.raise_signal(noted[0])  # now the original handler acts on it
+
+
+def child_setup(then: Callable[[], None] | None) -> Callable[[], None]:
+    """The function a child runs between fork and exec: parent-death signal, then ``then``."""
+    def setup() -> None:
+        _set_pdeathsig()
+        if then is not None:
+            then()
+
+    return setup
 
 
 def tagged_pids(value: str, var: str = TAG_VAR) -> list[int]:
@@ -166,9 +216,11 @@ class Spawner:
         env.update(extra or {})
         return env
 
-    def spawn(self, name: str, argv: list[str], cwd: Path, env: Mapping[str, str] | None = None) -> Proc:
+    def spawn(self, name: str, argv: list[str], cwd: Path, env: Mapping[str, str] | None = None,
+              preexec: Callable[[], None] | None = None) -> Proc:
         """Start ``argv`` (its own session, parent-death signal, tag ``<tag>-<name>``), output to
-        ``logs/<name>.log``; ``env`` is added to the spawner's environment."""
+        ``logs/<name>.log``; ``env`` is added to the spawner's environment; ``preexec`` runs in
+        the child before exec (e.g. join a cgroup and a network namespace)."""
         if self.closed:
             raise DeployError("deployment is closed")
         cwd.mkdir(parents=True, exist_ok=True)
@@ -178,7 +230,7 @@ class Spawner:
             popen = subprocess.Popen(
                 [find_exe(argv[0]), *argv[1:]], cwd=cwd, env=self.env(node_tag, env),
                 stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
-                start_new_session=True, preexec_fn=_set_pdeathsig if LINUX else None,
+                start_new_session=True, preexec_fn=child_setup(preexec) if LINUX else preexec,
             )
         self.spawned.append(Proc(name, popen, log_path, node_tag))
         return self.spawned[-1]

@@ -11,6 +11,8 @@ completed run and no difference beyond the timing slack.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -37,6 +39,8 @@ from .runconfig import (
 # seconds before each round under churn (round-start-delay): a returning SuperNode, started one round
 # early, needs 2-5 s to register, and a tuned round can be shorter than that
 DEFAULT_GRACE = 3.0
+# with the round-start signal, the most a round waits for its devices to register (then: late)
+DEFAULT_BOUND = 30.0
 
 
 @dataclass
@@ -61,11 +65,11 @@ class Outcome:
         return self.completed and (self.report is None or not self.report.failures)
 
 
-def churn_grace(site: Site, grace: float | None) -> float:
-    """``round-start-delay`` under churn: ``grace`` (default :data:`DEFAULT_GRACE`) if the
-    ServerApp has that key, else 0 with a note."""
+def churn_grace(site: Site, grace: float | None, signal: bool = False) -> float:
+    """``round-start-delay`` under churn: ``grace`` (default :data:`DEFAULT_GRACE`, or
+    :data:`DEFAULT_BOUND` with the round-start signal) if the ServerApp has that key, else 0."""
     supported = server_supports("round-start-delay")
-    g = (DEFAULT_GRACE if supported else 0.0) if grace is None else float(grace)
+    g = ((DEFAULT_BOUND if signal else DEFAULT_GRACE) if supported else 0.0) if grace is None else float(grace)
     if g > 0 and not supported:
         site.log(f"the ServerApp has no 'round-start-delay' key: grace {g} s ignored (see deploy/churn.py)")
         g = 0.0
@@ -86,6 +90,7 @@ def run_deployment(
     on_row: Callable[[dict[str, Any]], None] | None = None,
     status_every: float = 10.0,
     resume_from: str | Path | None = None,
+    round_start_signal: bool | None = None,
 ) -> Outcome:
     """Start the nodes (all, or the schedule's round-1 set), submit the run, drive churn, wait,
     then compare the realised participation with the schedule (``Outcome.report``).
@@ -94,14 +99,35 @@ def run_deployment(
     ``"wallclock"`` (:class:`deploy.churn.WallClockChurn`, trace-intervals specs). ``grace`` is
     passed as ``round-start-delay`` when the ServerApp supports it (default 3 s under churn),
     otherwise ignored with a note. ``resume_from``: a checkpoint file; the run continues from
-    it in its own run folder, on a fresh SuperLink and freshly started nodes. The run's status is
+    it in its own run folder, on a fresh SuperLink and freshly started nodes.
+    ``round_start_signal`` (default: round churn on a site whose ServerApp sees our files): each
+    round starts as soon as its nodes are registered, ``grace`` (default 30 s) being the most it
+    waits (:class:`deploy.churn.RoundChurn`). The run's status is
     read in the background every ``status_every`` seconds (the churn driver is never held up).
     Returns when the run has finished (any status) or the SuperLink died, or raises DeployError
     after ``timeout`` seconds (after ``flwr stop``).
     """
-    g = churn_grace(site, grace) if churn else 0.0
+    if round_start_signal is None:
+        round_start_signal = churn == "rounds" and site.local_files and server_supports("round-start-signal")
+    g = churn_grace(site, grace, bool(round_start_signal)) if churn else 0.0
     user = {**user_config, **({"resume-from": str(resume_from)} if resume_from else {})}
     cfg = build_run_config(site.num_nodes, user, grace=g, project=site.project)  # the one run name
+    signal_dir = Path(tempfile.mkdtemp(prefix="flchurn-signal-")) if round_start_signal and churn else None
+    if signal_dir is not None:
+        cfg["round-start-signal"] = str(signal_dir)
+    try:
+        return _run(site, cfg, churn=churn, churn_mode=churn_mode, g=g, lookahead=lookahead, crashes=crashes,
+                    speedup=speedup, timeout=timeout, on_row=on_row, status_every=status_every,
+                    signal_dir=signal_dir)
+    finally:
+        if signal_dir is not None:
+            shutil.rmtree(signal_dir, ignore_errors=True)
+
+
+def _run(site: Site, cfg: dict[str, Any], *, churn: str | None, churn_mode: str, g: float, lookahead: bool,
+         crashes: Mapping[int, list[tuple[int, float]]] | None, speedup: float, timeout: float,
+         on_row: Callable[[dict[str, Any]], None] | None, status_every: float,
+         signal_dir: Path | None) -> Outcome:
     check_run_config(cfg)  # every key checked before any process trains
     num_rounds = int(cfg["num-server-rounds"])
     run_dir = run_dir_of(cfg)
@@ -114,7 +140,7 @@ def run_deployment(
     driver: RoundChurn | WallClockChurn | None = None
     if churn == "rounds":
         driver = RoundChurn(site, schedule, num_rounds, run_dir, mode=churn_mode, grace=g, lookahead=lookahead,
-                            crashes=crashes, start_round=start_round)
+                            crashes=crashes, start_round=start_round, signal_dir=signal_dir)
     elif churn == "wallclock":
         driver = WallClockChurn(site, schedule, mode=churn_mode, speedup=speedup)
     elif churn is not None:

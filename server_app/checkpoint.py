@@ -24,7 +24,7 @@ FOLDER = "checkpoints"
 FREE_KEYS = frozenset({
     "num-server-rounds", "resume-from", "run-name", "results-dir", "progress",
     "checkpoint-every", "round-timeout", "wait-for-nodes", "min-nodes", "device", "state-dir",
-    "round-start-delay", "engine",
+    "round-start-delay", "round-deadline", "round-start-signal", "engine",
 })
 
 

@@ -34,9 +34,11 @@ class ServerConfig:
     max_update_norm: float = 0.0  # replies with a larger update norm are rejected (0: the rule's default)
     max_norm_ratio: float = 0.0  # ... or a norm this many times the round's median (0: the rule's default)
     round_timeout: float = 120.0  # seconds a round waits for replies; then it goes on
+    round_deadline: float = 0.0  # seconds a round waits for training replies, from round 2 (0: round-timeout)
     wait_for_nodes: float = 60.0  # seconds to wait for min-nodes nodes before round 1
     min_nodes: int = 0  # nodes that must be connected before round 1 (0: num-clients)
     round_start_delay: float = 0.0  # seconds to wait before each round (a churn driver's grace)
+    round_start_signal: str = ""  # a folder: round r starts once <folder>/round-<r> exists (at most the delay)
     eval_every: int = 1  # central evaluation every k rounds (0: only after the last)
     federated_evaluation: bool = False  # also ask clients to evaluate on their own data
     checkpoint_every: int = 10  # 0: no checkpoints
@@ -54,6 +56,8 @@ class ServerConfig:
         check(self.max_norm_ratio == 0 or self.max_norm_ratio > 1, "max-norm-ratio", self.max_norm_ratio,
               "> 1 (0: the rule's default)")
         check(self.round_timeout > 0, "round-timeout", self.round_timeout, "> 0 seconds")
+        check(0 <= self.round_deadline <= self.round_timeout, "round-deadline", self.round_deadline,
+              ">= 0 and <= round-timeout seconds (0: no deadline but round-timeout)")
         check(self.wait_for_nodes >= 0, "wait-for-nodes", self.wait_for_nodes, ">= 0 seconds")
         check(self.min_nodes >= 0, "min-nodes", self.min_nodes, ">= 0")
         check(self.round_start_delay >= 0, "round-start-delay", self.round_start_delay, ">= 0 seconds")

@@ -25,6 +25,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from availability import Schedule, parse_spec, schedule_for
 from runconfig import ConfigError
 from strategies import AvailabilityStrategy, build_strategy, named_arrays
+from strategies.protocol import CLIENT_ID, TRAIN_TIME
 from workloads.workload import Workload, get_workload
 
 from . import checkpoint
@@ -130,6 +131,37 @@ def save_checkpoint(setup: Setup, rnd: int, arrays: ArrayRecord) -> Path:
                            setup.strategy.state_dict(), setup.cfg.to_dict())
 
 
+def wait_round_start(s: ServerConfig, rnd: int) -> None:
+    """``round-start-delay`` seconds before round ``rnd``; with ``round-start-signal``, only until
+    the churn driver has written ``<signal folder>/round-<rnd>`` (its nodes are registered)."""
+    if not s.round_start_signal:
+        time.sleep(s.round_start_delay)
+        return
+    flag, deadline = Path(s.round_start_signal) / f"round-{rnd}", time.monotonic() + s.round_start_delay
+    while not flag.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def train_timeout(s: ServerConfig, rnd: int, start_round: int) -> float:
+    """How long round ``rnd`` waits for training replies: ``round-deadline`` when set, except in
+    the run's first round, where every client also starts its worker (imports, workload): that
+    round gets ``round-timeout``."""
+    return s.round_deadline if s.round_deadline and rnd > start_round else s.round_timeout
+
+
+def client_train_times(replies: list, participants: list[int]) -> dict[str, dict[str, float]]:
+    """``client-train-time``: participant -> seconds of local training, from replies that carry
+    ``train-time`` (clients with node config ``report-timing=true``; {} otherwise)."""
+    times = {}
+    for msg in replies:
+        if msg.has_error() or not msg.content.metric_records:
+            continue
+        m = next(iter(msg.content.metric_records.values()))
+        if TRAIN_TIME in m and CLIENT_ID in m and int(m[CLIENT_ID]) in participants:
+            times[str(int(m[CLIENT_ID]))] = round(float(m[TRAIN_TIME]), 4)
+    return {"client-train-time": dict(sorted(times.items(), key=lambda kv: int(kv[0])))} if times else {}
+
+
 def evaluate(workload: Workload, arrays: ArrayRecord) -> dict[str, float]:
     model = workload.scratch_model(arrays.to_torch_state_dict())
     return {f"test-{k}": v for k, v in workload.evaluate(model).items()}
@@ -183,10 +215,10 @@ def _run_rounds(grid: Grid, setup: Setup, client_of_node: dict[int, int], consol
     with Progress(*columns, console=console, disable=not (s.progress and console.is_terminal)) as bar:
         task = bar.add_task(s.strategy, total=s.num_server_rounds, completed=setup.start_round - 1, status="")
         for rnd in range(setup.start_round, s.num_server_rounds + 1):
-            time.sleep(s.round_start_delay)  # lets a churn driver bring the round's nodes up
+            wait_round_start(s, rnd)  # lets a churn driver bring the round's nodes up
             t0 = time.monotonic()
-            replies = net.send_and_receive(strategy.configure_train(rnd, arrays, ConfigRecord(), net),
-                                           timeout=s.round_timeout)
+            replies = list(net.send_and_receive(strategy.configure_train(rnd, arrays, ConfigRecord(), net),
+                                                timeout=train_timeout(s, rnd, setup.start_round)))
             new_arrays, metrics = strategy.aggregate_train(rnd, replies)
             arrays = new_arrays if new_arrays is not None else arrays
             if broadcast := strategy.configure_broadcast(rnd, arrays, net):
@@ -198,6 +230,7 @@ def _run_rounds(grid: Grid, setup: Setup, client_of_node: dict[int, int], consol
                 "unavailable-nodes": len(rlog.unavailable),
                 "rejected": [[node, why] for node, why in rlog.rejected],
                 **(dict(metrics) if metrics else {}),
+                **client_train_times(replies, rlog.participants),
             }
             if s.federated_evaluation:
                 fed = strategy.aggregate_evaluate(rnd, net.send_and_receive(

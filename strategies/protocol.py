@@ -21,6 +21,7 @@ NUM_STEPS = "num-steps"
 A_NORM = "a-norm"
 TRAIN_LOSS = "train-loss"
 LR = "lr"  # the local learning rate the client used this round
+TRAIN_TIME = "train-time"  # seconds of local training (only with node config report-timing=true)
 
 # FedAWE (strategies.fedawe, client_app.fedawe): config and reply keys
 FEDAWE_RULE = "fedawe"  # the client rule's name (config ``client-rule``)

@@ -410,6 +410,33 @@ def test_the_driver_follows_the_schedule_round_by_round_on_any_nodes(tmp_path):
     assert driver.done
 
 
+def test_the_round_start_signal_waits_for_the_rounds_nodes_and_no_longer(tmp_path):
+    """With a signal folder the driver writes round-<r> as soon as round r's nodes are registered
+    (at once here), and at the bound when one never registers (then it is late)."""
+    import json
+
+    from availability import build_schedule
+    from deploy.churn import RoundChurn
+
+    class Stuck(FakeNodes):  # node 3 starts but never registers
+        def registered_id(self, i):
+            return None if i == 3 else super().registered_id(i)
+
+    nodes = Stuck(4)
+    schedule = build_schedule("group-cyclic:groups=2,window=1", 4, 0)  # {0, 1} then {2, 3}
+    signal = tmp_path / "signal"
+    driver = RoundChurn(nodes, schedule, 2, tmp_path, grace=1.5, lookahead=False, signal_dir=signal)
+    driver.prepare()
+    (tmp_path / "config.json").write_text("{}")
+    driver.step()
+    assert (signal / "round-1").exists() and not driver.late  # everyone in: signalled without waiting
+    with (tmp_path / "metrics.jsonl").open("a") as fh:
+        fh.write(json.dumps({"round": 1}) + "\n")
+    driver.step()
+    assert (signal / "round-2").exists()  # signalled at the bound although node 3 never registered
+    assert driver.late == {2: [3]} and nodes.running_nodes() == {2, 3}
+
+
 def test_the_driver_tells_a_slow_node_from_one_that_went_down(tmp_path):
     """What RoundChurn saw of a miss it did not cause: the same incarnation up at the round's
     start and end (a reply slower than round-timeout), or not (the node went down by itself)."""

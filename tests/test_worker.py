@@ -280,7 +280,8 @@ def test_polling_grid_rejects_a_bad_interval_and_fast_pull_leaves_other_grids_al
 @pytest.mark.slow
 def test_deployed_run_through_workers_matches_in_process_and_workers_die_with_their_nodes(tmp_path):
     from deploy import tuning
-    from deploy.launch import Deployment, run_deployment
+    from deploy.local import Deployment
+    from deploy.run import run_deployment
     from experiments.inprocess import run_inprocess
     from server_app.results import read_metrics
 
