@@ -43,7 +43,7 @@ from .replies import (
     destinations,
     source_node,
 )
-from .weighting import AUTO_WEIGHTING, WEIGHTINGS, client_weights, resolve_weighting
+from .weighting import AUTO_WEIGHTING, WEIGHTINGS, cap_shares, client_weights, resolve_weighting
 
 __all__ = ["SUPERLINK_NODE_ID", "WEIGHTINGS", "AvailabilityStrategy", "ClientReport", "Layout",
            "ReplyRejected", "RoundLog", "named_arrays", "safe_norm"]
@@ -68,6 +68,10 @@ class AvailabilityStrategy(Strategy):
     max_update_norm, max_norm_ratio : the update-norm bounds (:class:`NormBounds`, which says
         how the defaults 1e6 and 1e3 were measured); spec keys ``max-update-norm`` and
         ``max-norm-ratio``.
+    max_weight_share : under ``num-examples`` weighting, no client's weight above this share of
+        the round (:func:`cap_shares`), so that a client claiming a huge ``num-examples`` cannot
+        take the round; 0 (the default) = no cap, the papers' p_i = n_i / n. Spec key
+        ``max-weight-share`` (e.g. ``fednova:max-weight-share=0.2``).
     """
 
     name: ClassVar[str] = ""
@@ -97,9 +101,13 @@ class AvailabilityStrategy(Strategy):
         federated_evaluation: bool = False,
         max_update_norm: float = 1e6,
         max_norm_ratio: float = 1e3,
+        max_weight_share: float = 0.0,
     ) -> None:
         weighting = resolve_weighting(weighting, self.paper_weighting)
         self.bounds = NormBounds(float(max_update_norm), float(max_norm_ratio))
+        if not (math.isfinite(max_weight_share) and 0 <= max_weight_share <= 1):
+            raise ValueError(f"max_weight_share (spec key max-weight-share) must be in [0, 1] (0 = off), "
+                             f"got {max_weight_share}")
         if not server_lr > 0:
             raise ValueError(f"server_lr must be > 0, got {server_lr}")
         if num_clients is not None and num_clients < 1:
@@ -112,6 +120,7 @@ class AvailabilityStrategy(Strategy):
         self.weighting = weighting
         self.max_num_examples = max_num_examples
         self.max_num_steps = max_num_steps
+        self.max_weight_share = float(max_weight_share)
         self.federated_evaluation = federated_evaluation
         self.rng = np.random.default_rng(seed)
         self.identities = Identities()
@@ -176,7 +185,7 @@ class AvailabilityStrategy(Strategy):
         """The norm the sanity bounds compare (hook): ‖Δ_i‖₂ (:func:`safe_norm`: it cannot
         overflow). A rule whose replies are not updates of x^t (FedAWE's echoed models) may
         return a norm that means "how big is this client's own step"."""
-        return safe_norm(report.delta)
+        return report.norm if report.norm is not None else safe_norm(report.delta)
 
     def check_report(self, report: ClientReport) -> None:
         """Rule-specific checks of one parsed reply (hook): raise ReplyRejected to reject it."""
@@ -191,7 +200,8 @@ class AvailabilityStrategy(Strategy):
     # ------------------------------------------------------------------ shared helpers
     def weights(self, reports: list[ClientReport]) -> np.ndarray:
         """Per-report weights summing to 1 over the reports (equal or by num-examples)."""
-        return client_weights(self.weighting, [r.num_examples for r in reports])
+        w = client_weights(self.weighting, [r.num_examples for r in reports])
+        return cap_shares(w, self.max_weight_share) if self.weighting == "num-examples" else w
 
     def require_num_clients(self) -> int:
         if self.num_clients is None:
@@ -261,19 +271,27 @@ class AvailabilityStrategy(Strategy):
                 self.round_log.unavailable.append(node)
                 log.info("node %d unavailable: %s", node, msg.error.reason[:200])
                 continue
-            try:
+            try:  # one reply, one verdict: whatever goes wrong with it rejects it, never the round
                 if sent is not None and node not in sent:
                     raise ReplyRejected("reply from a node this round did not address")
                 parsed.append(self.parse_reply(msg, node))
             except ReplyRejected as exc:
                 self.reject(node, str(exc))
+            except Exception as exc:  # noqa: BLE001
+                self.reject(node, f"reply cannot be read: {type(exc).__name__}: {exc}")
         reports = self.check_norms(self.check_identities(parsed))
-        self.identities.bind(reports)  # only accepted replies bind: a rejected one leaves no trace
+        self.accepted(reports)
         if sent is not None:
             self.round_log.unavailable += sorted(sent - answered)
         ordered = sorted(reports, key=lambda r: r.client_id)
         self.round_log.participants = [r.client_id for r in ordered]
         return ordered
+
+    def accepted(self, reports: list[ClientReport]) -> None:
+        """The round's replies passed every check: bind their client ids and remember their norms
+        (a rejected reply leaves no trace in the state)."""
+        self.identities.bind(reports)
+        self.bounds.commit(reports)
 
     def reject(self, node: int, reason: str) -> None:
         """Record and log a rejected reply (``round_log.rejected``)."""
@@ -319,9 +337,9 @@ class AvailabilityStrategy(Strategy):
         return MetricRecord(out)
 
     def summary(self) -> None:
-        log.info("%s: N=%s, server_lr=%s, weighting=%s, max-update-norm=%g, max-norm-ratio=%g",
-                 self.name, self.num_clients, self.server_lr, self.weighting, self.max_update_norm,
-                 self.max_norm_ratio)
+        log.info("%s: N=%s, server_lr=%s, weighting=%s, max-update-norm=%g, max-norm-ratio=%g, "
+                 "max-weight-share=%g", self.name, self.num_clients, self.server_lr, self.weighting,
+                 self.max_update_norm, self.max_norm_ratio, self.max_weight_share)
 
     # -------------------------------------------------------------------- checkpoints
     def get_state(self) -> Any:
@@ -335,17 +353,18 @@ class AvailabilityStrategy(Strategy):
     @classmethod
     def read_state(cls, saved: dict[str, Any]) -> Any:
         """The rule's ``State`` in a checkpoint (``state_dict()``, any format), for reports."""
-        return rule_state.unpack(saved, cls.name, cls.State, cls.legacy_key)[2]
+        return rule_state.unpack(saved, cls.name, cls.State, cls.legacy_key)[3]
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue exactly, in the one layout of :mod:`strategies.state`."""
         return rule_state.pack(self.name, self.rng.bit_generator.state, self.identities.state_dict(),
-                               self.get_state())
+                               self.bounds.state_dict(), self.get_state())
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
         """Continue from ``saved`` (this or the previous checkpoint format); ValueError if it is
         not a checkpoint of this rule."""
-        rng, identity, state = rule_state.unpack(saved, self.name, self.State, self.legacy_key)
+        rng, identity, bounds, state = rule_state.unpack(saved, self.name, self.State, self.legacy_key)
+        self.set_state(state)
         self.rng.bit_generator.state = rng
         self.identities.load_state_dict(identity)
-        self.set_state(state)
+        self.bounds.load_state_dict(bounds)

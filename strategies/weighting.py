@@ -31,3 +31,25 @@ def client_weights(weighting: str, num_examples: Sequence[int]) -> np.ndarray:
     else:
         w = np.ones(len(num_examples))
     return w / w.sum()
+
+
+def cap_shares(weights: np.ndarray, max_share: float) -> np.ndarray:
+    """``weights`` (summing to 1) with no entry above ``max_share``: the capped entries are fixed
+    at the cap and the rest is shared in proportion to the others' weights, repeated until none
+    exceeds it (water-filling); equal weights when even those exceed it (m · max_share <= 1).
+    ``max_share = 0`` returns ``weights`` unchanged."""
+    m = len(weights)
+    if not max_share or m == 0 or weights.max() <= max_share:
+        return weights
+    if m * max_share <= 1:
+        return np.full(m, 1.0 / m)
+    capped = np.zeros(m, bool)
+    out = weights.copy()
+    while True:
+        over = ~capped & (out > max_share)
+        if not over.any():
+            return out
+        capped |= over
+        free = ~capped
+        rest = 1.0 - max_share * capped.sum()
+        out = np.where(capped, max_share, weights * rest / weights[free].sum())

@@ -1,0 +1,136 @@
+"""``aggregate_train`` time of every rule against Flower's own FedAvg (a benchmark, not a test).
+
+The same R replies (real Flower Messages, default 100) of a d-parameter float32 model (default
+10^6, in 4 arrays) go through ``aggregate_train`` of every registered rule (N = R clients, all
+replying, every check of :mod:`strategies.replies` and :mod:`strategies.bounds` in place) and of
+``flwr.serverapp.strategy.FedAvg``. Each is timed over ``--rounds`` rounds after one untimed
+warm-up round (the tables become resident); the table prints the best and the median time and
+the ratio of the best to Flower's best. Timings on a shared machine are noisy: compare the best
+of several, side by side, in one invocation.
+
+    python benchmarks/aggregate_time.py                       # every rule, R = 100, d = 10^6
+    python benchmarks/aggregate_time.py --rules fedavg-active mifa --rounds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import time
+import uuid
+
+import numpy as np
+from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp.strategy import FedAvg
+from flwr.supercore.task_identity import TaskIdentity
+
+from strategies import ORACLES, STRATEGIES, build_strategy, named_arrays
+from strategies.protocol import (
+    A_NORM,
+    CLIENT_ID,
+    FEDAWE_ECHO_FACTOR,
+    FEDAWE_UPDATE_PREFIX,
+    LR,
+    NUM_EXAMPLES,
+    NUM_STEPS,
+    TRAIN_LOSS,
+)
+
+# how a rule is built here: every node trains (power-of-choice without probes, d = m = R)
+SPECS = {"pow-d": "pow-d:variant=rpow-d,d={r},m={r}", "mifa": "mifa:gradient-units=true"}
+
+
+class Grid:
+    """The smallest grid ``configure_train`` needs."""
+
+    def __init__(self, nodes: list[int]) -> None:
+        self.nodes = nodes
+
+    def get_node_ids(self) -> list[int]:
+        return self.nodes
+
+
+def model_arrays(dim: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    sizes = [dim // 2, dim // 4, dim // 8, dim - dim // 2 - dim // 4 - dim // 8]
+    return {f"layer{i}": rng.normal(size=s).astype(np.float32) for i, s in enumerate(sizes)}
+
+
+def replies_for(sent: list[Message], x: dict[str, np.ndarray], fedawe: bool, seed: int) -> list[Message]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for c, msg in enumerate(sent):
+        arrays = {k: v + 0.01 * rng.normal(size=v.shape).astype(np.float32) for k, v in x.items()}
+        if fedawe:
+            arrays[FEDAWE_ECHO_FACTOR] = np.array([1.0], np.float32)
+            arrays.update({FEDAWE_UPDATE_PREFIX + k: arrays[k] - x[k] for k in x})
+        metrics = {NUM_EXAMPLES: 50 + c, CLIENT_ID: c, NUM_STEPS: 10, A_NORM: 10.0, LR: 0.1, TRAIN_LOSS: 1.0}
+        reply = Message(RecordDict({"arrays": named_arrays(arrays), "metrics": MetricRecord(metrics)}),
+                        reply_to=msg)
+        out.append(reply)
+    return out
+
+
+def time_rule(spec: str, n: int, x: dict[str, np.ndarray], rounds: int) -> list[float]:
+    extra = {"probabilities": (lambda t: np.full(n, 0.5))} if spec.split(":")[0] in ORACLES else {}
+    strategy = build_strategy(spec, num_clients=n, **extra)
+    nodes = list(range(1000, 1000 + n))
+    times = []
+    arrays = named_arrays(x)
+    for rnd in range(1, rounds + 2):
+        sent = list(strategy.configure_train(rnd, arrays, ConfigRecord(), Grid(nodes)))
+        for m in sent:
+            m.metadata.__dict__["_message_id"] = uuid.uuid4().hex
+        replies = replies_for(sent, x, spec.startswith("fedawe"), rnd)
+        start = time.perf_counter()
+        out, _ = strategy.aggregate_train(rnd, replies)
+        elapsed = time.perf_counter() - start
+        assert len(strategy.round_log.rejected) == 0, strategy.round_log.rejected[:3]
+        arrays = out
+        if rnd > 1:
+            times.append(elapsed)
+    del strategy
+    gc.collect()
+    return times
+
+
+def time_flower(n: int, x: dict[str, np.ndarray], rounds: int) -> list[float]:
+    strategy = FedAvg()
+    arrays = named_arrays(x)
+    times = []
+    for rnd in range(1, rounds + 2):
+        sent = [Message(RecordDict({"arrays": arrays, "config": ConfigRecord()}), dst_node_id=1000 + i,
+                        message_type="train") for i in range(n)]
+        for m in sent:
+            m.metadata.__dict__["_message_id"] = uuid.uuid4().hex
+        replies = replies_for(sent, x, False, rnd)
+        start = time.perf_counter()
+        out, _ = strategy.aggregate_train(rnd, replies)
+        elapsed = time.perf_counter() - start
+        arrays = out
+        if rnd > 1:
+            times.append(elapsed)
+    return times
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--replies", type=int, default=100)
+    ap.add_argument("--dim", type=int, default=10**6)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rules", nargs="*", default=sorted(STRATEGIES))
+    args = ap.parse_args()
+    TaskIdentity.task_id = TaskIdentity.run_id = TaskIdentity.node_id = 1  # Message() needs them
+    x = model_arrays(args.dim, np.random.default_rng(0))
+    flower = time_flower(args.replies, x, args.rounds)
+    print(f"{args.replies} replies, d = {args.dim}, {args.rounds} timed rounds each (best / median ms)")
+    print(f"{'flwr FedAvg':34s} {1e3 * min(flower):8.1f} {1e3 * np.median(flower):8.1f}   1.00x")
+    for name in args.rules:
+        spec = SPECS.get(name, name).format(r=args.replies)
+        t = time_rule(spec, args.replies, x, args.rounds)
+        print(f"{spec:34s} {1e3 * min(t):8.1f} {1e3 * np.median(t):8.1f}   {min(t) / min(flower):.2f}x", flush=True)
+    flower = time_flower(args.replies, x, args.rounds)  # again: the machine's load drifts
+    print(f"{'flwr FedAvg (again)':34s} {1e3 * min(flower):8.1f} {1e3 * np.median(flower):8.1f}")
+
+
+if __name__ == "__main__":
+    main()
