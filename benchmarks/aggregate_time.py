@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import logging
 import time
 import uuid
 
@@ -59,7 +60,7 @@ def replies_for(sent: list[Message], x: dict[str, np.ndarray], fedawe: bool, see
     rng = np.random.default_rng(seed)
     out = []
     for c, msg in enumerate(sent):
-        arrays = {k: v + 0.01 * rng.normal(size=v.shape).astype(np.float32) for k, v in x.items()}
+        arrays = {k: v + np.float32(0.01) * (rng.random(v.shape, np.float32) - np.float32(0.5)) for k, v in x.items()}
         if fedawe:
             arrays[FEDAWE_ECHO_FACTOR] = np.array([1.0], np.float32)
             arrays.update({FEDAWE_UPDATE_PREFIX + k: arrays[k] - x[k] for k in x})
@@ -120,6 +121,7 @@ def main() -> None:
     ap.add_argument("--rules", nargs="*", default=sorted(STRATEGIES))
     args = ap.parse_args()
     TaskIdentity.task_id = TaskIdentity.run_id = TaskIdentity.node_id = 1  # Message() needs them
+    logging.getLogger("flwr").setLevel(logging.WARNING)  # Flower's FedAvg logs every round
     x = model_arrays(args.dim, np.random.default_rng(0))
     flower = time_flower(args.replies, x, args.rounds)
     print(f"{args.replies} replies, d = {args.dim}, {args.rounds} timed rounds each (best / median ms)")
