@@ -71,46 +71,48 @@ def replies_for(sent: list[Message], x: dict[str, np.ndarray], fedawe: bool, see
     return out
 
 
-def time_rule(spec: str, n: int, x: dict[str, np.ndarray], rounds: int) -> list[float]:
+def flower_round(strategy: FedAvg, rnd: int, x: dict[str, np.ndarray], n: int) -> float:
+    """One timed ``aggregate_train`` of Flower's FedAvg on n plain replies to x."""
+    sent = [Message(RecordDict({"arrays": named_arrays(x), "config": ConfigRecord()}), dst_node_id=1000 + i,
+                    message_type="train") for i in range(n)]
+    for m in sent:
+        m.metadata.__dict__["_message_id"] = uuid.uuid4().hex
+    replies = replies_for(sent, x, False, rnd)
+    start = time.perf_counter()
+    strategy.aggregate_train(rnd, replies)
+    return time.perf_counter() - start
+
+
+def time_side_by_side(spec: str, n: int, x: dict[str, np.ndarray], rounds: int) -> tuple[list[float], list[float]]:
+    """(rule's times, Flower FedAvg's times), one round of each in turn, after one untimed round
+    of each (the rule's tables become resident): the machine's load drifts alike for both."""
     extra = {"probabilities": (lambda t: np.full(n, 0.5))} if spec.split(":")[0] in ORACLES else {}
     strategy = build_strategy(spec, num_clients=n, **extra)
+    flower = FedAvg()
     nodes = list(range(1000, 1000 + n))
-    times = []
+    ours, theirs = [], []
     arrays = named_arrays(x)
     for rnd in range(1, rounds + 2):
         sent = list(strategy.configure_train(rnd, arrays, ConfigRecord(), Grid(nodes)))
         for m in sent:
             m.metadata.__dict__["_message_id"] = uuid.uuid4().hex
-        replies = replies_for(sent, x, spec.startswith("fedawe"), rnd)
+        current = {k: arrays[k].numpy() for k in arrays.keys()}
+        replies = replies_for(sent, current, spec.startswith("fedawe"), rnd)
+        gc.collect()
         start = time.perf_counter()
         out, _ = strategy.aggregate_train(rnd, replies)
         elapsed = time.perf_counter() - start
         assert len(strategy.round_log.rejected) == 0, strategy.round_log.rejected[:3]
         arrays = out
+        del replies
+        gc.collect()
+        flower_time = flower_round(flower, rnd, current, n)
         if rnd > 1:
-            times.append(elapsed)
+            ours.append(elapsed)
+            theirs.append(flower_time)
     del strategy
     gc.collect()
-    return times
-
-
-def time_flower(n: int, x: dict[str, np.ndarray], rounds: int) -> list[float]:
-    strategy = FedAvg()
-    arrays = named_arrays(x)
-    times = []
-    for rnd in range(1, rounds + 2):
-        sent = [Message(RecordDict({"arrays": arrays, "config": ConfigRecord()}), dst_node_id=1000 + i,
-                        message_type="train") for i in range(n)]
-        for m in sent:
-            m.metadata.__dict__["_message_id"] = uuid.uuid4().hex
-        replies = replies_for(sent, x, False, rnd)
-        start = time.perf_counter()
-        out, _ = strategy.aggregate_train(rnd, replies)
-        elapsed = time.perf_counter() - start
-        arrays = out
-        if rnd > 1:
-            times.append(elapsed)
-    return times
+    return ours, theirs
 
 
 def main() -> None:
@@ -123,16 +125,16 @@ def main() -> None:
     TaskIdentity.task_id = TaskIdentity.run_id = TaskIdentity.node_id = 1  # Message() needs them
     logging.getLogger("flwr").setLevel(logging.WARNING)  # Flower's FedAvg logs every round
     x = model_arrays(args.dim, np.random.default_rng(0))
-    flower = time_flower(args.replies, x, args.rounds)
-    print(f"{args.replies} replies, d = {args.dim}, {args.rounds} timed rounds each (best / median ms)")
-    print(f"{'flwr FedAvg':34s} {1e3 * min(flower):8.1f} {1e3 * np.median(flower):8.1f}   1.00x")
+    print(f"{args.replies} replies, d = {args.dim}: aggregate_train, best (median) of {args.rounds} rounds, "
+          "each beside a round of Flower's FedAvg on replies of the same size")
+    print(f"| {'rule':34s} | {'rule ms':>16s} | {'flwr FedAvg ms':>16s} | best/best |")
+    print(f"|{'-' * 36}|{'-' * 18}|{'-' * 18}|-----------|")
     for name in args.rules:
         spec = SPECS.get(name, name).format(r=args.replies)
-        t = time_rule(spec, args.replies, x, args.rounds)
-        print(f"{spec:34s} {1e3 * min(t):8.1f} {1e3 * np.median(t):8.1f}   {min(t) / min(flower):.2f}x", flush=True)
-    flower = time_flower(args.replies, x, args.rounds)  # again: the machine's load drifts
-    print(f"{'flwr FedAvg (again)':34s} {1e3 * min(flower):8.1f} {1e3 * np.median(flower):8.1f}")
-
+        ours, theirs = time_side_by_side(spec, args.replies, x, args.rounds)
+        print(f"| {spec:34s} | {1e3 * min(ours):7.1f} ({1e3 * np.median(ours):6.1f}) | "
+              f"{1e3 * min(theirs):7.1f} ({1e3 * np.median(theirs):6.1f}) | {min(ours) / min(theirs):8.2f}x |",
+              flush=True)
 
 if __name__ == "__main__":
     main()

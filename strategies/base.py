@@ -129,6 +129,8 @@ class AvailabilityStrategy(Strategy):
         self.current: np.ndarray | None = None  # x^t, flat
         self.round_log = RoundLog()
         self._sent: list[Message] = []
+        self._buffers: list[np.ndarray] = []  # flat float32 rows for the replies' Δ_i, reused
+        self._buffers_used = 0
 
     @property
     def parser(self) -> ReplyParser:
@@ -193,9 +195,21 @@ class AvailabilityStrategy(Strategy):
     def parse_reply(self, msg: Message, node: int) -> ClientReport:
         """One reply -> ClientReport, or ReplyRejected naming the problem."""
         assert self.layout is not None and self.current is not None
-        report = self.parser.parse(msg.content, node, self.layout, self.current)
+        report = self.parser.parse(msg.content, node, self.layout, self.current, self.reply_buffer())
         self.check_report(report)
         return report
+
+    def reply_buffer(self) -> np.ndarray:
+        """A flat float32 vector of the model's size for one reply of this round, reused in the
+        next rounds: writing into fresh memory (page faults, zeroing) costs several times the
+        arithmetic, and the replies' Δ_i must all be held while the rule aggregates them."""
+        assert self.layout is not None
+        if self._buffers and self._buffers[0].size != self.layout.size:
+            self._buffers = []
+        if self._buffers_used == len(self._buffers):
+            self._buffers.append(np.empty(self.layout.size, np.float32))
+        self._buffers_used += 1
+        return self._buffers[self._buffers_used - 1]
 
     # ------------------------------------------------------------------ shared helpers
     def weights(self, reports: list[ClientReport]) -> np.ndarray:
@@ -262,6 +276,7 @@ class AvailabilityStrategy(Strategy):
         """
         node_of_message = destinations(self._sent)
         sent = set(self.round_log.sent) if self._sent else None
+        self._buffers_used = 0  # last round's reports are gone: their buffers are free
         answered: set[int] = set()
         parsed: list[ClientReport] = []
         for msg in replies:
@@ -279,6 +294,8 @@ class AvailabilityStrategy(Strategy):
                 self.reject(node, str(exc))
             except Exception as exc:  # noqa: BLE001
                 self.reject(node, f"reply cannot be read: {type(exc).__name__}: {exc}")
+                log.exception("round of %s: reading the reply of node %d raised (a bug, or a reply no check "
+                              "foresaw)", self.name, node)
         reports = self.check_norms(self.check_identities(parsed))
         self.accepted(reports)
         if sent is not None:

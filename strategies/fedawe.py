@@ -199,7 +199,7 @@ class FedAWE(AvailabilityStrategy):
         if unknown:
             raise ReplyRejected(f"unknown FedAWE reply keys {unknown[:5]}")
         model = ArrayRecord({k: record[k] for k in keys if not k.startswith(META_PREFIX)})
-        report = self.parser.report(model, metrics, node, self.layout, self.current)  # the model part
+        report = self.parser.report(model, metrics, node, self.layout, self.current, self.reply_buffer())
         factor = self._echo_factor(record, report.client_id)
         update, norm = self._echo_update(record)
         base = {f.name: getattr(report, f.name) for f in fields(ClientReport)}
@@ -224,7 +224,7 @@ class FedAWE(AvailabilityStrategy):
     def _echo_update(self, record: ArrayRecord) -> tuple[np.ndarray, float]:
         """u_i as one flat float32 vector, and ‖u_i‖ (finite after the cast, or a rejection)."""
         assert self.layout is not None
-        update = np.empty(self.layout.size, np.float32)
+        update = self.reply_buffer()
         start = 0
         with np.errstate(over="ignore", invalid="ignore"):
             for key, shape in zip(self.layout.keys, self.layout.shapes, strict=True):

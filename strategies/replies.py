@@ -37,7 +37,10 @@ class ClientReport:
 
     client_id: int
     node_id: int
-    delta: np.ndarray  # Δ_i = x_i^{t,end} − x^t, flat float32 (the server ADDS it)
+    # Δ_i = x_i^{t,end} − x^t, flat float32 (the server ADDS it). From a reply, it lives in a
+    # buffer the base reuses next round: a rule that keeps Δ_i across rounds copies it (as the
+    # tables do)
+    delta: np.ndarray
     num_examples: int
     num_steps: int | None = None
     a_norm: float | None = None  # FedNova's ‖a_i‖_1
@@ -127,13 +130,15 @@ def decode(array: Array, key: str, shape: tuple[int, ...] | None = None) -> np.n
     return flat.reshape(real_shape[::-1]).T if fortran else flat.reshape(real_shape)
 
 
-def model_delta(arrays: ArrayRecord, layout: Layout, current: np.ndarray) -> tuple[np.ndarray, float]:
+def model_delta(arrays: ArrayRecord, layout: Layout, current: np.ndarray,
+                out: np.ndarray | None = None) -> tuple[np.ndarray, float]:
     """(Δ = the reply's model − x^t as one flat float32 vector, ‖Δ‖₂), every array decoded and
-    checked (:func:`decode`), cast to float32 and subtracted in one pass; ReplyRejected when the
-    keys differ from the model's or Δ is not finite after the cast (NaN, Inf, or beyond float32)."""
+    checked (:func:`decode`), cast to float32 and subtracted in one pass (into ``out`` when
+    given); ReplyRejected when the keys differ from the model's or Δ is not finite after the cast
+    (NaN, Inf, or beyond float32)."""
     if tuple(arrays.keys()) != layout.keys:
         raise ReplyRejected(f"array keys {list(arrays.keys())[:5]}... differ from the model's")
-    delta = np.empty(layout.size, np.float32)
+    delta = np.empty(layout.size, np.float32) if out is None else out
     start = 0
     with np.errstate(over="ignore", invalid="ignore"):
         for key, shape, array in zip(layout.keys, layout.shapes, arrays.values(), strict=True):
@@ -192,21 +197,23 @@ class ReplyParser:
     max_num_examples: int = 10**9
     max_num_steps: int = 10**7
 
-    def parse(self, content: RecordDict, node: int, layout: Layout, current: np.ndarray) -> ClientReport:
+    def parse(self, content: RecordDict, node: int, layout: Layout, current: np.ndarray,
+              out: np.ndarray | None = None) -> ClientReport:
         """One reply's content -> ClientReport, or ReplyRejected naming the problem."""
         _, arrays, metrics = split(content)
-        return self.report(arrays, metrics, node, layout, current)
+        return self.report(arrays, metrics, node, layout, current, out)
 
     def report(self, arrays: ArrayRecord, metrics: dict[str, Any], node: int, layout: Layout,
-               current: np.ndarray) -> ClientReport:
-        """The model ``arrays`` and ``metrics`` of one reply -> ClientReport (or ReplyRejected)."""
+               current: np.ndarray, out: np.ndarray | None = None) -> ClientReport:
+        """The model ``arrays`` and ``metrics`` of one reply -> ClientReport (or ReplyRejected);
+        Δ is written into ``out`` when given."""
         for key, hint in self.hints.items():
             if key not in metrics:
                 raise ReplyRejected(hint)
         missing = [k for k in self.required if k not in metrics]
         if missing:
             raise ReplyRejected(f"metrics lack {missing} (strategy '{self.rule}' needs them)")
-        delta, norm = model_delta(arrays, layout, current)
+        delta, norm = model_delta(arrays, layout, current, out)
         if self.needs_client_ids and CLIENT_ID not in metrics:
             raise ReplyRejected(
                 f"strategy '{self.rule}' keeps per-client state: replies must carry metric "
