@@ -4,9 +4,10 @@ The same R replies (real Flower Messages, default 100) of a d-parameter float32 
 10^6, in 4 arrays) go through ``aggregate_train`` of every registered rule (N = R clients, all
 replying, every check of :mod:`strategies.replies` and :mod:`strategies.bounds` in place) and of
 ``flwr.serverapp.strategy.FedAvg``. Each is timed over ``--rounds`` rounds after one untimed
-warm-up round (the tables become resident); the table prints the best and the median time and
-the ratio of the best to Flower's best. Timings on a shared machine are noisy: compare the best
-of several, side by side, in one invocation.
+warm-up round (the tables become resident); the table prints the best time and
+the ratio of the best to Flower's best, in wall-clock and in CPU (process) time. Every round of
+a rule is timed right beside a round of Flower's FedAvg, so that the machine's load drifts alike
+for both; on a shared machine the CPU-time ratio is the steadier figure.
 
     python benchmarks/aggregate_time.py                       # every rule, R = 100, d = 10^6
     python benchmarks/aggregate_time.py --rules fedavg-active mifa --rounds 5
@@ -71,21 +72,23 @@ def replies_for(sent: list[Message], x: dict[str, np.ndarray], fedawe: bool, see
     return out
 
 
-def flower_round(strategy: FedAvg, rnd: int, x: dict[str, np.ndarray], n: int) -> float:
+def flower_round(strategy: FedAvg, rnd: int, x: dict[str, np.ndarray], n: int) -> tuple[float, float]:
     """One timed ``aggregate_train`` of Flower's FedAvg on n plain replies to x."""
     sent = [Message(RecordDict({"arrays": named_arrays(x), "config": ConfigRecord()}), dst_node_id=1000 + i,
                     message_type="train") for i in range(n)]
     for m in sent:
         m.metadata.__dict__["_message_id"] = uuid.uuid4().hex
     replies = replies_for(sent, x, False, rnd)
-    start = time.perf_counter()
+    gc.collect()
+    start, cpu = time.perf_counter(), time.process_time()
     strategy.aggregate_train(rnd, replies)
-    return time.perf_counter() - start
+    return time.perf_counter() - start, time.process_time() - cpu
 
 
-def time_side_by_side(spec: str, n: int, x: dict[str, np.ndarray], rounds: int) -> tuple[list[float], list[float]]:
-    """(rule's times, Flower FedAvg's times), one round of each in turn, after one untimed round
-    of each (the rule's tables become resident): the machine's load drifts alike for both."""
+def time_side_by_side(spec: str, n: int, x: dict[str, np.ndarray], rounds: int) -> tuple[np.ndarray, np.ndarray]:
+    """(rule's, Flower FedAvg's) (wall, CPU) seconds per round, one round of each in turn, after one
+    untimed round of each (the rule's tables and buffers become resident): the machine's load
+    drifts alike for both."""
     extra = {"probabilities": (lambda t: np.full(n, 0.5))} if spec.split(":")[0] in ORACLES else {}
     strategy = build_strategy(spec, num_clients=n, **extra)
     flower = FedAvg()
@@ -99,9 +102,9 @@ def time_side_by_side(spec: str, n: int, x: dict[str, np.ndarray], rounds: int) 
         current = {k: arrays[k].numpy() for k in arrays.keys()}
         replies = replies_for(sent, current, spec.startswith("fedawe"), rnd)
         gc.collect()
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         out, _ = strategy.aggregate_train(rnd, replies)
-        elapsed = time.perf_counter() - start
+        elapsed = (time.perf_counter() - start, time.process_time() - cpu)
         assert len(strategy.round_log.rejected) == 0, strategy.round_log.rejected[:3]
         arrays = out
         del replies
@@ -112,7 +115,7 @@ def time_side_by_side(spec: str, n: int, x: dict[str, np.ndarray], rounds: int) 
             theirs.append(flower_time)
     del strategy
     gc.collect()
-    return ours, theirs
+    return np.array(ours), np.array(theirs)
 
 
 def main() -> None:
@@ -125,16 +128,16 @@ def main() -> None:
     TaskIdentity.task_id = TaskIdentity.run_id = TaskIdentity.node_id = 1  # Message() needs them
     logging.getLogger("flwr").setLevel(logging.WARNING)  # Flower's FedAvg logs every round
     x = model_arrays(args.dim, np.random.default_rng(0))
-    print(f"{args.replies} replies, d = {args.dim}: aggregate_train, best (median) of {args.rounds} rounds, "
-          "each beside a round of Flower's FedAvg on replies of the same size")
-    print(f"| {'rule':34s} | {'rule ms':>16s} | {'flwr FedAvg ms':>16s} | best/best |")
-    print(f"|{'-' * 36}|{'-' * 18}|{'-' * 18}|-----------|")
+    print(f"{args.replies} replies, d = {args.dim}: aggregate_train, best of {args.rounds} rounds, each beside a "
+          "round of Flower's FedAvg on replies of the same size; wall and CPU (process) time in ms")
+    print(f"| {'rule':34s} | rule wall | flwr wall | ratio | rule CPU | flwr CPU | ratio |")
+    print(f"|{'-' * 36}|-----------|-----------|-------|----------|----------|-------|")
     for name in args.rules:
         spec = SPECS.get(name, name).format(r=args.replies)
         ours, theirs = time_side_by_side(spec, args.replies, x, args.rounds)
-        print(f"| {spec:34s} | {1e3 * min(ours):7.1f} ({1e3 * np.median(ours):6.1f}) | "
-              f"{1e3 * min(theirs):7.1f} ({1e3 * np.median(theirs):6.1f}) | {min(ours) / min(theirs):8.2f}x |",
-              flush=True)
+        (ow, oc), (tw, tc) = ours.min(axis=0), theirs.min(axis=0)
+        print(f"| {spec:34s} | {1e3 * ow:9.1f} | {1e3 * tw:9.1f} | {ow / tw:5.2f} | {1e3 * oc:8.1f} | "
+              f"{1e3 * tc:8.1f} | {oc / tc:5.2f} |", flush=True)
 
 if __name__ == "__main__":
     main()

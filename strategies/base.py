@@ -135,8 +135,12 @@ class AvailabilityStrategy(Strategy):
     @property
     def parser(self) -> ReplyParser:
         """This rule's requirements on a reply (rules may change ``required_metrics`` in __init__)."""
-        return ReplyParser(self.name, tuple(self.required_metrics), dict(self.metric_hints),
-                           self.needs_client_ids, self.num_clients, self.max_num_examples, self.max_num_steps)
+        key = (tuple(self.required_metrics), self.num_clients, self.max_num_examples, self.max_num_steps)
+        if getattr(self, "_parser_key", None) != key:
+            self._parser_key = key
+            self._parser = ReplyParser(self.name, key[0], dict(self.metric_hints), self.needs_client_ids,
+                                       *key[1:])
+        return self._parser
 
     @property
     def max_update_norm(self) -> float:
@@ -252,14 +256,15 @@ class AvailabilityStrategy(Strategy):
             raise RuntimeError("aggregate_train before configure_train/set_global")
         reports = self.collect(replies)
         new, metrics = self.aggregate(server_round - 1, self.current, reports)
-        if not np.all(np.isfinite(new)):
+        step = safe_norm(np.subtract(new, self.current, dtype=np.float64))  # NaN/Inf in x^{t+1} -> not finite
+        if not math.isfinite(step):
             log.error("round %d: %s produced a non-finite model; keeping x^t", server_round, self.name)
-            new = self.current
+            new, step = self.current, 0.0
         metrics = {
             "num-participants": len(reports),
             "num-unavailable": len(self.round_log.unavailable),
             "num-rejected": len(self.round_log.rejected),
-            "update-norm": safe_norm(np.asarray(new, np.float64) - self.current),
+            "update-norm": step,
             **metrics,
         }
         losses = [r.train_loss for r in reports if r.train_loss is not None]

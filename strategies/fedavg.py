@@ -32,7 +32,7 @@ class FedAvgActive(AvailabilityStrategy):
         if not reports:
             return x, {}
         w = self.weights(reports)
-        u = weighted_sum(w, (r.delta for r in reports))
+        u = weighted_sum(map(float, w), (r.delta for r in reports))  # float32, as sum(float(w_i) Δ_i)
         return x + self.server_lr * u, {}
 
 
@@ -45,7 +45,7 @@ class FedAvgAll(AvailabilityStrategy):
         n = self.require_num_clients()
         if not reports:
             return x, {}
-        u = weighted_sum(np.ones(len(reports)), (r.delta for r in reports)) / n
+        u = weighted_sum([1.0] * len(reports), (r.delta for r in reports)) / n
         return x + self.server_lr * u, {}
 
 

@@ -69,9 +69,10 @@ class FedExP(AvailabilityStrategy):
             return x, {}
         w = self.weights(reports)
         mean, spread = np.zeros(x.size, np.float64), 0.0
+        d, term = np.empty(x.size, np.float64), np.empty(x.size, np.float64)  # reused: no array per reply
         for wi, r in zip(w, reports, strict=True):  # float64: float32 sums of squares overflow at ~1e19
-            d = r.delta.astype(np.float64)
-            mean += wi * d
+            np.copyto(d, r.delta)
+            mean += np.multiply(d, wi, out=term)
             spread += float(wi * np.dot(d, d))
         denom = 2.0 * (float(np.dot(mean, mean)) + self.epsilon(t, len(reports)))
         step = max(1.0, spread / denom) if denom > 0 else 1.0

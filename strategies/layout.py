@@ -67,7 +67,7 @@ def safe_norm(vector: np.ndarray) -> float:
             square = float(np.dot(v, v))
         if math.isfinite(square):
             return math.sqrt(square)
-    v = v.astype(np.float64)
+    v = np.asarray(v, np.float64)
     return math.sqrt(float(np.dot(v, v)))
 
 

@@ -18,6 +18,7 @@ from .base import ClientReport, ReplyRejected
 from .memory import StoredUpdates, TableState
 from .protocol import LR, NUM_EXAMPLES
 from .replies import positive
+from .weighting import weighted_sum
 
 LR_HISTORY = 64  # accepted lrs whose median is the reference
 
@@ -118,7 +119,7 @@ class MIFA(StoredUpdates):
             if not self.filled:
                 if not reports:
                     return x, metrics
-                u = sum(w * r.delta for w, r in zip(self.weights(reports), reports, strict=True))
+                u = weighted_sum(self.weights(reports), (r.delta for r in reports))
                 return x + self.server_lr * u, metrics
         if table.num_seen == 0:
             return x, metrics

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -55,16 +56,17 @@ def cap_shares(weights: np.ndarray, max_share: float) -> np.ndarray:
         out = np.where(capped, max_share, weights * rest / weights[free].sum())
 
 
-def weighted_sum(weights: Iterable[float], vectors: Iterable[np.ndarray]) -> np.ndarray | int:
-    """Σ_i w_i v_i accumulated in place, in the order given: the same float32 numbers as
-    ``sum(float(w_i) * v_i ...)`` without a new array per term (0 when there is no term)."""
+def weighted_sum(weights: Iterable[Any], vectors: Iterable[np.ndarray]) -> np.ndarray | int:
+    """Σ_i w_i v_i accumulated in place, in the order given: the same numbers as
+    ``sum(w_i * v_i ...)`` (numpy's type rules: a Python float keeps float32 vectors in float32, a
+    numpy float64 makes the sum float64) without a new array per term (0 when there is no term)."""
     out: np.ndarray | None = None
     term: np.ndarray | None = None
     for w, v in zip(weights, vectors, strict=True):
         if out is None:
-            out = float(w) * v
+            out = w * v
             term = np.empty_like(out)
         else:
-            np.multiply(v, float(w), out=term)
+            np.multiply(v, w, out=term)
             out += term
     return 0 if out is None else out
