@@ -131,6 +131,7 @@ class AvailabilityStrategy(Strategy):
         self._sent: list[Message] = []
         self._buffers: list[np.ndarray] = []  # flat float32 rows for the replies' Δ_i, reused
         self._buffers_used = 0
+        self._stacks: dict[str, np.ndarray] = {}  # reusable outputs of :meth:`stacked`
 
     @property
     def parser(self) -> ReplyParser:
@@ -214,6 +215,15 @@ class AvailabilityStrategy(Strategy):
             self._buffers.append(np.empty(self.layout.size, np.float32))
         self._buffers_used += 1
         return self._buffers[self._buffers_used - 1]
+
+    def stacked(self, name: str, vectors: list[np.ndarray]) -> np.ndarray:
+        """``np.stack(vectors)`` (the same numbers) written into a matrix kept for the next rounds
+        under ``name``: a rule that needs its replies as one matrix gets no fresh pages per round."""
+        dtype, shape = np.result_type(*vectors), (len(vectors), *np.shape(vectors[0]))
+        buf = self._stacks.get(name)
+        if buf is None or buf.dtype != dtype or buf.shape[1:] != shape[1:] or len(buf) < shape[0]:
+            buf = self._stacks[name] = np.empty(shape, dtype)
+        return np.stack(vectors, out=buf[: shape[0]])
 
     # ------------------------------------------------------------------ shared helpers
     def weights(self, reports: list[ClientReport]) -> np.ndarray:

@@ -251,8 +251,9 @@ class FedAWE(AvailabilityStrategy):
         if not reports:
             return x, self._xbar_metrics(x)
         w = self.weights(reports)
-        deltas = np.stack([r.delta for r in reports])  # x_i^† − x^t
-        updates = np.stack([u if (u := getattr(r, "echo_update", None)) is not None else r.delta for r in reports])
+        deltas = self.stacked("deltas", [r.delta for r in reports])  # x_i^† − x^t
+        updates = self.stacked("updates", [u if (u := getattr(r, "echo_update", None)) is not None else r.delta
+                                           for r in reports])
         x64 = np.asarray(x, np.float64)
         u = np.einsum("i,ij->j", w, updates)  # ū, float64 (einsum: no BLAS threads on a busy host)
         new = x64 + np.einsum("i,ij->j", w, deltas)
