@@ -11,6 +11,8 @@ for both; on a shared machine the CPU-time ratio is the steadier figure.
 
     python benchmarks/aggregate_time.py                       # every rule, R = 100, d = 10^6
     python benchmarks/aggregate_time.py --rules fedavg-active mifa --rounds 5
+    OPENBLAS_NUM_THREADS=1 python benchmarks/aggregate_time.py   # on a shared host: BLAS threads
+                                                                 # inflate the CPU time of norms
 """
 
 from __future__ import annotations
