@@ -32,7 +32,7 @@ from flwr.serverapp.strategy import Strategy
 from . import state as rule_state
 from .bounds import NormBounds
 from .identity import Identities
-from .layout import Layout, named_arrays, safe_norm
+from .layout import Layout, Scratch, named_arrays, safe_norm
 from .protocol import NUM_EXAMPLES, SERVER_ROUND
 from .replies import (
     SUPERLINK_NODE_ID,
@@ -129,9 +129,7 @@ class AvailabilityStrategy(Strategy):
         self.current: np.ndarray | None = None  # x^t, flat
         self.round_log = RoundLog()
         self._sent: list[Message] = []
-        self._buffers: list[np.ndarray] = []  # flat float32 rows for the replies' Δ_i, reused
-        self._buffers_used = 0
-        self._stacks: dict[str, np.ndarray] = {}  # reusable outputs of :meth:`stacked`
+        self._scratch = Scratch()  # the replies' vectors, reused across rounds
 
     @property
     def parser(self) -> ReplyParser:
@@ -205,25 +203,13 @@ class AvailabilityStrategy(Strategy):
         return report
 
     def reply_buffer(self) -> np.ndarray:
-        """A flat float32 vector of the model's size for one reply of this round, reused in the
-        next rounds: writing into fresh memory (page faults, zeroing) costs several times the
-        arithmetic, and the replies' Δ_i must all be held while the rule aggregates them."""
+        """A flat float32 vector of the model's size for one reply of this round (:class:`Scratch`)."""
         assert self.layout is not None
-        if self._buffers and self._buffers[0].size != self.layout.size:
-            self._buffers = []
-        if self._buffers_used == len(self._buffers):
-            self._buffers.append(np.empty(self.layout.size, np.float32))
-        self._buffers_used += 1
-        return self._buffers[self._buffers_used - 1]
+        return self._scratch.row(self.layout.size)
 
     def stacked(self, name: str, vectors: list[np.ndarray]) -> np.ndarray:
-        """``np.stack(vectors)`` (the same numbers) written into a matrix kept for the next rounds
-        under ``name``: a rule that needs its replies as one matrix gets no fresh pages per round."""
-        dtype, shape = np.result_type(*vectors), (len(vectors), *np.shape(vectors[0]))
-        buf = self._stacks.get(name)
-        if buf is None or buf.dtype != dtype or buf.shape[1:] != shape[1:] or len(buf) < shape[0]:
-            buf = self._stacks[name] = np.empty(shape, dtype)
-        return np.stack(vectors, out=buf[: shape[0]])
+        """``np.stack(vectors)`` into a matrix reused across rounds (:class:`Scratch`)."""
+        return self._scratch.stacked(name, vectors)
 
     # ------------------------------------------------------------------ shared helpers
     def weights(self, reports: list[ClientReport]) -> np.ndarray:
@@ -291,7 +277,7 @@ class AvailabilityStrategy(Strategy):
         """
         node_of_message = destinations(self._sent)
         sent = set(self.round_log.sent) if self._sent else None
-        self._buffers_used = 0  # last round's reports are gone: their buffers are free
+        self._scratch.new_round()
         answered: set[int] = set()
         parsed: list[ClientReport] = []
         for msg in replies:

@@ -228,9 +228,9 @@ def test_server_memory_is_constant_per_client():
         x = out["w"].numpy()
     in_state = arrays_in(s.state_dict())
     assert sum(a.size for a in in_state) == 2 * d  # x^0 and x̄ only
-    # _sent: this round's messages; _buffers, _stacks: the base's reusable rows for one round's
-    # replies (Δ_i and u_i), O(replies per round), the memory the replies take while aggregated
-    held = arrays_in({k: v for k, v in vars(s).items() if k not in ("_sent", "_buffers", "_stacks")})
+    # _sent: this round's messages; _scratch: the base's reusable rows for one round's replies
+    # (Δ_i and u_i), O(replies per round), the memory the replies take while aggregated
+    held = arrays_in({k: v for k, v in vars(s).items() if k not in ("_sent", "_scratch")})
     assert sum(a.size for a in held) <= 4 * d  # x^t, x^0, x̄ and the layout's bookkeeping
     assert len(s.client_of_node) == n  # the base's node -> client id map: one int each
 
