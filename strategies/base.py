@@ -32,7 +32,7 @@ from flwr.serverapp.strategy import Strategy
 from . import state as rule_state
 from .bounds import NormBounds
 from .identity import Identities
-from .layout import Layout, named_arrays, safe_norm
+from .layout import Layout, Scratch, named_arrays, safe_norm
 from .protocol import NUM_EXAMPLES, SERVER_ROUND
 from .replies import (
     SUPERLINK_NODE_ID,
@@ -43,7 +43,7 @@ from .replies import (
     destinations,
     source_node,
 )
-from .weighting import AUTO_WEIGHTING, WEIGHTINGS, client_weights, resolve_weighting
+from .weighting import AUTO_WEIGHTING, WEIGHTINGS, cap_shares, client_weights, resolve_weighting
 
 __all__ = ["SUPERLINK_NODE_ID", "WEIGHTINGS", "AvailabilityStrategy", "ClientReport", "Layout",
            "ReplyRejected", "RoundLog", "named_arrays", "safe_norm"]
@@ -68,6 +68,10 @@ class AvailabilityStrategy(Strategy):
     max_update_norm, max_norm_ratio : the update-norm bounds (:class:`NormBounds`, which says
         how the defaults 1e6 and 1e3 were measured); spec keys ``max-update-norm`` and
         ``max-norm-ratio``.
+    max_weight_share : under ``num-examples`` weighting, no client's weight above this share of
+        the round (:func:`cap_shares`), so that a client claiming a huge ``num-examples`` cannot
+        take the round; 0 (the default) = no cap, the papers' p_i = n_i / n. Spec key
+        ``max-weight-share`` (e.g. ``fednova:max-weight-share=0.2``).
     """
 
     name: ClassVar[str] = ""
@@ -97,9 +101,13 @@ class AvailabilityStrategy(Strategy):
         federated_evaluation: bool = False,
         max_update_norm: float = 1e6,
         max_norm_ratio: float = 1e3,
+        max_weight_share: float = 0.0,
     ) -> None:
         weighting = resolve_weighting(weighting, self.paper_weighting)
         self.bounds = NormBounds(float(max_update_norm), float(max_norm_ratio))
+        if not (math.isfinite(max_weight_share) and 0 <= max_weight_share <= 1):
+            raise ValueError(f"max_weight_share (spec key max-weight-share) must be in [0, 1] (0 = off), "
+                             f"got {max_weight_share}")
         if not server_lr > 0:
             raise ValueError(f"server_lr must be > 0, got {server_lr}")
         if num_clients is not None and num_clients < 1:
@@ -112,6 +120,7 @@ class AvailabilityStrategy(Strategy):
         self.weighting = weighting
         self.max_num_examples = max_num_examples
         self.max_num_steps = max_num_steps
+        self.max_weight_share = float(max_weight_share)
         self.federated_evaluation = federated_evaluation
         self.rng = np.random.default_rng(seed)
         self.identities = Identities()
@@ -120,12 +129,17 @@ class AvailabilityStrategy(Strategy):
         self.current: np.ndarray | None = None  # x^t, flat
         self.round_log = RoundLog()
         self._sent: list[Message] = []
+        self._scratch = Scratch()  # the replies' vectors, reused across rounds
 
     @property
     def parser(self) -> ReplyParser:
         """This rule's requirements on a reply (rules may change ``required_metrics`` in __init__)."""
-        return ReplyParser(self.name, tuple(self.required_metrics), dict(self.metric_hints),
-                           self.needs_client_ids, self.num_clients, self.max_num_examples, self.max_num_steps)
+        key = (tuple(self.required_metrics), self.num_clients, self.max_num_examples, self.max_num_steps)
+        if getattr(self, "_parser_key", None) != key:
+            self._parser_key = key
+            self._parser = ReplyParser(self.name, key[0], dict(self.metric_hints), self.needs_client_ids,
+                                       *key[1:])
+        return self._parser
 
     @property
     def max_update_norm(self) -> float:
@@ -176,7 +190,7 @@ class AvailabilityStrategy(Strategy):
         """The norm the sanity bounds compare (hook): ‖Δ_i‖₂ (:func:`safe_norm`: it cannot
         overflow). A rule whose replies are not updates of x^t (FedAWE's echoed models) may
         return a norm that means "how big is this client's own step"."""
-        return safe_norm(report.delta)
+        return report.norm if report.norm is not None else safe_norm(report.delta)
 
     def check_report(self, report: ClientReport) -> None:
         """Rule-specific checks of one parsed reply (hook): raise ReplyRejected to reject it."""
@@ -184,14 +198,24 @@ class AvailabilityStrategy(Strategy):
     def parse_reply(self, msg: Message, node: int) -> ClientReport:
         """One reply -> ClientReport, or ReplyRejected naming the problem."""
         assert self.layout is not None and self.current is not None
-        report = self.parser.parse(msg.content, node, self.layout, self.current)
+        report = self.parser.parse(msg.content, node, self.layout, self.current, self.reply_buffer())
         self.check_report(report)
         return report
+
+    def reply_buffer(self) -> np.ndarray:
+        """A flat float32 vector of the model's size for one reply of this round (:class:`Scratch`)."""
+        assert self.layout is not None
+        return self._scratch.row(self.layout.size)
+
+    def stacked(self, name: str, vectors: list[np.ndarray]) -> np.ndarray:
+        """``np.stack(vectors)`` into a matrix reused across rounds (:class:`Scratch`)."""
+        return self._scratch.stacked(name, vectors)
 
     # ------------------------------------------------------------------ shared helpers
     def weights(self, reports: list[ClientReport]) -> np.ndarray:
         """Per-report weights summing to 1 over the reports (equal or by num-examples)."""
-        return client_weights(self.weighting, [r.num_examples for r in reports])
+        w = client_weights(self.weighting, [r.num_examples for r in reports])
+        return cap_shares(w, self.max_weight_share) if self.weighting == "num-examples" else w
 
     def require_num_clients(self) -> int:
         if self.num_clients is None:
@@ -228,14 +252,15 @@ class AvailabilityStrategy(Strategy):
             raise RuntimeError("aggregate_train before configure_train/set_global")
         reports = self.collect(replies)
         new, metrics = self.aggregate(server_round - 1, self.current, reports)
-        if not np.all(np.isfinite(new)):
+        step = safe_norm(np.subtract(new, self.current, dtype=np.float64))  # NaN/Inf in x^{t+1} -> not finite
+        if not math.isfinite(step):
             log.error("round %d: %s produced a non-finite model; keeping x^t", server_round, self.name)
-            new = self.current
+            new, step = self.current, 0.0
         metrics = {
             "num-participants": len(reports),
             "num-unavailable": len(self.round_log.unavailable),
             "num-rejected": len(self.round_log.rejected),
-            "update-norm": safe_norm(np.asarray(new, np.float64) - self.current),
+            "update-norm": step,
             **metrics,
         }
         losses = [r.train_loss for r in reports if r.train_loss is not None]
@@ -252,6 +277,7 @@ class AvailabilityStrategy(Strategy):
         """
         node_of_message = destinations(self._sent)
         sent = set(self.round_log.sent) if self._sent else None
+        self._scratch.new_round()
         answered: set[int] = set()
         parsed: list[ClientReport] = []
         for msg in replies:
@@ -261,19 +287,29 @@ class AvailabilityStrategy(Strategy):
                 self.round_log.unavailable.append(node)
                 log.info("node %d unavailable: %s", node, msg.error.reason[:200])
                 continue
-            try:
+            try:  # one reply, one verdict: whatever goes wrong with it rejects it, never the round
                 if sent is not None and node not in sent:
                     raise ReplyRejected("reply from a node this round did not address")
                 parsed.append(self.parse_reply(msg, node))
             except ReplyRejected as exc:
                 self.reject(node, str(exc))
+            except Exception as exc:  # noqa: BLE001
+                self.reject(node, f"reply cannot be read: {type(exc).__name__}: {exc}")
+                log.exception("round of %s: reading the reply of node %d raised (a bug, or a reply no check "
+                              "foresaw)", self.name, node)
         reports = self.check_norms(self.check_identities(parsed))
-        self.identities.bind(reports)  # only accepted replies bind: a rejected one leaves no trace
+        self.accepted(reports)
         if sent is not None:
             self.round_log.unavailable += sorted(sent - answered)
         ordered = sorted(reports, key=lambda r: r.client_id)
         self.round_log.participants = [r.client_id for r in ordered]
         return ordered
+
+    def accepted(self, reports: list[ClientReport]) -> None:
+        """The round's replies passed every check: bind their client ids and remember their norms
+        (a rejected reply leaves no trace in the state)."""
+        self.identities.bind(reports)
+        self.bounds.commit(reports)
 
     def reject(self, node: int, reason: str) -> None:
         """Record and log a rejected reply (``round_log.rejected``)."""
@@ -319,9 +355,9 @@ class AvailabilityStrategy(Strategy):
         return MetricRecord(out)
 
     def summary(self) -> None:
-        log.info("%s: N=%s, server_lr=%s, weighting=%s, max-update-norm=%g, max-norm-ratio=%g",
-                 self.name, self.num_clients, self.server_lr, self.weighting, self.max_update_norm,
-                 self.max_norm_ratio)
+        log.info("%s: N=%s, server_lr=%s, weighting=%s, max-update-norm=%g, max-norm-ratio=%g, "
+                 "max-weight-share=%g", self.name, self.num_clients, self.server_lr, self.weighting,
+                 self.max_update_norm, self.max_norm_ratio, self.max_weight_share)
 
     # -------------------------------------------------------------------- checkpoints
     def get_state(self) -> Any:
@@ -335,17 +371,18 @@ class AvailabilityStrategy(Strategy):
     @classmethod
     def read_state(cls, saved: dict[str, Any]) -> Any:
         """The rule's ``State`` in a checkpoint (``state_dict()``, any format), for reports."""
-        return rule_state.unpack(saved, cls.name, cls.State, cls.legacy_key)[2]
+        return rule_state.unpack(saved, cls.name, cls.State, cls.legacy_key)[3]
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue exactly, in the one layout of :mod:`strategies.state`."""
         return rule_state.pack(self.name, self.rng.bit_generator.state, self.identities.state_dict(),
-                               self.get_state())
+                               self.bounds.state_dict(), self.get_state())
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
         """Continue from ``saved`` (this or the previous checkpoint format); ValueError if it is
         not a checkpoint of this rule."""
-        rng, identity, state = rule_state.unpack(saved, self.name, self.State, self.legacy_key)
+        rng, identity, bounds, state = rule_state.unpack(saved, self.name, self.State, self.legacy_key)
+        self.set_state(state)
         self.rng.bit_generator.state = rng
         self.identities.load_state_dict(identity)
-        self.set_state(state)
+        self.bounds.load_state_dict(bounds)

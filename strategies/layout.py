@@ -1,7 +1,9 @@
-"""Flat vectors: an ArrayRecord <-> one float32 vector, and a norm that cannot overflow.
+"""Flat vectors: an ArrayRecord <-> one float32 vector, a norm that cannot overflow, and the
+reusable scratch memory the replies' vectors are written into.
 
 Every rule computes on flat float32 vectors (x^t, Δ_i); :class:`Layout` remembers the names,
-shapes and dtypes of the model's arrays to map an ArrayRecord to such a vector and back.
+shapes and dtypes of the model's arrays to map an ArrayRecord to such a vector and back;
+:class:`Scratch` keeps one round's reply vectors for the next rounds.
 """
 
 from __future__ import annotations
@@ -67,10 +69,43 @@ def safe_norm(vector: np.ndarray) -> float:
             square = float(np.dot(v, v))
         if math.isfinite(square):
             return math.sqrt(square)
-    v = v.astype(np.float64)
+    v = np.asarray(v, np.float64)
     return math.sqrt(float(np.dot(v, v)))
 
 
 def named_arrays(arrays: dict[str, np.ndarray]) -> ArrayRecord:
     """An ArrayRecord from name -> ndarray (Flower's constructor takes lists or Arrays)."""
     return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()})
+
+
+class Scratch:
+    """Flat float32 rows for one round's replies (Δ_i, u_i) and matrices of stacked replies, kept
+    and reused in the next rounds: writing into fresh memory (page faults, zeroing) costs several
+    times the arithmetic, and a round's replies must all be held while the rule aggregates them.
+    A rule that keeps a reply's vector across rounds copies it (as the tables do)."""
+
+    def __init__(self) -> None:
+        self.rows: list[np.ndarray] = []
+        self.used = 0
+        self.stacks: dict[str, np.ndarray] = {}
+
+    def new_round(self) -> None:
+        """Last round's reports are gone: their rows are free."""
+        self.used = 0
+
+    def row(self, size: int) -> np.ndarray:
+        """A float32 vector of ``size`` not handed out since :meth:`new_round`."""
+        if self.rows and self.rows[0].size != size:
+            self.rows = []
+        if self.used == len(self.rows):
+            self.rows.append(np.empty(size, np.float32))
+        self.used += 1
+        return self.rows[self.used - 1]
+
+    def stacked(self, name: str, vectors: list[np.ndarray]) -> np.ndarray:
+        """``np.stack(vectors)`` (the same numbers) written into a matrix kept under ``name``."""
+        dtype, shape = np.result_type(*vectors), (len(vectors), *np.shape(vectors[0]))
+        buf = self.stacks.get(name)
+        if buf is None or buf.dtype != dtype or buf.shape[1:] != shape[1:] or len(buf) < shape[0]:
+            buf = self.stacks[name] = np.empty(shape, dtype)
+        return np.stack(vectors, out=buf[: shape[0]])

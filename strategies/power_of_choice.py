@@ -33,6 +33,7 @@ from flwr.serverapp import Grid
 from .base import AvailabilityStrategy, ClientReport
 from .protocol import CLIENT_ID, NUM_EXAMPLES, PROBE_BATCHES, SERVER_ROUND
 from .replies import ReplyRejected, count, destinations, finite, source_node
+from .weighting import weighted_sum
 
 VARIANTS = ("pow-d", "cpow-d", "rpow-d")
 
@@ -147,4 +148,4 @@ class PowerOfChoice(AvailabilityStrategy):
         if not reports:
             return x, metrics
         w = self.weights(reports)
-        return x + self.server_lr * sum(wi * r.delta for wi, r in zip(w, reports, strict=True)), metrics
+        return x + self.server_lr * weighted_sum(w, (r.delta for r in reports)), metrics
