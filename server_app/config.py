@@ -17,10 +17,9 @@ from runconfig import (
     from_run_config,
     known_keys,
 )
-from strategies.base import AUTO_WEIGHTING, WEIGHTINGS
+from strategies.weighting import WEIGHTINGS
 
 #: the run config's ``weighting``: the strategies' own, or auto (the rule's paper weighting)
-WEIGHTING_CHOICES = (AUTO_WEIGHTING, *WEIGHTINGS)
 #: the run config's ``engine`` (in-process runs; see experiments.cohort)
 ENGINES = ("per-client", "cohort", "auto")
 
@@ -51,7 +50,7 @@ class ServerConfig:
     def validate(self) -> ServerConfig:
         check(self.num_server_rounds >= 1, "num-server-rounds", self.num_server_rounds, ">= 1")
         check(self.server_lr > 0, "server-lr", self.server_lr, "> 0")
-        check(self.weighting in WEIGHTING_CHOICES, "weighting", self.weighting, f"one of {WEIGHTING_CHOICES}")
+        check(self.weighting in WEIGHTINGS, "weighting", self.weighting, f"one of {WEIGHTINGS}")
         check(self.max_update_norm >= 0, "max-update-norm", self.max_update_norm, ">= 0 (0: the rule's default)")
         check(self.max_norm_ratio == 0 or self.max_norm_ratio > 1, "max-norm-ratio", self.max_norm_ratio,
               "> 1 (0: the rule's default)")
