@@ -19,7 +19,6 @@ from runconfig import (
 )
 from strategies.weighting import WEIGHTINGS
 
-#: the run config's ``weighting``: the strategies' own, or auto (the rule's paper weighting)
 #: the run config's ``engine`` (in-process runs; see experiments.cohort)
 ENGINES = ("per-client", "cohort", "auto")
 
