@@ -153,7 +153,7 @@ def main() -> None:
         "- Latency and packet loss: this kernel has no `netem` qdisc (no module tree either); "
         "`rtt_ms`/`loss` are refused with the reason. Bandwidth is real (tbf on both ends of a veth pair).",
         "- Real device heterogeneity beyond CPU share and memory: a cgroup quota slices the host's "
-        "cores in time (100 ms periods), so a short burst of work is throttled harder than a long one.",
+        "cores in time (10 ms periods here), not a slower core.",
         "- Memory: a client worker with torch and the workload needs ~700-900 MiB; caps below that "
         "make the client fail every round (reported as out of memory).",
     ]
