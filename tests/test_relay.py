@@ -5,8 +5,11 @@ chunks back one RTO without dropping or reordering any."""
 from __future__ import annotations
 
 import asyncio
+import socket
+import socketserver
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -24,6 +27,12 @@ async def _echo_server() -> tuple[asyncio.Server, int]:
 
     server = await asyncio.start_server(echo, "127.0.0.1", 0)
     return server, server.sockets[0].getsockname()[1]
+
+
+class _Echo(socketserver.BaseRequestHandler):
+    def handle(self) -> None:
+        while data := self.request.recv(65536):
+            self.request.sendall(data)
 
 
 async def _round_trips(port: int, messages: list[bytes]) -> tuple[list[float], bytes]:
@@ -119,3 +128,140 @@ def test_the_relay_process_forwards_and_stops_on_sigterm():
     got, log = asyncio.run(with_server())
     assert got == b"helloworld"
     assert "rtt 10 ms" in log and "stopped" in log
+
+
+def test_edge_limits_start_a_relay_per_relayed_node_and_point_its_supernode_at_it(tmp_path):
+    """The launcher's wiring without root: a relayed node's SuperNode address is its relay, the
+    relay forwards to the SuperLink's port, a restart replaces it, and closing the spawner stops it."""
+    from types import SimpleNamespace
+
+    from deploy.devices import parse_devices
+    from deploy.edge import EdgeLimits
+    from deploy.procs import Spawner
+
+    plan = parse_devices({"far": {"count": 1, "rtt_ms": 40}}, 2)
+    limits = EdgeLimits(plan, "relaytst")
+    limits.nets = {0: SimpleNamespace(host_ip="127.0.0.1")}  # what setup() makes as root
+    limits.relayed = {0: Impairment(rtt_ms=40, seed=0)}
+    spawner = Spawner("relaytest" + str(free_port()), tmp_path, {})
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), _Echo)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+
+    def through(addr: str, data: bytes) -> bytes:
+        with socket.create_connection(("127.0.0.1", int(addr.rsplit(":", 1)[1])), timeout=10) as s:
+            s.sendall(data)
+            return s.recv(len(data))
+
+    def spawn(name, a):  # from this thread: a child's parent-death signal follows its spawning thread
+        return spawner.spawn(name, a, tmp_path)
+
+    try:
+        limits.start_relays(spawn, port)
+        first = limits.superlink_address(0, port)
+        got = through(first, b"abc")
+        old = limits.relay_procs()
+        limits.start_relays(spawn, port)
+        second = limits.superlink_address(0, port)
+        again = through(second, b"def")
+        assert got == b"abc" and again == b"def"
+        assert len(old) == 1 and not old[0].alive and limits.relay_procs() != old  # a restart replaces it
+        assert limits.superlink_address(1, 1234) == "127.0.0.1:1234"  # an unrelayed node: the SuperLink
+        procs = limits.relay_procs()
+        assert len(procs) == 1 and procs[0].alive
+    finally:
+        spawner.close(limits.relay_procs())
+        server.shutdown()
+    assert not procs[0].alive and spawner.leftovers() == []
+    assert "rtt 40 ms" in (tmp_path / "relay-0.log").read_text()
+
+
+# ---------------------------------------------------------------------- a real deployment (root, opt-in)
+H2_PING = r"""
+import socket, sys, time
+host, port = sys.argv[1], int(sys.argv[2])
+s = socket.create_connection((host, port), timeout=20)
+s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")  # preface, SETTINGS
+
+def exactly(n):
+    out = b""
+    while len(out) < n:
+        c = s.recv(n - len(out))
+        assert c, "connection closed"
+        out += c
+    return out
+
+def frame():
+    head = exactly(9)
+    return head[3], head[4], exactly(int.from_bytes(head[:3], "big"))
+
+rtts = []
+for k in range(6):
+    payload = (k + 1).to_bytes(8, "big")
+    t = time.perf_counter()
+    s.sendall(b"\x00\x00\x08\x06\x00\x00\x00\x00\x00" + payload)  # PING
+    while True:
+        typ, flags, body = frame()
+        assert typ != 7, "GOAWAY"
+        if typ == 4 and not flags & 1:
+            s.sendall(b"\x00\x00\x00\x04\x01\x00\x00\x00\x00")  # SETTINGS ACK
+        if typ == 6 and flags & 1 and body == payload:
+            break
+    rtts.append(time.perf_counter() - t)
+print(min(rtts[1:]))
+"""
+
+
+def _root_skip() -> str | None:
+    import os
+
+    from deploy.edge import requirements
+
+    if os.environ.get("FLCHURN_EDGE_TESTS") != "1":
+        return "edge limit tests are opt-in: FLCHURN_EDGE_TESTS=1 (root: cgroups, network namespaces)"
+    from deploy.devices import parse_devices
+    return requirements(parse_devices({"x": {"count": 1, "rtt_ms": 50}}, 1))
+
+
+ROOT_SKIP = _root_skip()
+
+
+@pytest.mark.skipif(ROOT_SKIP is not None, reason=str(ROOT_SKIP))
+@pytest.mark.slow
+def test_a_real_deployment_with_an_rtt_class_completes_and_its_node_measures_the_rtt(tmp_path):
+    """Two SuperNodes, one in a 100 ms class: the run completes, and an HTTP/2 PING from the far
+    node's namespace to the address its SuperNode uses (the relay) takes >= 100 ms, while the near
+    node reaches the SuperLink directly."""
+    from deploy.devices import parse_devices
+    from deploy.local import Deployment
+    from deploy.run import run_deployment
+
+    rtt_ms = 100
+    plan = parse_devices({"far": {"count": 1, "rtt_ms": rtt_ms}, "near": {"count": 1}}, 2)
+    cfg = {"num-server-rounds": 2, "strategy": "fedavg-all", "availability": "always", "dataset": "digits",
+           "model": "logreg", "local-steps": "steps:n=5", "partition": "iid", "round-timeout": 300.0,
+           "checkpoint-every": 0, "device": "cpu", "progress": False, "results-dir": str(tmp_path / "results")}
+    lines: list[str] = []
+    dep = Deployment(2, tmp_path / "work", devices=plan, log=lines.append)
+    try:
+        with dep:
+            out = run_deployment(dep, cfg, timeout=900)
+            assert out.completed, (out.status, lines)
+            far = dep.edge.superlink_address(0, dep.superlink_port)
+            near = dep.edge.superlink_address(1, dep.superlink_port)
+            probe = {}
+            for i, addr in ((0, far), (1, near)):
+                host, port = addr.rsplit(":", 1)
+                res = subprocess.run([sys.executable, "-c", H2_PING, host, port], preexec_fn=dep.edge.preexec(i),
+                                     capture_output=True, text=True, timeout=120)
+                assert res.returncode == 0, res.stderr
+                probe[i] = float(res.stdout)
+            relays = dep.edge.relay_procs()
+    finally:
+        dep.close()
+    print(f"HTTP/2 PING round trip: node 0 via its {rtt_ms} ms relay {probe[0] * 1000:.1f} ms, node 1 direct "
+          f"{probe[1] * 1000:.2f} ms; round times {[round(r['round-time'], 2) for r in out.rows]}")
+    assert far != near and near.endswith(f":{dep.superlink_port}")
+    assert probe[0] >= rtt_ms / 1000
+    assert len(relays) == 1 and not relays[0].alive
+    assert dep.edge.leftovers() == [] and dep.leftovers() == []
