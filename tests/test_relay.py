@@ -177,36 +177,26 @@ def test_edge_limits_start_a_relay_per_relayed_node_and_point_its_supernode_at_i
 
 
 # ---------------------------------------------------------------------- a real deployment (root, opt-in)
-H2_PING = r"""
+HTTP_RTT = r"""
 import socket, sys, time
 host, port = sys.argv[1], int(sys.argv[2])
 s = socket.create_connection((host, port), timeout=20)
-s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")  # preface, SETTINGS
-
-def exactly(n):
-    out = b""
-    while len(out) < n:
-        c = s.recv(n - len(out))
-        assert c, "connection closed"
-        out += c
-    return out
-
-def frame():
-    head = exactly(9)
-    return head[3], head[4], exactly(int.from_bytes(head[:3], "big"))
-
+buf = b""
 rtts = []
-for k in range(6):
-    payload = (k + 1).to_bytes(8, "big")
+for k in range(6):  # keep-alive GETs on one connection: each costs one round trip
     t = time.perf_counter()
-    s.sendall(b"\x00\x00\x08\x06\x00\x00\x00\x00\x00" + payload)  # PING
-    while True:
-        typ, flags, body = frame()
-        assert typ != 7, "GOAWAY"
-        if typ == 4 and not flags & 1:
-            s.sendall(b"\x00\x00\x00\x04\x01\x00\x00\x00\x00")  # SETTINGS ACK
-        if typ == 6 and flags & 1 and body == payload:
-            break
+    s.sendall(b"GET /flchurn-rtt-probe HTTP/1.1\r\nHost: superlink\r\n\r\n")
+    while b"\r\n\r\n" not in buf:
+        c = s.recv(65536)
+        assert c, "connection closed"
+        buf += c
+    head, buf = buf.split(b"\r\n\r\n", 1)
+    n = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+    while len(buf) < n:
+        c = s.recv(65536)
+        assert c, "connection closed"
+        buf += c
+    buf = buf[n:]
     rtts.append(time.perf_counter() - t)
 print(min(rtts[1:]))
 """
@@ -229,9 +219,9 @@ ROOT_SKIP = _root_skip()
 @pytest.mark.skipif(ROOT_SKIP is not None, reason=str(ROOT_SKIP))
 @pytest.mark.slow
 def test_a_real_deployment_with_an_rtt_class_completes_and_its_node_measures_the_rtt(tmp_path):
-    """Two SuperNodes, one in a 100 ms class: the run completes, and an HTTP/2 PING from the far
-    node's namespace to the address its SuperNode uses (the relay) takes >= 100 ms, while the near
-    node reaches the SuperLink directly."""
+    """Two SuperNodes, one in a 100 ms class: the run completes, and an HTTP request from the far
+    node's namespace to the address its SuperNode uses (its relay; Flower 1.41's Fleet API is
+    HTTP) takes >= 100 ms, while the near node reaches the SuperLink directly."""
     from deploy.devices import parse_devices
     from deploy.local import Deployment
     from deploy.run import run_deployment
@@ -252,14 +242,14 @@ def test_a_real_deployment_with_an_rtt_class_completes_and_its_node_measures_the
             probe = {}
             for i, addr in ((0, far), (1, near)):
                 host, port = addr.rsplit(":", 1)
-                res = subprocess.run([sys.executable, "-c", H2_PING, host, port], preexec_fn=dep.edge.preexec(i),
+                res = subprocess.run([sys.executable, "-c", HTTP_RTT, host, port], preexec_fn=dep.edge.preexec(i),
                                      capture_output=True, text=True, timeout=120)
                 assert res.returncode == 0, res.stderr
                 probe[i] = float(res.stdout)
             relays = dep.edge.relay_procs()
     finally:
         dep.close()
-    print(f"HTTP/2 PING round trip: node 0 via its {rtt_ms} ms relay {probe[0] * 1000:.1f} ms, node 1 direct "
+    print(f"HTTP round trip to the Fleet API: node 0 via its {rtt_ms} ms relay {probe[0] * 1000:.1f} ms, node 1 direct "
           f"{probe[1] * 1000:.2f} ms; round times {[round(r['round-time'], 2) for r in out.rows]}")
     assert far != near and near.endswith(f":{dep.superlink_port}")
     assert probe[0] >= rtt_ms / 1000
