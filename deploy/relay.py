@@ -146,12 +146,14 @@ class Relay:
                                  _pipe(link_r, node_w, self.imp, self.imp.rng(conn, "down"), self.down))
         except (ConnectionError, OSError) as err:
             self.log(f"connection {conn}: {err!r}")
+        except asyncio.CancelledError:  # the relay stops: end this connection's task quietly
+            pass
         finally:
             for w in (link_w, node_w):
                 w.close()
                 with contextlib.suppress(ConnectionError, OSError):
                     await w.wait_closed()
-            self.log(f"connection {conn} closed; up {self.up.chunks} chunks / {self.up.bytes} B "
+            self.log(f"connection {conn} closed; all connections so far: up {self.up.chunks} chunks / {self.up.bytes} B "
                      f"({self.up.retransmitted} held an RTO), down {self.down.chunks} chunks / "
                      f"{self.down.bytes} B ({self.down.retransmitted} held an RTO)")
 

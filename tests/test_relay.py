@@ -219,7 +219,7 @@ ROOT_SKIP = _root_skip()
 @pytest.mark.skipif(ROOT_SKIP is not None, reason=str(ROOT_SKIP))
 @pytest.mark.slow
 def test_a_real_deployment_with_an_rtt_class_completes_and_its_node_measures_the_rtt(tmp_path):
-    """Two SuperNodes, one in a 100 ms class: the run completes, and an HTTP request from the far
+    """Two SuperNodes, one in a 100 ms, 2 % loss class: the run completes, and an HTTP request from the far
     node's namespace to the address its SuperNode uses (its relay; Flower 1.41's Fleet API is
     HTTP) takes >= 100 ms, while the near node reaches the SuperLink directly."""
     from deploy.devices import parse_devices
@@ -227,7 +227,7 @@ def test_a_real_deployment_with_an_rtt_class_completes_and_its_node_measures_the
     from deploy.run import run_deployment
 
     rtt_ms = 100
-    plan = parse_devices({"far": {"count": 1, "rtt_ms": rtt_ms}, "near": {"count": 1}}, 2)
+    plan = parse_devices({"far": {"count": 1, "rtt_ms": rtt_ms, "loss": 0.02}, "near": {"count": 1}}, 2)
     cfg = {"num-server-rounds": 2, "strategy": "fedavg-all", "availability": "always", "dataset": "digits",
            "model": "logreg", "local-steps": "steps:n=5", "partition": "iid", "round-timeout": 300.0,
            "checkpoint-every": 0, "device": "cpu", "progress": False, "results-dir": str(tmp_path / "results")}
@@ -253,5 +253,8 @@ def test_a_real_deployment_with_an_rtt_class_completes_and_its_node_measures_the
           f"{probe[1] * 1000:.2f} ms; round times {[round(r['round-time'], 2) for r in out.rows]}")
     assert far != near and near.endswith(f":{dep.superlink_port}")
     assert probe[0] >= rtt_ms / 1000
+    relay_log = relays[0].log.read_text()
+    print(relay_log.splitlines()[-2] if len(relay_log.splitlines()) > 1 else relay_log)
+    assert "rtt 100 ms, loss 0.02 (RTO 200 ms), seed 0" in relay_log and "stopped" in relay_log
     assert len(relays) == 1 and not relays[0].alive
     assert dep.edge.leftovers() == [] and dep.leftovers() == []
