@@ -258,3 +258,36 @@ def test_a_real_deployment_with_an_rtt_class_completes_and_its_node_measures_the
     assert "rtt 100 ms, loss 0.02 (RTO 200 ms), seed 0" in relay_log and "stopped" in relay_log
     assert len(relays) == 1 and not relays[0].alive
     assert dep.edge.leftovers() == [] and dep.leftovers() == []
+
+
+@pytest.mark.skipif(ROOT_SKIP is not None, reason=str(ROOT_SKIP))
+@pytest.mark.slow
+def test_ctrl_c_stops_the_relays_with_the_launcher(tmp_path):
+    """The launcher with an rtt class, interrupted (SIGINT) once its nodes run: exit 130, and its
+    relay processes are gone with the nodes."""
+    import signal
+
+    def relays() -> set[str]:
+        out = subprocess.run(["pgrep", "-f", "deploy.relay --listen"], capture_output=True, text=True).stdout
+        return set(out.split())
+
+    devices = tmp_path / "devices.toml"
+    devices.write_text("[far]\ncount = 1\nrtt_ms = 60\n\n[near]\ncount = 1\n")
+    before = relays()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "deploy", "launch", "--num-nodes", "2", "--devices", str(devices),
+         "--work-dir", str(tmp_path / "work"), "--run-config",
+         f"num-server-rounds=50 dataset='digits' model='logreg' local-steps='steps:n=2' checkpoint-every=0 "
+         f"results-dir='{tmp_path / 'results'}' progress=false"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = ""
+    deadline = time.monotonic() + 600
+    while "submitted run" not in seen and time.monotonic() < deadline and proc.poll() is None:
+        seen += proc.stdout.readline()
+    assert "submitted run" in seen and "relay on" in seen, seen
+    during = relays() - before
+    assert len(during) == 1, during
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 130, seen + out
+    assert relays() & during == set()
