@@ -29,9 +29,11 @@ import random
 import signal
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 CHUNK = 64 * 1024
+QUEUE = 256  # chunks in flight per direction (up to 16 MiB): a full queue stops reading (back-pressure)
 MIN_RTO_S = 0.2
 
 
@@ -71,14 +73,14 @@ class Stats:
     chunks: int = 0
     bytes: int = 0
     retransmitted: int = 0
-    delays: list[float] = field(default_factory=list, repr=False)  # per chunk: seconds it was held
+    delays: deque[float] = field(default_factory=lambda: deque(maxlen=10_000), repr=False)  # last chunks: s held
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, imp: Impairment,
                 rng: random.Random, stats: Stats) -> None:
     """Forward ``reader`` to ``writer``, each chunk due at arrival + one-way delay (+ an RTO if
     drawn lost), never before the chunk ahead of it; half-close ``writer`` at EOF."""
-    queue: asyncio.Queue[tuple[float, bytes] | None] = asyncio.Queue()
+    queue: asyncio.Queue[tuple[float, bytes] | None] = asyncio.Queue(QUEUE)
 
     async def read() -> None:
         last_due = 0.0
@@ -92,9 +94,9 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, imp:
                 stats.bytes += len(data)
                 stats.retransmitted += lost
                 stats.delays.append(due - now)
-                queue.put_nowait((due, data))
+                await queue.put((due, data))
         finally:
-            queue.put_nowait(None)
+            await queue.put(None)
 
     async def write() -> None:
         while (item := await queue.get()) is not None:

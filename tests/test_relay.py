@@ -20,9 +20,12 @@ from deploy.relay import Impairment, Relay, argv
 
 async def _echo_server() -> tuple[asyncio.Server, int]:
     async def echo(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        while data := await r.read(65536):
-            w.write(data)
-            await w.drain()
+        try:
+            while data := await r.read(65536):
+                w.write(data)
+                await w.drain()
+        except asyncio.CancelledError:  # the test's loop ends first: quietly
+            pass
         w.close()
 
     server = await asyncio.start_server(echo, "127.0.0.1", 0)
@@ -85,7 +88,7 @@ def test_a_seeded_loss_holds_some_chunks_one_rto_and_loses_or_reorders_none():
     assert imp.rto_s == 0.2  # max(200 ms, 2 * 20 ms)
     slow = [t for t in via if t >= imp.rtt_ms / 1000 + imp.rto_s]
     assert len(slow) >= 1  # a held chunk cost its round trip an RTO
-    assert sum(d >= imp.rto_s for d in relay.up.delays + relay.down.delays) == held
+    assert sum(d >= imp.rto_s for d in [*relay.up.delays, *relay.down.delays]) == held
     # the same seed draws the same chunks: the run is reproducible
     _, _, _, again = _through_relay(imp, msgs)
     assert (again.up.retransmitted, again.down.retransmitted) == (relay.up.retransmitted, relay.down.retransmitted)
