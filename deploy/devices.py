@@ -8,8 +8,8 @@ A devices file (TOML, ``--devices FILE``) has one table per class::
     mem_mb = 256       # memory cap of the SuperNode and everything it starts, MiB
     up_kbps = 1000     # node -> SuperLink bandwidth, kbit/s
     down_kbps = 1000   # SuperLink -> node bandwidth, kbit/s
-    rtt_ms = 100       # added round-trip time, ms
-    loss = 0.01        # packet loss probability in [0, 1)
+    rtt_ms = 100       # added round-trip time, ms (netem, or the node's relay: deploy.relay)
+    loss = 0.01        # loss probability in [0, 1) (netem; relay: a chunk held one RTO)
 
     [fast]
     count = 2

@@ -1,6 +1,9 @@
 """Real device limits for the process launcher: every SuperNode (and all it starts) in its own
 cgroup (CPU quota, memory cap; CPU time and peak memory measured), and a node whose class limits
-bandwidth in its own network namespace (:mod:`deploy.netns`). :class:`EdgeLimits` makes them
+bandwidth, latency or loss in its own network namespace (:mod:`deploy.netns`); latency and loss
+by ``netem`` where the kernel has it, otherwise through a user-space relay per node
+(:mod:`deploy.relay`: the node's SuperNode reaches the SuperLink through it, on its veth pair's
+host end; started with the SuperLink, stopped with the deployment). :class:`EdgeLimits` makes them
 from a :class:`deploy.devices.DevicePlan`, hands the launcher what a node's process must do
 before exec (:meth:`EdgeLimits.preexec`) and the SuperLink address it must use, and removes
 everything it made at :meth:`EdgeLimits.close` (the launcher's exit, failure, Ctrl-C).
@@ -11,6 +14,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import time
 import zlib
 from collections.abc import Callable
 from typing import Any
@@ -19,6 +23,8 @@ from .cgroups import NodeCgroup, cgroup_version, leftover_cgroups, remove_group
 from .devices import DevicePlan, check_host
 from .errors import DeployError
 from .netns import NodeNet, leftover_net, netem_available, subnet_free
+from .procs import Proc, free_port, port_open
+from .relay import Impairment, argv as relay_argv
 
 
 def requirements(plan: DevicePlan) -> str | None:
@@ -30,12 +36,7 @@ def requirements(plan: DevicePlan) -> str | None:
     shaped = [dc for dc in plan.classes if dc.shaped]
     if shaped and not (shutil.which("ip") and shutil.which("tc")):
         return "bandwidth limits need the ip and tc commands (Debian: iproute2)"
-    delayed = [dc.name for dc in plan.classes if dc.rtt_ms or dc.loss]
-    if delayed and not netem_available():
-        return (f"class(es) {delayed} set rtt_ms or loss, but this kernel has no netem qdisc (sch_netem): "
-                "drop those keys (bandwidth and CPU/memory caps still apply), or see README "
-                "'Edge devices' for the user-space fallback")
-    return None
+    return None  # rtt_ms/loss: netem, or the relay where the kernel has no netem
 
 
 class EdgeLimits:
@@ -47,6 +48,8 @@ class EdgeLimits:
         self.log = log or (lambda line: None)
         self.cgroups: dict[int, NodeCgroup] = {}
         self.nets: dict[int, NodeNet] = {}
+        self.relayed: dict[int, Impairment] = {}  # nodes whose rtt_ms/loss go through a relay
+        self.relays: dict[int, tuple[Proc, str]] = {}  # node -> (relay process, "host:port")
         self.closed = False
 
     @property
@@ -60,6 +63,10 @@ class EdgeLimits:
             raise DeployError(why)
         check_host(self.plan)
         octet = self._octet()
+        delayed = [i for i in range(self.plan.num_nodes) if self.plan.of(i).rtt_ms or self.plan.of(i).loss]
+        if delayed and not netem_available():
+            self.relayed = {i: Impairment(self.plan.of(i).rtt_ms or 0.0, self.plan.of(i).loss or 0.0, seed=i)
+                            for i in delayed}
         try:
             for i in range(self.plan.num_nodes):
                 dc = self.plan.of(i)
@@ -68,13 +75,16 @@ class EdgeLimits:
                 cg.create()
                 if dc.shaped:
                     net = NodeNet(self.group, i, octet, up_kbps=dc.up_kbps, down_kbps=dc.down_kbps,
-                                  rtt_ms=dc.rtt_ms, loss=dc.loss)
+                                  rtt_ms=None if i in self.relayed else dc.rtt_ms,
+                                  loss=None if i in self.relayed else dc.loss)
                     self.nets[i] = net
                     net.create()
         except BaseException:
             self.close()
             raise
-        self.log("device limits: " + self.plan.describe())
+        self.log("device limits: " + self.plan.describe()
+                 + (f" (rtt_ms/loss of nodes {sorted(self.relayed)} through a relay: no netem here)"
+                    if self.relayed else ""))
 
     def _octet(self) -> int:
         base = zlib.crc32(self.group.encode()) % 50
@@ -106,8 +116,41 @@ class EdgeLimits:
         return {"OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n, "OPENBLAS_NUM_THREADS": n}
 
     def superlink_host(self, i: int) -> str:
-        """The address node ``i`` reaches the SuperLink at."""
+        """The host node ``i`` reaches the SuperLink at."""
         return self.nets[i].host_ip if i in self.nets else "127.0.0.1"
+
+    def superlink_address(self, i: int, superlink_port: int) -> str:
+        """HOST:PORT node ``i``'s SuperNode connects to: its relay, or the SuperLink's Fleet API."""
+        if i in self.relays:
+            return self.relays[i][1]
+        return f"{self.superlink_host(i)}:{superlink_port}"
+
+    def start_relays(self, spawn: Callable[[str, list[str]], Proc], superlink_port: int,
+                     timeout: float = 30.0) -> None:
+        """(Re)start one relay per relayed node, forwarding to the SuperLink on ``superlink_port``
+        and listening on the host end of the node's veth pair; ``spawn(name, argv)`` starts a
+        process of the deployment (stopped and swept with it)."""
+        self.stop_relays()
+        for i, imp in self.relayed.items():
+            host, port = self.nets[i].host_ip, free_port()
+            proc = spawn(f"relay-{i}", relay_argv((host, port), ("127.0.0.1", superlink_port), imp))
+            self.relays[i] = (proc, f"{host}:{port}")
+            deadline = time.monotonic() + timeout
+            while not port_open(port, host):
+                if not proc.alive or time.monotonic() > deadline:
+                    raise DeployError(f"node {i}'s relay did not listen on {host}:{port} "
+                                      f"({'exited' if not proc.alive else f'{timeout:g} s'}); see {proc.log}")
+                time.sleep(0.05)
+            self.log(f"node {i}: relay on {host}:{port} adds rtt {imp.rtt_ms:g} ms, loss {imp.loss:g} "
+                     f"(log {proc.log})")
+
+    def relay_procs(self) -> list[Proc]:
+        return [proc for proc, _ in self.relays.values()]
+
+    def stop_relays(self) -> None:
+        for proc, _ in self.relays.values():
+            proc.kill_tree()
+        self.relays.clear()
 
     def measure(self, i: int) -> dict[str, Any]:
         """Node ``i`` so far: CPU seconds, peak memory, OOM kills, bytes in and out."""

@@ -149,6 +149,9 @@ class Deployment:
                 raise DeployError(f"flower-superlink did not listen on 127.0.0.1:{self.superlink_port} "
                                   f"within {timeout:.0f} s; see {self.superlink.log}")
             time.sleep(0.1)
+        if self.edge is not None:  # nodes with rtt_ms/loss and no netem: their relays, to this port
+            self.edge.start_relays(lambda name, argv: self.spawner.spawn(name, argv, self.work_dir),
+                                   self.superlink_port)
         # the CLI carries the deployment's tag (close() sweeps a stray one), not a node's
         self.cli = FlwrCli(self.cli_home, f"127.0.0.1:{self.superlink_port}", env=self.spawner.env(None),
                            cwd=self.work_dir, log=self.log)
@@ -172,10 +175,11 @@ class Deployment:
         node.incarnations += 1
         node.port = free_port()
         home = self.work_dir / f"node-{i}"
-        link = self.edge.superlink_host(i) if self.edge is not None else "127.0.0.1"
+        link = (self.edge.superlink_address(i, self.superlink_port) if self.edge is not None
+                else f"127.0.0.1:{self.superlink_port}")
         node.proc = self._spawn(
             f"node-{i}.{node.incarnations}",
-            [*TUNING_SUPERNODE, "--insecure", "--superlink", f"{link}:{self.superlink_port}",
+            [*TUNING_SUPERNODE, "--insecure", "--superlink", link,
              "--host", "127.0.0.1", "--port", str(node.port), "--node-config", self.node_config(i)],
             home, home, {**(self.edge.env(i) if self.edge is not None else {}), **self.node_env.get(i, {})},
             self.edge.preexec(i) if self.edge is not None else None,
@@ -298,6 +302,8 @@ class Deployment:
             procs = [n.proc for n in self.nodes.values() if n.proc is not None]
             if self.superlink is not None:
                 procs.append(self.superlink)
+            if self.edge is not None:
+                procs += self.edge.relay_procs()
             self.spawner.close(procs)
             if self.edge is not None:
                 self.edge.close()  # the processes are gone: cgroups can be removed

@@ -9,8 +9,8 @@ at the host end's address; its own loopback (ClientAppIo, the client worker's so
 inside the namespace.
 
 Latency and loss: Linux's ``netem`` qdisc where the kernel has it (:func:`netem_available`);
-otherwise an added round-trip time goes through a user-space relay (``deploy.relay``) and loss
-cannot be emulated (a TCP relay cannot drop packets; iptables' ``statistic`` match would).
+otherwise both go through a user-space TCP relay per node (:mod:`deploy.relay`, started by
+:mod:`deploy.edge`): rtt/2 each way, and loss as TCP sees it (a lost chunk costs an RTO).
 """
 
 from __future__ import annotations
