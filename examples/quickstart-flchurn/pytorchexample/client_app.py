@@ -3,13 +3,16 @@
 import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from client_app.dropin import adopt, client_rule_mod
+from workloads.solvers import a_norm
 
 from pytorchexample.task import Net, load_data
 from pytorchexample.task import test as test_fn
 from pytorchexample.task import train as train_fn
 
-# Flower ClientApp
-app = ClientApp()
+# Flower ClientApp, with flchurn's client rules (FedAWE's own copy and echo) and its broadcast
+app = ClientApp(mods=[client_rule_mod])
+app.train("adopt")(adopt)
 
 
 @app.train()
@@ -42,6 +45,9 @@ def train(msg: Message, context: Context):
     metrics = {
         "train_loss": train_loss,
         "num-examples": len(trainloader.dataset),
+        # FedNova: ‖a_i‖_1 of this client's local SGD with momentum 0.9 (see task.train)
+        "a-norm": a_norm("momentum", context.run_config["local-epochs"] * len(trainloader),
+                         msg.content["config"]["lr"], momentum=0.9),
     }
     metric_record = MetricRecord(metrics)
     content = RecordDict({"arrays": model_record, "metrics": metric_record})

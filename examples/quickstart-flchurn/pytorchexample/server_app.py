@@ -4,6 +4,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
+from strategies import build_strategy
 
 from pytorchexample.task import Net, load_centralized_dataset, test
 
@@ -19,13 +20,17 @@ def main(grid: Grid, context: Context) -> None:
     fraction_evaluate: float = context.run_config["fraction-evaluate"]
     num_rounds: int = context.run_config["num-server-rounds"]
     lr: float = context.run_config["learning-rate"]
+    strategy_spec: str = context.run_config["strategy"]
 
     # Load global model
     global_model = Net()
     arrays = ArrayRecord(global_model.state_dict())
 
-    # Initialize FedAvg strategy
-    strategy = FedAvg(fraction_evaluate=fraction_evaluate)
+    # Initialize the strategy: one of flchurn's rules, or Flower's own FedAvg
+    if strategy_spec == "flower-fedavg":
+        strategy = FedAvg(fraction_evaluate=fraction_evaluate)
+    else:
+        strategy = build_strategy(strategy_spec, fraction_evaluate=fraction_evaluate)
 
     # Start strategy, run FedAvg for `num_rounds`
     result = strategy.start(
