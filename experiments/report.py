@@ -357,6 +357,7 @@ def fdms_similarity(sweep: Sweep, results: Path, out: Path) -> list[str]:
     import matplotlib.pyplot as plt
     import torch
 
+    from strategies import STRATEGIES
     from workloads.partition import cluster_of
 
     panels = []
@@ -368,7 +369,7 @@ def fdms_similarity(sweep: Sweep, results: Path, out: Path) -> list[str]:
         if ckpts:
             ckpt = torch.load(ckpts[-1], map_location="cpu", weights_only=False)
             config = ckpt["config"]
-            panels.append((labels[0], seed, ckpt["round"], np.asarray(ckpt["strategy"]["fl-fdms"]["R"]),
+            panels.append((labels[0], seed, ckpt["round"], np.asarray(STRATEGIES["fl-fdms"].read_state(ckpt["strategy"]).R),
                            cluster_of(config["partition"], config["num-clients"])))
     if not panels:
         return []

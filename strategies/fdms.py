@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -28,6 +29,16 @@ from .base import AvailabilityStrategy, ClientReport
 from .fedavg import FedAvgActive
 from .memory import StoredUpdates
 from .protocol import IGNORE_AVAILABILITY
+
+
+@dataclass
+class FLFDMSState:
+    """R (running mean similarity, float64 N × N), N_ij (co-active rounds, int64 N × N) and the
+    candidate sets C_k (bool N × N, rows; reduction); None before the first round."""
+
+    R: np.ndarray | None = None
+    count: np.ndarray | None = None
+    candidates: np.ndarray | None = None
 
 
 class FLFDMS(AvailabilityStrategy):
@@ -88,6 +99,8 @@ class FLFDMS(AvailabilityStrategy):
     equal_weights_only = True
     needs_client_ids = True  # R, counts and candidates are indexed by client id
     name = "fl-fdms"
+    State = FLFDMSState
+    legacy_key = "fl-fdms"
     rows_fraction = 0.2  # a block goes row by row (gemv) when it needs under this share of its pairs
 
     def __init__(self, *, reduction: bool = False, k: int = 0, t_max: int = 500, b_max: float = 3.0,
@@ -239,23 +252,6 @@ class FLFDMS(AvailabilityStrategy):
             pairs += wanted
         return int(pairs), int(dots)
 
-    # ----------------------------------------------------------------------- checkpoints
-    def state_dict(self) -> dict[str, Any]:
-        state = super().state_dict()
-        state["fl-fdms"] = {
-            "R": None if self.R is None else self.R.copy(),
-            "count": None if self.count is None else self.count.copy(),
-            "candidates": None if self.candidates is None else self.candidates.copy(),
-        }
-        return state
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        own = state["fl-fdms"]
-        self.R = None if own["R"] is None else np.array(own["R"], np.float64)
-        self.count = None if own["count"] is None else np.array(own["count"], np.int64)
-        self.candidates = None if own["candidates"] is None else np.array(own["candidates"], bool)
-
 
 def _components(adjacency: np.ndarray) -> np.ndarray:
     """Connected-component labels (0, 1, ... in order of first member) of a symmetric bool matrix."""
@@ -281,7 +277,7 @@ class Stale(StoredUpdates):
     """
 
     name = "stale"
-    table_key = "stale"
+    legacy_key = "stale"
 
     def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
         table = self._table(x.size)

@@ -7,11 +7,21 @@ official code (IBM/fedau, main.py, ``weighting_method == 'adaptive'``).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from .base import AvailabilityStrategy, ClientReport
+
+
+@dataclass
+class FedAUState:
+    """c_i, and the sum and number of each client's recorded participation intervals."""
+
+    count: np.ndarray | None = None
+    interval_sum: np.ndarray | None = None
+    interval_num: np.ndarray | None = None
 
 
 class FedAU(AvailabilityStrategy):
@@ -33,6 +43,8 @@ class FedAU(AvailabilityStrategy):
     equal_weights_only = True
     needs_client_ids = True
     name = "fedau"
+    State = FedAUState
+    legacy_key = "fedau"
 
     def __init__(self, *, cutoff: int = 50, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -81,22 +93,7 @@ class FedAU(AvailabilityStrategy):
         u /= n
         return x + self.server_lr * u, {"mean-omega": float(omega.mean())}
 
-    def state_dict(self) -> dict[str, Any]:
-        state = super().state_dict()
-        state["fedau"] = None if self.count is None else {
-            "count": self.count.copy(), "interval_sum": self.interval_sum.copy(),
-            "interval_num": self.interval_num.copy(),
-        }
-        return state
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        own = state["fedau"]
-        if own is None:
-            self.count = self.interval_sum = self.interval_num = None
-            if self.num_clients is not None:
-                self._init_state(self.num_clients)
-            return
-        self.count = np.array(own["count"], np.int64)
-        self.interval_sum = np.array(own["interval_sum"], np.int64)
-        self.interval_num = np.array(own["interval_num"], np.int64)
+    def set_state(self, state: FedAUState) -> None:
+        super().set_state(state)
+        if self.count is None and self.num_clients is not None:  # saved before its first round
+            self._init_state(self.num_clients)

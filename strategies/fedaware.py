@@ -36,6 +36,7 @@ divides zero-norm momenta by 1 instead of dropping them.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -174,11 +175,20 @@ def min_norm_weights(gram: np.ndarray, *, tol: float = 1e-5, max_iter: int = 100
     return min_norm_solve(gram, tol=tol, max_iter=max_iter, polish=polish)[0]
 
 
+@dataclass
+class FedAWAREState:
+    """The per-client momenta m_i (N × d float32, None before the first round) and who was seen."""
+
+    momenta: np.ndarray | None
+    seen: np.ndarray
+
+
 class FedAWARE(AvailabilityStrategy):
     """Min-norm direction of normalised per-client momenta (Zeng et al., arXiv:2310.02702, Alg. 1)."""
 
     name = "fedaware"
     needs_client_ids = True  # momenta are rows 0..N-1 of a matrix
+    State = FedAWAREState
 
     def __init__(self, *, alpha: float = 0.5, min_seen: int = 0, polish: bool = True, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -271,11 +281,3 @@ class FedAWARE(AvailabilityStrategy):
             why = f"{type(exc).__name__}: {exc}"
         log.error("fedaware: min-norm solver failed (%s); using equal weights on the unit momenta", why)
         return np.full(len(unit), 1.0 / len(unit)), 0, True
-
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "momenta": self.momenta, "seen": self.seen.copy()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        self.momenta = state["momenta"]
-        self.seen = np.asarray(state["seen"], bool).copy()

@@ -62,7 +62,6 @@ import logging
 import math
 import secrets
 from dataclasses import dataclass, fields
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -83,9 +82,9 @@ from .protocol import (  # noqa: F401  (re-exported: FedAWE's wire format)
     FEDAWE_UPDATE_PREFIX as UPDATE_PREFIX,
     SERVER_ROUND,
 )
+from .replies import split
 
 log = logging.getLogger(__name__)
-
 
 
 def clip_norm(v: np.ndarray, threshold: float) -> np.ndarray:
@@ -102,6 +101,15 @@ class EchoReport(ClientReport):
 
     echo_factor: int = 1
     echo_update: np.ndarray | None = None  # u_i = (t − τ_i) Δ_i, flat
+
+
+@dataclass
+class FedAWEState:
+    """The run key naming the clients' state, x^0 (name -> array) and x̄ (flat float64)."""
+
+    run_key: str
+    initial: dict[str, np.ndarray] | None
+    xbar: np.ndarray | None = None  # checkpoints before x̄ tracking lack it
 
 
 class FedAWE(AvailabilityStrategy):
@@ -121,6 +129,7 @@ class FedAWE(AvailabilityStrategy):
     """
 
     name = "fedawe"
+    State = FedAWEState
 
     def __init__(self, *, clip: float = 0.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -171,16 +180,12 @@ class FedAWE(AvailabilityStrategy):
 
     # -------------------------------------------------------------------- replies in
     def parse_reply(self, msg: Message, node: int) -> EchoReport:
-        content = msg.content
-        if len(content.array_records) != 1:
-            super().parse_reply(msg, node)  # raises with the base's reason
-        name, record = next(iter(content.array_records.items()))
+        assert self.layout is not None and self.current is not None
+        _, record, metrics = split(msg.content)
         keys = list(record.keys())
         meta = {k: record[k].numpy() for k in keys if k.startswith(META_PREFIX)}
         model = ArrayRecord({k: record[k] for k in keys if not k.startswith(META_PREFIX)})
-        view = RecordDict({k: (model if k == name else v) for k, v in content.items()})
-        # the base reads only ``.content``: validate the model part with its rules
-        report = super().parse_reply(SimpleNamespace(content=view), node)  # type: ignore[arg-type]
+        report = self.parser.report(model, metrics, node, self.layout, self.current)  # the model part
         factor = self._echo_factor(meta)
         update = self._echo_update(meta)
         unknown = sorted(k for k in meta if k != ECHO_FACTOR and not k.startswith(UPDATE_PREFIX))
@@ -274,19 +279,11 @@ class FedAWE(AvailabilityStrategy):
                  self.num_clients, self.server_lr, self.clip or "off", self.run_key)
 
     # -------------------------------------------------------------------- checkpoints
-    def state_dict(self) -> dict[str, Any]:
-        initial = None if self.initial is None else {k: v.copy() for k, v in self.initial.items()}
-        xbar = None if self.xbar is None else self.xbar.copy()
-        return {**super().state_dict(), "run_key": self.run_key, "initial": initial, "xbar": xbar}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        if not RUN_KEY_PATTERN.fullmatch(str(state["run_key"])):
-            raise ValueError(f"fedawe: bad run key in the checkpoint: {state['run_key']!r}")
-        self.run_key = str(state["run_key"])
-        initial = state["initial"]
-        self.initial = None if initial is None else {k: np.array(v) for k, v in initial.items()}
-        xbar = state.get("xbar")
-        self.xbar = None if xbar is None else np.asarray(xbar, np.float64).copy()
+    def set_state(self, state: FedAWEState) -> None:
+        if not RUN_KEY_PATTERN.fullmatch(str(state.run_key)):
+            raise ValueError(f"fedawe: bad run key in the checkpoint: {state.run_key!r}")
+        super().set_state(state)
+        self.run_key = str(state.run_key)
         if self.xbar is None and self.initial is not None:
             log.warning("fedawe: the checkpoint predates x̄ tracking; this run records no x̄ score")

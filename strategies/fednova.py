@@ -18,17 +18,25 @@ normalised update above (v starts at 0, so the first step is u).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from .base import AvailabilityStrategy, ClientReport, ReplyRejected
+from .base import AvailabilityStrategy, ClientReport
 from .protocol import A_NORM, NUM_EXAMPLES
 
 NEEDS_A_NORM = (
     "FedNova needs the 'a-norm' metric (‖a_i‖_1 of the local solver: the number of local steps "
     "for plain SGD; see workloads.solvers.a_norm) in every training reply"
 )
+
+
+@dataclass
+class FedNovaState:
+    """The server momentum buffer v (None before the first round or without momentum)."""
+
+    buffer: np.ndarray | None = None
 
 
 class FedNova(AvailabilityStrategy):
@@ -41,7 +49,9 @@ class FedNova(AvailabilityStrategy):
 
     name = "fednova"
     required_metrics = (NUM_EXAMPLES, A_NORM)
+    metric_hints = {A_NORM: NEEDS_A_NORM}
     paper_weighting = "num-examples"  # p_i = n_i / n (Wang et al. 2020, Eq. 7)
+    State = FedNovaState
 
     def __init__(self, *, server_momentum: float = 0.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -49,12 +59,6 @@ class FedNova(AvailabilityStrategy):
             raise ValueError(f"server_momentum must be in [0, 1), got {server_momentum}")
         self.server_momentum = float(server_momentum)
         self.buffer: np.ndarray | None = None  # server momentum v
-
-    def parse_reply(self, msg, node: int) -> ClientReport:
-        records = msg.content.metric_records
-        if len(records) == 1 and A_NORM not in next(iter(records.values())):
-            raise ReplyRejected(NEEDS_A_NORM)
-        return super().parse_reply(msg, node)
 
     def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
         if not reports:
@@ -69,10 +73,3 @@ class FedNova(AvailabilityStrategy):
             self.buffer = u if self.buffer is None else self.server_momentum * self.buffer + u
             u = self.buffer
         return x + self.server_lr * u, {"tau-eff": tau_eff}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "buffer": self.buffer}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        self.buffer = state.get("buffer")

@@ -14,12 +14,13 @@ unbiasedness argument E[(1/|A|) Σ_A (Δ_i − y_i)] = mean(Δ) − ȳ needs a n
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from .base import ClientReport
-from .memory import StoredUpdates
+from .memory import StoredUpdates, TableState
 
 
 class FedVARP(StoredUpdates):
@@ -35,7 +36,7 @@ class FedVARP(StoredUpdates):
     """
 
     name = "fedvarp"
-    table_key = "fedvarp"
+    legacy_key = "fedvarp"
 
     def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
         table = self._table(x.size)
@@ -49,6 +50,14 @@ class FedVARP(StoredUpdates):
         for r in reports:
             table.set_row(r.client_id, r.delta)
         return x + (self.server_lr * v).astype(np.float32), {"num-seen": table.num_seen}
+
+
+@dataclass
+class ClusterFedVARPState(TableState):
+    """The stored cluster updates, the cluster of every client and ȳ = Σ_c (N_c/N) y_c."""
+
+    cluster_of: np.ndarray | None = None
+    ybar: np.ndarray | None = None
 
 
 class ClusterFedVARP(StoredUpdates):
@@ -68,7 +77,8 @@ class ClusterFedVARP(StoredUpdates):
     """
 
     name = "cluster-fedvarp"
-    table_key = "cluster-fedvarp"
+    State = ClusterFedVARPState
+    legacy_key = "cluster-fedvarp"
 
     def __init__(self, *, clusters: int = 0, memory_dir: str = "", **kwargs: Any) -> None:
         super().__init__(memory_dir=memory_dir, **kwargs)
@@ -129,16 +139,3 @@ class ClusterFedVARP(StoredUpdates):
             self.ybar += share[c] * (new.astype(np.float64) - table.row(c))
             table.set_row(c, new)
         return x + (self.server_lr * v).astype(np.float32), {"num-clusters-updated": len(sums)}
-
-    def state_dict(self) -> dict[str, Any]:
-        state = super().state_dict()
-        own = state[self.table_key]
-        own["cluster_of"] = None if self.cluster_of is None else self.cluster_of.copy()
-        own["ybar"] = None if self.ybar is None else self.ybar.copy()
-        return state
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        own = state[self.table_key]
-        self.cluster_of = None if own["cluster_of"] is None else np.array(own["cluster_of"], np.int64)
-        self.ybar = None if own["ybar"] is None else np.array(own["ybar"], np.float64)

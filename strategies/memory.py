@@ -16,12 +16,14 @@ from __future__ import annotations
 import os
 import tempfile
 import weakref
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from .base import AvailabilityStrategy
+from .state import capture, restore
 
 
 def _remove(path: str) -> None:
@@ -142,14 +144,22 @@ class ClientTable:
         return f"ClientTable({self.num_rows} x {self.dim} float32, {where}, {self.num_seen} rows set)"
 
 
+@dataclass
+class TableState:
+    """The stored updates: :meth:`ClientTable.state_dict` (None before the first round)."""
+
+    table: dict[str, Any] | None = None
+
+
 class StoredUpdates(AvailabilityStrategy):
     """Base of the rules that store one update per client (MIFA, FedVARP, Stale): equal weights,
     client ids as rows, a lazily built :class:`ClientTable` (``memory_dir``: disk-backed), and its
-    checkpoint under ``state[table_key]``."""
+    state (:class:`TableState`: a copy of the table, restored into RAM or a new memmap)."""
 
     equal_weights_only = True
     needs_client_ids = True
-    table_key = "table"
+    State = TableState
+    legacy_key = "table"  # format-1 checkpoints: under the rule's table key
 
     def __init__(self, *, memory_dir: str = "", **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -164,12 +174,10 @@ class StoredUpdates(AvailabilityStrategy):
             self.table = ClientTable(self.num_rows(), dim, self.memory_dir, name=self.name)
         return self.table
 
-    def state_dict(self) -> dict[str, Any]:
-        state = super().state_dict()
-        state[self.table_key] = {"table": None if self.table is None else self.table.state_dict()}
-        return state
+    def get_state(self) -> TableState:
+        return capture(self, self.State, table=None if self.table is None else self.table.state_dict())
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        own = state[self.table_key]["table"]
+    def set_state(self, state: TableState) -> None:
+        restore(self, state, skip=("table",))
+        own = state.table
         self.table = None if own is None else ClientTable.from_state(own, self.memory_dir, name=self.name)

@@ -7,13 +7,23 @@ and applies the average of ALL of them every round.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from .base import ClientReport, ReplyRejected
-from .memory import StoredUpdates
+from .memory import StoredUpdates, TableState
 from .protocol import LR, NUM_EXAMPLES
+from .replies import positive
+
+
+@dataclass
+class MIFAState(TableState):
+    """The stored updates Y, the last round's lr (gradient units) and whether all were seen."""
+
+    last_lr: float | None = None
+    filled: bool = False
 
 
 class MIFA(StoredUpdates):
@@ -37,7 +47,8 @@ class MIFA(StoredUpdates):
     """
 
     name = "mifa"
-    table_key = "mifa"
+    State = MIFAState
+    legacy_key = "mifa"
 
     def __init__(self, *, gradient_units: bool = False, wait_for_all: bool = False,
                  memory_dir: str = "", **kwargs: Any) -> None:
@@ -49,14 +60,12 @@ class MIFA(StoredUpdates):
         self.last_lr: float | None = None
         self.filled = False  # every client seen once (wait_for_all)
 
-    def parse_reply(self, msg, node):
-        report = super().parse_reply(msg, node)
+    def check_report(self, report: ClientReport) -> None:
         if self.gradient_units:
-            lr = report.metrics.get(LR)
-            if not isinstance(lr, (int, float)) or isinstance(lr, bool) or not np.isfinite(lr) or lr <= 0:
-                raise ReplyRejected(f"metric '{LR}'={lr!r} must be a finite number > 0 "
-                                    f"(strategy '{self.name}' with gradient_units needs it)")
-        return report
+            try:
+                positive(report.metrics, LR)
+            except ReplyRejected as exc:
+                raise ReplyRejected(f"{exc} (strategy '{self.name}' with gradient_units needs it)") from None
 
     def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
         table = self._table(x.size)
@@ -80,13 +89,3 @@ class MIFA(StoredUpdates):
         if self.gradient_units:
             u = u * self.last_lr
         return x + (self.server_lr * u).astype(np.float32), metrics
-
-    def state_dict(self) -> dict[str, Any]:
-        state = super().state_dict()
-        state["mifa"].update(last_lr=self.last_lr, filled=self.filled)
-        return state
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        own = state["mifa"]
-        self.last_lr, self.filled = own["last_lr"], bool(own["filled"])

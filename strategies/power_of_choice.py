@@ -23,22 +23,33 @@ train. Under rpow-d an offline candidate is chosen blindly and simply does not r
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
-from .base import SUPERLINK_NODE_ID, AvailabilityStrategy, ClientReport
+from .base import AvailabilityStrategy, ClientReport
 from .protocol import CLIENT_ID, NUM_EXAMPLES, PROBE_BATCHES, SERVER_ROUND
+from .replies import ReplyRejected, count, destinations, finite, source_node
 
 VARIANTS = ("pow-d", "cpow-d", "rpow-d")
+
+
+@dataclass
+class PowerOfChoiceState:
+    """Client id -> its data size (from any reply) and -> its train loss when it last trained."""
+
+    size_of: dict[int, int]
+    last_loss: dict[int, float]
 
 
 class PowerOfChoice(AvailabilityStrategy):
     """Loss-biased client selection (Cho et al., AISTATS 2022, Alg. 1)."""
 
     name = "pow-d"
+    State = PowerOfChoiceState
 
     def __init__(self, *, d: int = 10, m: int = 5, variant: str = "pow-d", probe_timeout: float = 60.0,
                  **kwargs: Any) -> None:
@@ -73,27 +84,36 @@ class PowerOfChoice(AvailabilityStrategy):
         content = RecordDict({"arrays": arrays, "config": config})
         sent = [Message(content, dst_node_id=n, message_type=MessageType.EVALUATE) for n in candidates]
         replies = list(grid.send_and_receive(sent, timeout=self.probe_timeout))
-        node_of_message = {m.metadata.message_id: m.metadata.dst_node_id for m in sent}
+        node_of_message = destinations(sent)
         losses: dict[int, float] = {}
         for msg in replies:
-            node = msg.metadata.src_node_id
-            if node == SUPERLINK_NODE_ID:
-                node = node_of_message.get(msg.metadata.reply_to_message_id, node)
+            node = source_node(msg, node_of_message)
             if node not in candidates or msg.has_error() or len(msg.content.metric_records) != 1:
                 continue
             metrics = next(iter(msg.content.metric_records.values()))
-            loss = metrics.get("eval-loss")
-            if isinstance(loss, bool) or not isinstance(loss, (int, float)) or not math.isfinite(loss):
+            try:  # the same readers as training replies; a bad value is ignored, not trusted
+                loss = finite(metrics, "eval-loss")
+            except ReplyRejected:
                 continue
-            losses[node] = float(loss)
-            client = metrics.get(CLIENT_ID)
-            if (isinstance(client, int) and not isinstance(client, bool) and client >= 0
-                    and self.node_of_client.get(client, node) == node):  # never another node's client
-                self.client_of_node[node] = client
-            size = metrics.get(NUM_EXAMPLES)
-            if isinstance(size, int) and not isinstance(size, bool) and size > 0:
-                self.size_of[self.client_of_node.get(node, node)] = size
+            if loss is None:
+                continue
+            losses[node] = loss
+            for read in (self._probe_client, self._probe_size):
+                try:
+                    read(node, metrics)
+                except ReplyRejected:
+                    pass
         return losses
+
+    def _probe_client(self, node: int, metrics: dict[str, Any]) -> None:
+        client = count(metrics, CLIENT_ID, 0, (self.num_clients or 2**63) - 1, default=None)
+        if client is not None and self.identities.may_claim(node, client):  # never another node's client
+            self.client_of_node[node] = client
+
+    def _probe_size(self, node: int, metrics: dict[str, Any]) -> None:
+        size = count(metrics, NUM_EXAMPLES, 1, self.max_num_examples, default=None)
+        if size is not None:
+            self.size_of[self.identities.client(node, node)] = size
 
     def choose(self, candidates: list[int], losses: dict[int, float]) -> list[int]:
         """The m candidates with the largest loss (ties keep the random draw order)."""
@@ -128,11 +148,3 @@ class PowerOfChoice(AvailabilityStrategy):
             return x, metrics
         w = self.weights(reports)
         return x + self.server_lr * sum(wi * r.delta for wi, r in zip(w, reports, strict=True)), metrics
-
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "size_of": dict(self.size_of), "last_loss": dict(self.last_loss)}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        self.size_of = dict(state["size_of"])
-        self.last_loss = dict(state["last_loss"])

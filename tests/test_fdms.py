@@ -75,10 +75,10 @@ def test_a_client_never_seen_with_the_active_ones_is_skipped():
 def test_empty_round_keeps_model_and_state():
     s = FLFDMS(num_clients=2, reduction=True)
     s.aggregate(0, np.zeros(1), reports({0: [1.0], 1: [1.0]}))
-    before = s.state_dict()["fl-fdms"]
+    before = FLFDMS.read_state(s.state_dict())
     x, m = s.aggregate(1, np.array([5.0], np.float32), [])
     assert x.tolist() == [5.0] and m["similarity-pairs"] == 0
-    np.testing.assert_array_equal(s.R, before["R"])
+    np.testing.assert_array_equal(s.R, before.R)
 
 
 @pytest.mark.parametrize("cls", [FLFDMS, Stale])
@@ -224,7 +224,7 @@ def test_clustered_digits_run_finds_friends_in_the_own_cluster(tmp_path):
     assert len(rows[0]["participants"]) == n and rows[0]["similarity-pairs"] == n * (n - 1) // 2
     assert all(len(r["participants"]) == n // 2 and r["num-substituted"] == n // 2 for r in rows[1:])
     state = torch.load(run_dir / "checkpoints" / f"round-{rounds:04d}.pt", weights_only=False)["strategy"]
-    R = np.array(state["fl-fdms"]["R"])
+    R = np.array(FLFDMS.read_state(state).R)  # through the rule, not raw keys
     np.fill_diagonal(R, -np.inf)
     cluster = cluster_of(part, n)
     assert (cluster[R.argmax(axis=1)] == cluster).all()

@@ -257,7 +257,8 @@ def test_checkpoint_round_trip_continues_identically():
     fresh.load_state_dict(FedAWE(num_clients=3).state_dict())  # before any round: no x^0 yet
     assert fresh.initial is None
     with pytest.raises(ValueError, match="run key"):
-        fresh.load_state_dict({**a.state_dict(), "run_key": "../../etc"})
+        saved = a.state_dict()
+        fresh.load_state_dict({**saved, "state": {**saved["state"], "run_key": "../../etc"}})
 
 
 # --------------------------------------------------------------------------- client rule
@@ -593,13 +594,13 @@ def test_inprocess_run_records_the_xbar_score_and_tracks_the_copies_in_the_state
     rows = read_metrics(run_dir)
     assert all("test-distance-to-optimum" in r and "test-distance-to-optimum-xbar" in r for r in rows)
     assert any(r["test-distance-to-optimum"] != r["test-distance-to-optimum-xbar"] for r in rows)
-    strategy = torch.load(run_dir / "checkpoints" / "round-0008.pt", weights_only=False)["strategy"]
+    strategy = FedAWE.read_state(torch.load(run_dir / "checkpoints" / "round-0008.pt", weights_only=False)["strategy"])
     copies = []
     for c in range(6):  # a client never available has no file: its copy is still x^0 = 0
-        path = state / f"client-{c}" / f"fedawe-{strategy['run_key']}.pt"
+        path = state / f"client-{c}" / f"fedawe-{strategy.run_key}.pt"
         copies.append(torch.load(path, weights_only=True)["copy"]["x"].numpy() if path.exists() else np.zeros(10))
     assert len(list(state.glob("client-*/fedawe-*.pt"))) >= 3
-    np.testing.assert_allclose(strategy["xbar"], np.mean(copies, axis=0), atol=1e-5)
+    np.testing.assert_allclose(strategy.xbar, np.mean(copies, axis=0), atol=1e-5)
 
 
 def test_norm_bound_judges_the_local_change_not_the_echo_or_the_stale_copy():

@@ -1,0 +1,106 @@
+"""Which node may speak for which client: stable client ids bound to nodes.
+
+A reply reports its ``client-id`` (the partition id; the node id when it reports none). The first
+node whose reply for a client id is accepted is bound to that id for the run, so no node can write
+into another client's stored state. :class:`Identities` holds the binding (part of every
+checkpoint), decides which claims of a round stand (:meth:`Identities.check`) and binds the
+accepted ones (:meth:`Identities.bind`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
+
+log = logging.getLogger(__name__)
+
+
+class Claim(Protocol):
+    """What a claim needs: the node that sent it and the client id it claims."""
+
+    node_id: int
+    client_id: int
+
+
+C = TypeVar("C", bound=Claim)
+
+
+class Identities:
+    """The node <-> client id binding of a run.
+
+    ``node_of_client``: client id -> the node bound to it; ``client_of_node``: node id -> client
+    id of its last accepted reply (or probe).
+    """
+
+    def __init__(self) -> None:
+        self.client_of_node: dict[int, int] = {}
+        self.node_of_client: dict[int, int] = {}
+
+    def check(self, claims: list[C], connected: set[int], reject: Callable[[int, str], None]) -> list[C]:
+        """One claim per client id, from the node allowed to make it; the others go to ``reject``.
+
+        Rejected: a node that claims another id than the one it is bound to; a claim of an id
+        bound to another node that is still connected (listed by the grid at this round's
+        configure_train). A node restarted without a registered key gets a new node id from
+        Flower, so it takes its id back once its old node is gone from the grid's list; with
+        SuperNode authentication the restarted node keeps its node id (the SuperLink maps the
+        registered public key to the node id), so a binding to a node id is a binding to a key.
+        Several claims of one free id in a round: the lowest node id wins.
+        """
+        bound_to = {node: client for client, node in self.node_of_client.items()}
+        by_client: dict[int, list[C]] = {}
+        for r in sorted(claims, key=lambda r: r.node_id):  # stable: a node's first reply first
+            own = bound_to.setdefault(r.node_id, r.client_id)  # a node's first claim this round
+            if own != r.client_id:
+                reject(r.node_id, f"node {r.node_id} is bound to client {own}; it may not claim client {r.client_id}")
+                continue
+            by_client.setdefault(r.client_id, []).append(r)
+        kept = []
+        for client, group in by_client.items():
+            owner = self.node_of_client.get(client)
+            if owner is not None and owner not in {r.node_id for r in group} and owner in connected:
+                for r in group:
+                    reject(r.node_id, f"client {client} belongs to node {owner}, still connected")
+                continue
+            winner = next((r for r in group if r.node_id == owner), group[0])
+            for r in group:
+                if r is winner:
+                    continue
+                if r.node_id == winner.node_id:
+                    why = f"node {r.node_id} replied before"
+                elif winner.node_id == owner:
+                    why = f"node {owner} is bound to it"
+                else:
+                    why = f"node {winner.node_id} claimed it too and the lower node id wins"
+                reject(r.node_id, f"second reply for client {client} this round: {why}")
+            kept.append(winner)
+        return kept
+
+    def bind(self, accepted: list[Claim]) -> None:
+        """Bind the accepted claims (a rejected one must leave no trace: bind only these)."""
+        for r in accepted:
+            owner = self.node_of_client.get(r.client_id)
+            if owner is not None and owner != r.node_id:
+                log.info("client %d moves from node %d (gone) to node %d", r.client_id, owner, r.node_id)
+                self.client_of_node.pop(owner, None)
+            self.node_of_client[r.client_id] = r.node_id
+            self.client_of_node[r.node_id] = r.client_id
+
+    def may_claim(self, node: int, client: int) -> bool:
+        """Whether ``node`` may say it is ``client`` (the id is free or bound to that node)."""
+        return self.node_of_client.get(client, node) == node
+
+    def client(self, node: int, default: int) -> int:
+        """The client id ``node`` last spoke for, else ``default``."""
+        return self.client_of_node.get(node, default)
+
+    # -------------------------------------------------------------------- checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        return {"client_of_node": dict(self.client_of_node), "node_of_client": dict(self.node_of_client)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.client_of_node = dict(state["client_of_node"])
+        # checkpoints from before identity binding: bind as their last replies did
+        self.node_of_client = dict(state.get("node_of_client")
+                                   or {client: node for node, client in self.client_of_node.items()})
