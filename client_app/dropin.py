@@ -14,11 +14,14 @@ replies with the trained one in a single ArrayRecord (Flower's templates do)::
   ``client-rule``). For FedAWE (Xiang et al., NeurIPS 2024, Alg. 1) the mod hands the train
   function the client's OWN copy x_i in place of the received model, turns the trained model in
   the reply into the echo x_i^† (plus the echo factor and u_i the server needs), and ``adopt``
-  keeps the server's round-end model as the new copy. Without a ``client-rule`` (every other
-  strategy, and Flower's own) the mod changes nothing.
+  keeps the server's round-end model as the new copy. The other rules' client rule is ``plain``:
+  the train function runs as it is.
 - **A stable client id.** Train and evaluate replies that carry no ``client-id`` get the node's
   ``partition-id`` (node config) as their ``client-id``, so rules that keep per-client state key
   it by the partition, which survives a SuperNode restart, rather than by Flower's node id.
+
+Messages from a strategy that is not flchurn's (no ``client-rule`` in their config, e.g. Flower's
+own ``FedAvg``) pass through unchanged.
 
 The client copy lives in ``context.state`` (and in a file under a configured ``state-dir``),
 as for the project's own ClientApp (``client_app.fedawe``).
@@ -79,7 +82,10 @@ def _add_client_id(reply: Message, context: Context) -> None:
 
 def client_rule_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
     """A Flower mod: runs the strategy's client rule around the train function (see the module)."""
-    if msg.metadata.message_type != MessageType.TRAIN or _config(msg).get(CLIENT_RULE, PLAIN) == PLAIN:
+    config = _config(msg)
+    if CLIENT_RULE not in config:  # not one of flchurn's strategies (Flower's own): change nothing
+        return call_next(msg, context)
+    if msg.metadata.message_type != MessageType.TRAIN or config[CLIENT_RULE] == PLAIN:
         reply = call_next(msg, context)
         _add_client_id(reply, context)
         return reply

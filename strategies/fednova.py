@@ -28,7 +28,8 @@ from .protocol import A_NORM, NUM_EXAMPLES
 
 NEEDS_A_NORM = (
     "FedNova needs the 'a-norm' metric (‖a_i‖_1 of the local solver: the number of local steps "
-    "for plain SGD; see workloads.solvers.a_norm) in every training reply"
+    "for plain SGD; workloads.solvers.a_norm for momentum and FedProx) in every training reply: "
+    "add it to the ClientApp's train reply MetricRecord"
 )
 
 

@@ -22,6 +22,10 @@ A_NORM = "a-norm"
 TRAIN_LOSS = "train-loss"
 LR = "lr"  # the local learning rate the client used this round
 
+# metrics an evaluate reply carries (Flower's templates say eval_loss, eval_acc: strategies.metrics)
+EVAL_LOSS = "eval-loss"
+EVAL_ACCURACY = "eval-accuracy"
+
 # FedAWE (strategies.fedawe, client_app.fedawe): config and reply keys
 FEDAWE_RULE = "fedawe"  # the client rule's name (config ``client-rule``)
 FEDAWE_SERVER_LR = "fedawe-server-lr"  # config: η_g, applied by the client in its echo

@@ -11,7 +11,7 @@ MIFA's lr). :func:`source_node` traces a SuperLink-relayed error back to its nod
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +19,7 @@ import numpy as np
 from flwr.app import ArrayRecord, Message, RecordDict
 
 from .layout import Layout
+from .metrics import canonical, names
 from .protocol import A_NORM, CLIENT_ID, NUM_EXAMPLES, NUM_STEPS, TRAIN_LOSS
 
 SUPERLINK_NODE_ID = 1  # src_node_id of errors the SuperLink writes on a node's behalf
@@ -40,6 +41,7 @@ class ClientReport:
     a_norm: float | None = None  # FedNova's ‖a_i‖_1
     train_loss: float | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
+    integers: dict[str, np.ndarray] = field(default_factory=dict)  # the non-floating arrays, exact
 
 
 @dataclass
@@ -118,9 +120,14 @@ class ReplyParser:
 
     rule : the rule's name (in reasons).
     required : metrics every reply must carry; ``hints`` gives a missing one's own reason.
-    needs_client_ids : the reply must report ``client-id`` (rules with per-client rows).
+    needs_client_ids : the rule keeps per-client rows 0..N-1 (informational: ``fallback`` decides).
     num_clients : N; a client id must lie in [0, N) (any id >= 0 when None).
     max_num_examples, max_num_steps : replies claiming more are absurd.
+    weighted_by_key : where ``num-examples`` is read (Flower's argument of that name).
+    fallback : the client id of a reply that reports none, given its node (rules with per-client
+        rows: a row of their own, or ReplyRejected); None: the node id.
+
+    Metrics are read under the project's names or Flower's (:func:`strategies.metrics.canonical`).
     """
 
     rule: str
@@ -130,6 +137,8 @@ class ReplyParser:
     num_clients: int | None = None
     max_num_examples: int = 10**9
     max_num_steps: int = 10**7
+    weighted_by_key: str = NUM_EXAMPLES
+    fallback: Callable[[int], int] | None = None
 
     def parse(self, content: RecordDict, node: int, layout: Layout, current: np.ndarray) -> ClientReport:
         """One reply's content -> ClientReport, or ReplyRejected naming the problem."""
@@ -139,24 +148,30 @@ class ReplyParser:
     def report(self, arrays: ArrayRecord, metrics: dict[str, Any], node: int, layout: Layout,
                current: np.ndarray) -> ClientReport:
         """The model ``arrays`` and ``metrics`` of one reply -> ClientReport (or ReplyRejected)."""
+        metrics = canonical(metrics, self.weighted_by_key)
         for key, hint in self.hints.items():
             if key not in metrics:
                 raise ReplyRejected(hint)
         missing = [k for k in self.required if k not in metrics]
         if missing:
-            raise ReplyRejected(f"metrics lack {missing} (strategy '{self.rule}' needs them)")
+            said = ", ".join(f"'{self.weighted_by_key}'" if k == NUM_EXAMPLES else names(k) for k in missing)
+            raise ReplyRejected(f"the train reply lacks metric {said}, which strategy '{self.rule}' "
+                                f"needs: add it to the ClientApp's train reply MetricRecord")
         if (why := layout.mismatch(arrays)) is not None:
             raise ReplyRejected(why)
         model = layout.flatten(arrays)
         if not np.all(np.isfinite(model)):
             raise ReplyRejected("arrays contain NaN or Inf")
-        if self.needs_client_ids and CLIENT_ID not in metrics:
-            raise ReplyRejected(
-                f"strategy '{self.rule}' keeps per-client state: replies must carry metric "
-                f"'{CLIENT_ID}' (the partition id, in [0, N))"
-            )
+        try:
+            integers = layout.integers(arrays)
+        except ValueError as exc:
+            raise ReplyRejected(str(exc)) from None
+        if CLIENT_ID in metrics:
+            client_id = count(metrics, CLIENT_ID, 0, (self.num_clients or 2**63) - 1)
+        else:
+            client_id = node if self.fallback is None else self.fallback(node)
         return ClientReport(
-            client_id=count(metrics, CLIENT_ID, 0, (self.num_clients or 2**63) - 1, default=node),
+            client_id=client_id,
             node_id=node,
             delta=model - current,
             num_examples=count(metrics, NUM_EXAMPLES, 1, self.max_num_examples),
@@ -164,4 +179,5 @@ class ReplyParser:
             a_norm=positive(metrics, A_NORM),
             train_loss=finite(metrics, TRAIN_LOSS),
             metrics=metrics,
+            integers=integers,
         )

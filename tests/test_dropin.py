@@ -6,13 +6,14 @@ whole loop under Flower's own ``Strategy.start`` with a plain ClientApp (a model
 BatchNorm, an embedding and integer buffers) that uses only ``client_app.dropin``.
 """
 
+import uuid
 from unittest.mock import Mock
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import FedAvg, Strategy
 from rich.console import Console
@@ -81,7 +82,7 @@ def tiny_app(a_norm: bool = True, dropin: bool = True, adopt_handler: bool = Tru
         loss = F.cross_entropy(model(x), y)
         loss.backward()
         opt.step()
-        metrics = {"train_loss": float(loss), "num-examples": 16 + 8 * pid}
+        metrics = {"train_loss": loss.item(), "num-examples": 16 + 8 * pid}
         if a_norm:
             metrics["a-norm"] = 1.0
         return Message(RecordDict({"arrays": ArrayRecord(model.state_dict()),
@@ -103,6 +104,22 @@ def tiny_app(a_norm: bool = True, dropin: bool = True, adopt_handler: bool = Tru
     return app
 
 
+class FlowerGrid(InProcessGrid):
+    """The in-process grid, with a ClientApp's exception turned into an error reply, as Flower's
+    engines do (code 2, CLIENT_APP_RAISED_EXCEPTION, the exception in the reason)."""
+
+    def send_and_receive(self, messages, *, timeout=None):
+        replies = []
+        for msg in messages:
+            msg.metadata.__dict__["_message_id"] = uuid.uuid4().hex
+            self.delivered.append(msg)
+            try:
+                replies.append(self.app(msg, self.contexts[msg.metadata.dst_node_id]))
+            except Exception as exc:  # noqa: BLE001  (what the engines do)
+                replies.append(Message(Error(code=2, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg))
+        return replies
+
+
 def strategy_for(spec: str, **kwargs):
     name = spec.split(":")[0]
     if name in ORACLES:
@@ -114,7 +131,7 @@ def run_start(strategy, rounds=3, app=None, grid=None, evaluate_fn=None):
     """Flower's own Strategy.start (not the project's loop, not an override) on an in-process grid."""
     torch.manual_seed(0)
     initial = ArrayRecord(Tiny().state_dict())
-    grid = grid or InProcessGrid(NUM_NODES, {}, client_app=app or tiny_app())
+    grid = grid or FlowerGrid(NUM_NODES, {}, client_app=app or tiny_app())
     result = Strategy.start(strategy, grid=grid, initial_arrays=initial, num_rounds=rounds, timeout=60,
                             train_config=ConfigRecord({"lr": 0.5}), evaluate_fn=evaluate_fn)
     return initial, result
