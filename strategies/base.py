@@ -37,7 +37,7 @@ from .bounds import NormBounds
 from .failures import FailurePolicy, StrategyFailure, check_broadcast, log_round
 from .identity import Identities
 from .layout import Layout, aggregate_integers, named_arrays, safe_norm
-from .metrics import weighted_mean
+from .metrics import carries_client_id, weighted_mean
 from .options import MetricsAggrFn, RecordKeys
 from .protocol import CLIENT_RULE, NUM_EXAMPLES, SERVER_ROUND
 from .replies import (
@@ -157,6 +157,7 @@ class AvailabilityStrategy(Rule, Strategy):
         self._accepted: list[RecordDict] = []  # this round's accepted reply contents
         self._rows: dict[int, int] = {}  # this round's rows for replies without a client id
         self._waited = False  # the first round's wait for nodes is done
+        self._ids_reported = False  # some reply of this run named its client id
 
     @property
     def parser(self) -> ReplyParser:
@@ -167,7 +168,7 @@ class AvailabilityStrategy(Rule, Strategy):
 
     def row_of(self, node: int) -> int:
         """The client id (row in [0, N)) of a reply that reports none (:meth:`Identities.row`)."""
-        return self.identities.row(node, self.require_num_clients(), self._rows, self.name)
+        return self.identities.row(node, self.require_num_clients(), self._rows, self.name, self._ids_reported)
 
     @property
     def current_arrays(self) -> ArrayRecord | None:
@@ -219,7 +220,6 @@ class AvailabilityStrategy(Rule, Strategy):
 
     def arrays_of(self, vector: np.ndarray) -> ArrayRecord:
         """The ArrayRecord of flat vector ``vector`` with x^t's integer arrays."""
-        assert self.layout is not None
         return self.layout.unflatten(vector, self.current_integers)
 
     def connected_nodes(self, grid: Grid) -> list[int]:
@@ -247,7 +247,6 @@ class AvailabilityStrategy(Rule, Strategy):
             replies = grid.send_and_receive(messages, timeout=self.message_timeout)
             check_broadcast(self.name, server_round, messages, list(replies))
 
-
     # ------------------------------------------------------------- Flower: train round
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -264,9 +263,7 @@ class AvailabilityStrategy(Rule, Strategy):
         for key, value in self.train_config(server_round - 1, node_ids).items():
             config[key] = value
         content = self.keys.content(arrays, config)
-        self._sent = [
-            Message(content, dst_node_id=n, message_type=MessageType.TRAIN) for n in node_ids
-        ]
+        self._sent = [Message(content, dst_node_id=n, message_type=MessageType.TRAIN) for n in node_ids]
         self.round_log = RoundLog(sent=node_ids)
         return self._sent
 
@@ -307,11 +304,13 @@ class AvailabilityStrategy(Rule, Strategy):
         (:meth:`check_identities`), then the update norms against the round (:meth:`check_norms`).
         A reply rejected at any step reaches neither the rule nor its state.
         """
+        replies = list(replies)
         node_of_message = destinations(self._sent)
         sent = set(self.round_log.sent) if self._sent else None
         answered: set[int] = set()
         parsed: list[ClientReport] = []
         content_of: dict[int, RecordDict] = {}
+        self._ids_reported |= any(not m.has_error() and carries_client_id(m.content) for m in replies)
         for i, msg in enumerate(replies):
             node = source_node(msg, node_of_message)
             if not isinstance(node, int):  # a mocked reply (Flower's create_mock_reply): no sender

@@ -88,12 +88,16 @@ class Identities:
             self.node_of_client[r.client_id] = r.node_id
             self.client_of_node[r.node_id] = r.client_id
 
-    def row(self, node: int, num_clients: int, rows: dict[int, int], rule: str) -> int:
+    def row(self, node: int, num_clients: int, rows: dict[int, int], rule: str, others_report: bool) -> int:
         """A client id in [0, N) for a node whose reply reports none: the one it is bound to, else
         the lowest id bound to no node and not yet in ``rows`` (this round's, updated); the first
-        time, a warning that state is then kept per node. ReplyRejected when every id is bound."""
+        time, a warning that state is then kept per node. ReplyRejected when every id is bound, or
+        when other replies of the run report theirs (``others_report``: a free id may be theirs)."""
         from .replies import ReplyRejected
 
+        if others_report:
+            raise ReplyRejected("the reply carries no 'client-id' while other replies of this run do: with "
+                                "per-client state every reply must say which client it is (the partition id)")
         if node in rows:
             return rows[node]
         row = self.client_of_node.get(node)

@@ -49,6 +49,11 @@ def canonical(metrics: Mapping[str, Any], weighted_by_key: str = NUM_EXAMPLES) -
     return out
 
 
+def carries_client_id(content: RecordDict) -> bool:
+    """Whether a reply's metrics name its client (under any of the client id's names)."""
+    return any(any(a in m for a in ALIASES[CLIENT_ID]) for m in content.metric_records.values())
+
+
 def _number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return None

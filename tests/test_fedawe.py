@@ -571,9 +571,9 @@ def test_xbar_survives_a_checkpoint_and_needs_num_clients():
     b.load_state_dict(a.state_dict())
     np.testing.assert_array_equal(b.xbar, a.xbar)
     assert FedAWE().extra_evaluation_arrays(named_arrays({"w": np.zeros(1, np.float32)})) == {}
-    s = FedAWE()  # N unknown (someone else's app): no x̄, the rule still runs
-    start_round(s, 1, np.zeros(2), [100])
-    assert s.xbar is None and s.extra_evaluation_arrays(named_arrays({"w": np.zeros(2, np.float32)})) == {}
+    s = FedAWE()  # N not given (someone else's app): the nodes connected at the first round
+    start_round(s, 1, np.zeros(2), [100, 101])
+    assert s.num_clients == 2 and s.xbar.tolist() == [0.0, 0.0]
 
 
 def test_update_norm_is_the_clients_own_local_change():
