@@ -22,6 +22,7 @@ train. Under rpow-d an offline candidate is chosen blindly and simply does not r
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +37,7 @@ from .protocol import CLIENT_ID, CLIENT_RULE, EVAL_LOSS, NUM_EXAMPLES, PROBE_BAT
 from .replies import ReplyRejected, count, destinations, finite, source_node
 
 VARIANTS = ("pow-d", "cpow-d", "rpow-d")
+flwr_log = logging.getLogger("flwr")
 
 
 @dataclass
@@ -108,6 +110,10 @@ class PowerOfChoice(AvailabilityStrategy):
                     read(node, metrics)
                 except ReplyRejected:
                     pass
+        if candidates and not answered:  # unavailability, or a probe_timeout too short for cold clients
+            flwr_log.warning("pow-d, round %d: none of %d candidates answered the probe within "
+                             "probe-timeout=%gs; nobody trains this round", server_round, len(candidates),
+                             self.probe_timeout)
         if answered and not losses:  # the rule cannot choose: fail the run rather than train nobody
             self.problems.append(f"power-of-choice's probe got {answered} evaluate replies, none with a "
                                  f"loss {names(EVAL_LOSS)}: add it to the ClientApp's evaluate reply")
