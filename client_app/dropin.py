@@ -34,9 +34,7 @@ from typing import Any
 from flwr.app import ArrayRecord, Context, Message, MessageType, MetricRecord, RecordDict
 from flwr.clientapp.typing import ClientAppCallable
 
-from strategies.protocol import ADOPT, CLIENT_ID, CLIENT_RULE, SERVER_ROUND
-
-PLAIN = "plain"
+from strategies.protocol import ADOPT, CLIENT_ID, CLIENT_RULE, PLAIN_RULE, SERVER_ROUND
 
 
 def client_id_of(context: Context) -> int | None:
@@ -65,7 +63,7 @@ def _rule_and_round(msg: Message, context: Context) -> tuple[Any, Any, int, int]
     from .rules import client_rule  # torch: only where a client rule runs
 
     config = _config(msg)
-    rule = client_rule(str(config.get(CLIENT_RULE, PLAIN)))
+    rule = client_rule(str(config.get(CLIENT_RULE, PLAIN_RULE)))
     client = client_id_of(context)
     client = context.node_id if client is None else client
     return rule, config, client, int(config.get(SERVER_ROUND, 1)) - 1
@@ -85,7 +83,7 @@ def client_rule_mod(msg: Message, context: Context, call_next: ClientAppCallable
     config = _config(msg)
     if CLIENT_RULE not in config:  # not one of flchurn's strategies (Flower's own): change nothing
         return call_next(msg, context)
-    if msg.metadata.message_type != MessageType.TRAIN or config[CLIENT_RULE] == PLAIN:
+    if msg.metadata.message_type != MessageType.TRAIN or config[CLIENT_RULE] == PLAIN_RULE:
         reply = call_next(msg, context)
         _add_client_id(reply, context)
         return reply

@@ -39,7 +39,7 @@ from .identity import Identities
 from .layout import Layout, aggregate_integers, named_arrays, safe_norm
 from .metrics import carries_client_id, weighted_mean
 from .options import MetricsAggrFn, RecordKeys
-from .protocol import CLIENT_RULE, NUM_EXAMPLES, SERVER_ROUND
+from .protocol import CLIENT_RULE, NUM_EXAMPLES, PLAIN_RULE, SERVER_ROUND
 from .replies import (
     SUPERLINK_NODE_ID,
     ClientReport,
@@ -58,7 +58,6 @@ __all__ = ["SUPERLINK_NODE_ID", "WEIGHTINGS", "AvailabilityStrategy", "ClientRep
            "ReplyRejected", "RoundLog", "StrategyFailure", "named_arrays", "safe_norm"]
 
 log = logging.getLogger("flwr")  # Flower's logger: these lines appear where Flower's own do
-PLAIN = "plain"  # the client rule of every strategy but FedAWE (client_app.rules)
 
 
 class AvailabilityStrategy(Rule, Strategy):
@@ -259,7 +258,7 @@ class AvailabilityStrategy(Rule, Strategy):
         pool = self.sampling.sample(connected, True, self.rng)
         node_ids = sorted(self.select_nodes(server_round, arrays, pool, grid))
         config[SERVER_ROUND] = server_round
-        config[CLIENT_RULE] = PLAIN
+        config[CLIENT_RULE] = PLAIN_RULE
         for key, value in self.train_config(server_round - 1, node_ids).items():
             config[key] = value
         content = self.keys.content(arrays, config)
@@ -358,7 +357,7 @@ class AvailabilityStrategy(Rule, Strategy):
         if not nodes:
             return []
         config[SERVER_ROUND] = server_round
-        config[CLIENT_RULE] = PLAIN
+        config[CLIENT_RULE] = PLAIN_RULE
         content = self.keys.content(self.evaluation_arrays(arrays), config)
         return [Message(content, dst_node_id=n, message_type=MessageType.EVALUATE) for n in nodes]
 

@@ -31,9 +31,18 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType
 from flwr.serverapp import Grid
 
-from .base import PLAIN, AvailabilityStrategy, ClientReport
+from .base import AvailabilityStrategy, ClientReport
 from .metrics import canonical, names
-from .protocol import CLIENT_ID, CLIENT_RULE, EVAL_LOSS, NUM_EXAMPLES, PROBE_BATCHES, SERVER_ROUND, TRAIN_LOSS
+from .protocol import (
+    CLIENT_ID,
+    CLIENT_RULE,
+    EVAL_LOSS,
+    NUM_EXAMPLES,
+    PLAIN_RULE,
+    PROBE_BATCHES,
+    SERVER_ROUND,
+    TRAIN_LOSS,
+)
 from .replies import ReplyRejected, count, destinations, finite, source_node
 
 VARIANTS = ("pow-d", "cpow-d", "rpow-d")
@@ -84,7 +93,7 @@ class PowerOfChoice(AvailabilityStrategy):
 
     def probe(self, server_round: int, arrays: ArrayRecord, candidates: list[int], grid: Grid) -> dict[int, float]:
         """Node -> local loss of the current model, for the candidates that answered in time."""
-        config = ConfigRecord({SERVER_ROUND: server_round, CLIENT_RULE: PLAIN,
+        config = ConfigRecord({SERVER_ROUND: server_round, CLIENT_RULE: PLAIN_RULE,
                                PROBE_BATCHES: 1 if self.variant == "cpow-d" else 0})
         content = self.keys.content(arrays, config)
         sent = [Message(content, dst_node_id=n, message_type=MessageType.EVALUATE) for n in candidates]

@@ -9,6 +9,7 @@ import re
 SERVER_ROUND = "server-round"  # Flower's 1-based round
 IGNORE_AVAILABILITY = "ignore-availability"  # True: an oracle round that must reach every client
 CLIENT_RULE = "client-rule"  # which client-side behaviour to run (see client_app.rules)
+PLAIN_RULE = "plain"  # the client rule of every strategy but FedAWE: train from the received model
 PROBE_BATCHES = "probe-batches"  # evaluate on this many mini-batches only (0 = all data)
 
 # message type of the round-end broadcast (FedAWE's postponed broadcast)

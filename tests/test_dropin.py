@@ -267,6 +267,7 @@ def test_record_keys_and_weight_key_are_used():
     ("fedavg-active", {"min_available_nodes": -1}, "min_available_nodes"),
     ("fedau", {"num_clients": 0}, "num_clients"),
     ("fedau", {"weighted_by_key": ""}, "weighted_by_key"),
+    ("fedavg-active", {"proximal_mu": 0.1}, "unknown argument.*proximal_mu"),  # FedProx's, not FedAvg's
 ])
 def test_flower_arguments_that_cannot_apply_are_refused_with_the_reason(spec, kwargs, why):
     with pytest.raises(ValueError, match=why):
@@ -287,6 +288,12 @@ def test_num_clients_comes_from_the_connected_nodes_before_any_training():
     _, result = run_start(strategy, rounds=2)
     assert strategy.num_clients == NUM_NODES
     assert result.train_metrics_clientapp[2]["num-participants"] == NUM_NODES
+
+
+def test_num_clients_comes_from_the_run_config_when_it_has_one():
+    assert build_strategy("fedau", run_config={"num-clients": 7}).num_clients == 7
+    assert build_strategy("fedau", num_clients=3, run_config={"num-clients": 7}).num_clients == 3
+    assert build_strategy("fedau", run_config={"lr": 0.1}).num_clients is None
 
 
 def test_without_any_node_the_error_comes_before_training():
