@@ -46,7 +46,8 @@ def flwr_env(tmp_path_factory):
         ["flower-superlink", "--insecure", "--simulation", "--isolation", "subprocess",
          "--control-api-address", f"127.0.0.1:{control}", "--host", "127.0.0.1", "--port", str(http),
          "--database", str(home / "local-superlink" / "state.db")],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        env=env, cwd=home, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # the template saves
+    # final_model.pt in the ServerApp's working directory: the SuperLink's
     try:
         deadline = time.monotonic() + 180
         while not healthy(http):

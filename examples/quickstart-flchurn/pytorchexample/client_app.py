@@ -1,9 +1,9 @@
 """pytorchexample: A Flower / PyTorch app."""
 
 import torch
+from client_app.dropin import adopt, client_rule_mod
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
-from client_app.dropin import adopt, client_rule_mod
 from workloads.solvers import a_norm
 
 from pytorchexample.task import Net, load_data
