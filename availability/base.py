@@ -72,6 +72,13 @@ class Schedule:
 
     name: ClassVar[str] = ""
     defaults: ClassVar[dict[str, Any]] = {}
+    #: What the model is built from besides its spec: ``"label_dists"`` and/or ``"clusters"``.
+    inputs: ClassVar[frozenset[str]] = frozenset()
+
+    @classmethod
+    def needs(cls, params: dict[str, Any]) -> frozenset[str]:
+        """The inputs a schedule with these (checked) parameters needs; see ``inputs``."""
+        return cls.inputs
 
     def __init__(self, spec: str | Spec, num_clients: int, seed: int, *,
                  label_dists: np.ndarray | None = None, clusters: np.ndarray | None = None):

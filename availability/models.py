@@ -58,6 +58,8 @@ class _FedAWE(BernoulliSchedule):
     C - C//2 (the official code draws C//2 of each, i.e. assumes C even), drawn once per seed.
     A(i, t) ~ Bernoulli(clip(p_i f(t), 0, 1)); subclasses define the modulation f(t)."""
 
+    inputs: ClassVar[frozenset[str]] = frozenset({"label_dists"})
+
     def _setup(self, *, label_dists, **_):
         nu = check_label_dists(self.name, label_dists, self.num_clients)
         c = nu.shape[1]
@@ -142,6 +144,8 @@ class _FedAU(Schedule):
     (the cap at 1 is ours; with C = 10 and pbar = 0.1 it never binds)."""
 
     defaults: ClassVar[dict[str, Any]] = {"pbar": 0.1, "pmin": 0.02}
+
+    inputs: ClassVar[frozenset[str]] = frozenset({"label_dists"})
 
     def _setup(self, *, label_dists, **_):
         nu = check_label_dists(self.name, label_dists, self.num_clients)
@@ -262,6 +266,10 @@ class Dropout(Schedule):
 
     name = "dropout"
     defaults: ClassVar[dict[str, Any]] = {"alpha": 0.3, "keep_per_cluster": False}
+
+    @classmethod
+    def needs(cls, params: dict[str, Any]) -> frozenset[str]:
+        return frozenset({"clusters"}) if params["keep_per_cluster"] else frozenset()
 
     def _setup(self, *, clusters, **_):
         n = self.num_clients

@@ -97,12 +97,12 @@ def variant_options(name: str, n: int) -> dict:
 def deployment_class(variant: str):
     """The launcher's Deployment; for ``defaults``, with plain ``flower-supernode`` nodes and the
     ServerApp pulling replies every 3 s (Flower's HttpGrid)."""
-    from deploy import launch, tuning
+    from deploy import local, tuning
     from server_app.network import PULL_INTERVAL_VAR
 
     k = len(tuning.SUPERNODE)
 
-    class Bench(launch.Deployment):
+    class Bench(local.Deployment):
         def _spawn(self, name, argv, flwr_home, cwd, extra_env=None):
             if variant == "defaults" and argv[:k] == tuning.SUPERNODE:
                 argv = ["flower-supernode", *argv[k:]]
@@ -114,7 +114,7 @@ def deployment_class(variant: str):
 
 
 def deployment(n: int, rounds: int, tmp: Path, variant: str, project: Path = ROOT) -> dict:
-    from deploy.launch import run_deployment
+    from deploy.run import run_deployment
 
     Deployment = deployment_class(variant)
     with Deployment(n, tmp / f"dep-{variant}", project=project, **variant_options(variant, n)) as dep:
@@ -127,7 +127,8 @@ def deployment(n: int, rounds: int, tmp: Path, variant: str, project: Path = ROO
 
 
 def churn_costs(n: int, tmp: Path, project: Path) -> dict:
-    from deploy.launch import Deployment, run_deployment
+    from deploy.local import Deployment
+    from deploy.run import run_deployment
 
     out: dict = {}
     with Deployment(n, tmp / "restart", project=project) as dep:  # a node's restart: start -> registered
@@ -193,7 +194,7 @@ def main() -> None:
     ap.add_argument("--variants", nargs="+", default=["tuned", "defaults"], help="deployment variants to time")
     a = ap.parse_args()
     from deploy import tuning
-    from deploy.churn import server_supports
+    from deploy.runconfig import server_supports
 
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="deploy-bench-") as d:

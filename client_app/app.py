@@ -14,12 +14,15 @@ long-lived worker, and the short-lived ``flwr-clientapp`` process stays thin.
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from flwr.app import ArrayRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from availability import Schedule, build_schedule
+from availability import Schedule, schedule_for
+from runconfig import AvailabilityConfig, ConfigError, WorkloadConfig, from_run_config
 from strategies.protocol import (
     A_NORM,
     CLIENT_ID,
@@ -31,12 +34,14 @@ from strategies.protocol import (
     PROBE_BATCHES,
     SERVER_ROUND,
     TRAIN_LOSS,
+    TRAIN_TIME,
 )
-from workloads.config import AvailabilityConfig, ConfigError, WorkloadConfig, from_run_config
 
+from . import timing
 from .worker import through_worker
 
 if TYPE_CHECKING:
+    from workloads.solvers import LocalResult
     from workloads.workload import Workload
 
 UNAVAILABLE = 1000  # Error code of a client that declines work (the availability gate)
@@ -71,8 +76,8 @@ def workload_of(context: Context) -> tuple[Workload, int]:
 
 
 @functools.lru_cache(maxsize=4)
-def _schedule(spec: str, n: int, seed: int, wl: Workload) -> Schedule:
-    return build_schedule(spec, n, seed, label_dists=wl.label_dists, clusters=wl.clusters)
+def _schedule(run_config: tuple[tuple[str, object], ...], wl: Workload) -> Schedule:
+    return schedule_for(dict(run_config), wl)
 
 
 def declines(msg: Message, context: Context, wl: Workload, pid: int, rnd: int) -> bool:
@@ -80,7 +85,7 @@ def declines(msg: Message, context: Context, wl: Workload, pid: int, rnd: int) -
     acfg = from_run_config(AvailabilityConfig, context.run_config).validate()
     if acfg.availability_gate != "client" or msg.content["config"].get(IGNORE_AVAILABILITY, False):
         return False
-    schedule = _schedule(acfg.availability, wl.cfg.num_clients, acfg.schedule_seed, wl)
+    schedule = _schedule(tuple(sorted(context.run_config.items())), wl)
     return not schedule.is_available(pid, rnd)
 
 
@@ -101,8 +106,30 @@ def query(msg: Message, context: Context) -> Message:
     return Message(RecordDict({"identity": MetricRecord({"client-id": pid, "num-partitions": n})}), reply_to=msg)
 
 
-@app.train()
-def train(msg: Message, context: Context) -> Message:
+@dataclass
+class TrainStart:
+    """A train message after its *start*: decoded, gated, and the model the client starts from.
+
+    The per-client handler (:func:`train`) and the cohort engine (``experiments.cohort``) both
+    build it with :func:`train_start` and answer it with :func:`train_reply`; only the local
+    training between them differs.
+    """
+
+    msg: Message
+    context: Context
+    workload: Workload
+    client: int
+    rnd: int  # 0-based round
+    config: Any
+    rule: Any
+    start: dict[str, Any]  # the state dict local training starts from (the client rule's choice)
+    received: float  # time.monotonic() when the message was taken up
+
+
+def train_start(msg: Message, context: Context) -> TrainStart | Message:
+    """Decode ``msg``, apply the client-side gate (an "unavailable" error reply when it declines),
+    and let the client rule choose the start model (FedAWE: the client's own copy)."""
+    received = time.monotonic()
     wl, pid = workload_of(context)
     rnd = server_round(msg) - 1
     if declines(msg, context, wl, pid, rnd):
@@ -110,10 +137,25 @@ def train(msg: Message, context: Context) -> Message:
     config = msg.content["config"]
     rule = rule_of(config)
     start = rule.start(msg.content["arrays"].to_torch_state_dict(), context, pid, rnd, config)
-    model = wl.new_model()
-    model.load_state_dict(start)
-    result = wl.train_client(model, pid, rnd)
-    trained = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    return TrainStart(msg, context, wl, pid, rnd, config, rule, start, received)
+
+
+def local_training(ts: TrainStart) -> tuple[dict[str, Any], LocalResult]:
+    """The client's local steps from ``ts.start``: (trained state dict on the CPU, result).
+
+    On the CPU the trained tensors are the workload's scratch model's own (no copy): valid until
+    the next message, and :func:`train_reply` turns them into the reply at once.
+    """
+    model = ts.workload.scratch_model(ts.start)
+    result = ts.workload.train_client(model, ts.client, ts.rnd)
+    return {k: v.detach().cpu() for k, v in model.state_dict().items()}, result
+
+
+def train_reply(ts: TrainStart, trained: dict[str, Any], result: LocalResult,
+                times: tuple[float, float] | None = None) -> Message:
+    """The reply: the client rule's arrays (FedAWE: the echo) and every metric a rule may need.
+    ``times`` (wall and CPU seconds of local training) is reported where the node asks for timing."""
+    wl, pid, rnd = ts.workload, ts.client, ts.rnd
     metrics = MetricRecord({
         CLIENT_ID: pid,
         NUM_EXAMPLES: wl.num_examples(pid),
@@ -122,8 +164,24 @@ def train(msg: Message, context: Context) -> Message:
         TRAIN_LOSS: float(result.train_loss),
         LR: wl.lr_at(rnd),
     })
-    arrays = ArrayRecord(rule.reply(start, trained, context, pid, rnd, config))
-    return Message(RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)
+    arrays = ArrayRecord(ts.rule.reply(ts.start, trained, ts.context, pid, rnd, ts.config))
+    if times is not None and timing.reports_timing(ts.context):  # edge emulation: see client_app/timing.py
+        train_time, cpu_time = times
+        metrics[TRAIN_TIME] = train_time
+        timing.record(ts.context, pid, rnd + 1, {"train-time": train_time, "cpu-time": cpu_time,
+                                                 "num-steps": result.num_steps, "peak-rss-mb": timing.peak_rss_mb(),
+                                                 "receive-to-reply": time.monotonic() - ts.received})
+    return Message(RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=ts.msg)
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    ts = train_start(msg, context)
+    if isinstance(ts, Message):
+        return ts  # declined
+    t0, cpu0 = time.monotonic(), time.process_time()
+    trained, result = local_training(ts)
+    return train_reply(ts, trained, result, (time.monotonic() - t0, time.process_time() - cpu0))
 
 
 @app.train("adopt")
@@ -144,8 +202,7 @@ def evaluate(msg: Message, context: Context) -> Message:
     """
     wl, pid = workload_of(context)
     config = msg.content.config_records.get("config", {})
-    model = wl.new_model()
-    model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+    model = wl.scratch_model(msg.content["arrays"].to_torch_state_dict())
     data = wl.client_data(pid)
     if (k := int(config.get(PROBE_BATCHES, 0))) > 0:
         data = wl.probe_data(pid, int(config.get(SERVER_ROUND, 1)) - 1, k)

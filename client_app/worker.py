@@ -1,4 +1,8 @@
-"""A long-lived worker per SuperNode behind a thin ClientApp: deployments only.
+"""A long-lived worker per SuperNode behind a thin ClientApp (deployments only): the ClientApp's side.
+
+The worker process itself (serving messages with the ClientApp's handlers) is
+``client_app.worker_process``; this module is what the ClientApp needs to reach it: the switch,
+the mod, finding the SuperNode, starting and calling its worker, and the framing both sides speak.
 
 Flower 1.41 starts a fresh ``flwr-clientapp`` process for every message; importing torch and
 building the workload there cost ~6 s a message. With node config ``client-worker=true`` (set by
@@ -28,23 +32,20 @@ Linux only (pidfd, abstract sockets, /proc); elsewhere the switch is an error.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import logging
 import os
 import pickle
-import selectors
 import socket
 import struct
 import subprocess
 import sys
 import time
-import traceback
 from pathlib import Path
 
 from flwr.app import Context, Message
 
-from workloads.config import ConfigError
+from runconfig import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +174,7 @@ class NodeWorker:
         if (sock := self._try_connect()) is not None:
             return sock
         proc = subprocess.Popen(
-            [sys.executable, "-m", "client_app.worker", "--supernode", str(self.supernode),
+            [sys.executable, "-m", "client_app.worker_process", "--supernode", str(self.supernode),
              "--started", str(self.started)],
             cwd=APP_ROOT, stdin=subprocess.DEVNULL,
             env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(APP_ROOT),
@@ -201,73 +202,3 @@ class NodeWorker:
             sock.close()
             return None
         return sock
-
-
-# ---------------------------------------------------------------------- the worker process
-def serve(supernode: int, started: int) -> int:
-    """Serve messages until SuperNode ``supernode`` exits. Returns the exit code."""
-    try:
-        watch = os.pidfd_open(supernode)
-    except ProcessLookupError:
-        return 0
-    if start_time(supernode) != started:  # the pid was reused: that SuperNode is gone
-        return 0
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        server.bind(address(supernode, started))
-    except OSError:  # another worker of this SuperNode listens already
-        return 0
-    server.listen(8)
-    from .app import app  # the handlers; torch and the workload load at the first message
-
-    sel = selectors.DefaultSelector()
-    sel.register(watch, selectors.EVENT_READ, "supernode")
-    sel.register(server, selectors.EVENT_READ, "client")
-    while True:
-        for key, _ in sel.select():
-            if key.data == "supernode":
-                return 0  # the SuperNode exited: so does its worker, at once
-            conn, _ = server.accept()
-            with conn:
-                handle(conn, app)
-
-
-def handle(conn: socket.socket, app) -> None:
-    from flwr.supercore.task_identity import TaskIdentity
-
-    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    if struct.unpack("3i", creds)[1] != os.getuid():
-        return  # another user's process: not ours to answer
-    try:
-        (TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id), msg, context = recv_obj(conn)
-    except (EOFError, OSError):
-        return
-    try:
-        out = ("reply", app(msg, context), context.state)
-    except Exception as exc:  # noqa: BLE001 - handed back and raised in the ClientApp, as if local
-        traceback.print_exc()  # into the SuperNode's log, with the worker's frames
-        out = ("raised", _picklable(exc), None)
-    try:
-        send_obj(conn, out)
-    except OSError:
-        pass  # the ClientApp went (its SuperNode stopped): nobody to answer
-
-
-def _picklable(exc: Exception) -> Exception:
-    try:
-        pickle.loads(pickle.dumps(exc))
-        return exc
-    except Exception:  # noqa: BLE001
-        return RuntimeError(f"{type(exc).__name__}: {exc}")
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="The client worker of one SuperNode (started by the ClientApp).")
-    ap.add_argument("--supernode", type=int, required=True, help="pid of the SuperNode this worker serves")
-    ap.add_argument("--started", type=int, required=True, help="its start time (/proc/PID/stat field 22)")
-    a = ap.parse_args(argv)
-    return serve(a.supernode, a.started)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,15 +1,38 @@
-"""Real deployment: SuperLink + N SuperNodes as processes on loopback, and the churn driver that
-stops and starts them so the connected nodes follow the availability schedule.
+"""Real deployment: SuperLink + N SuperNodes (processes on loopback, or the compose stack's
+containers), and the churn driver that stops and starts them so that the connected nodes follow
+the availability schedule. One job per module; arrows point down the list, never back:
 
-- :class:`deploy.launch.Deployment`: owns the processes (context manager; nothing outlives it);
-- :func:`deploy.launch.run_deployment`: one run end to end (nodes, ``flwr run``, churn, wait);
-- :class:`deploy.churn.RoundChurn` / :class:`deploy.churn.WallClockChurn`: the churn drivers.
+- ``errors``: :class:`DeployError`;
+- ``procs``: free ports, tagged processes, children, kill; :class:`procs.Spawner` leaves nothing behind;
+- ``flwr_cli``: the ``flwr`` CLI (``config.toml``, submit, status, log, Flower's JSON);
+- ``tuning``: round-latency settings applied to every SuperNode;
+- ``runconfig``: the submitted run config, its folder, its schedule, resume and latest checkpoint;
+- ``follow``: tails the run folder (``config.json``, ``metrics.jsonl``);
+- ``nodes``: the :class:`nodes.Nodes` protocol (start/stop/signal/running/registered id) and
+  :class:`nodes.Site` (nodes + their SuperLink);
+- ``local`` (processes: :class:`local.Deployment`) and ``containers`` (Docker: ``DockerNodes``,
+  ``ComposeSite``): the two implementations;
+- ``churn``: :class:`churn.RoundChurn` / :class:`churn.WallClockChurn`, typed against ``Nodes``;
+- ``report``: the participation report (pure);
+- ``run``: :func:`run.run_deployment`, one run on any ``Site``;
+- edge emulation: ``devices`` (device classes from TOML or a FedScale-style trace, host check),
+  ``cgroups`` and ``netns`` (one node's CPU/memory cgroup, its network namespace + veth + tbf),
+  ``edge`` (all nodes' limits: made, entered before exec, removed), ``realised`` (per-client
+  statuses, the realised trace; pure), ``edgerun`` (calibration, sampling, the files of a run),
+  ``calibrate`` (seconds per local step, run under a class's limits);
+- ``launch`` / ``compose`` / ``__main__``: the CLIs (``python -m deploy launch|churn|devices``).
+
+A deployed round: ``launch`` starts a :class:`Deployment` and calls :func:`run.run_deployment`, which
+builds the run config (``runconfig``), lets ``churn`` start the round-1 nodes, submits through
+``flwr_cli``, then steps the driver as ``follow`` sees each round's line in ``metrics.jsonl``
+(stopping the nodes off in the next round, starting the returning ones), and at the end compares
+who replied with the schedule (``report``). ``compose`` does the same on containers.
+
+The package imports nothing itself: every SuperNode starts as ``python -m deploy.tuning``, which
+imports this package first, and must stay light (no torch). Import the modules:
+``from deploy.local import Deployment``, ``from deploy.run import run_deployment``.
 
 CLI: ``python -m deploy launch --num-nodes 4 --run-config "..." [--churn] [--churn-mode term|kill]
 [--resume-from CKPT|RUN_DIR] [--keep-workdir]``; after the run it compares participation with the
 schedule and exits 1 when it departs beyond the timing slack.
 """
-
-from .launch import COMPLETED, DeployError, Deployment, Outcome, run_deployment
-
-__all__ = ["COMPLETED", "DeployError", "Deployment", "Outcome", "run_deployment"]

@@ -1,12 +1,13 @@
-"""``python -m deploy launch ...``: see ``deploy/launch.py`` and ``docker/README.md``."""
+"""``python -m deploy launch ...`` (processes) and ``python -m deploy churn ...`` (the compose
+stack's churn service): see ``deploy/__init__.py`` and ``docker/README.md``."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from .churn import add_churn_args, compose_main
-from .launch import add_launch_args, launch_main
+from .compose import add_churn_args, compose_main
+from .launch import add_devices_args, add_launch_args, devices_main, launch_main
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -17,11 +18,15 @@ def main(argv: list[str] | None = None) -> int:
     add_launch_args(launch)
     churn = sub.add_parser("churn", help="the compose churn service: drive SuperNode containers (Docker API)")
     add_churn_args(churn)
+    devices = sub.add_parser("devices", help="a devices file (TOML) from a FedScale-style device trace")
+    add_devices_args(devices)
     args = parser.parse_args(argv)
     if args.command == "launch":
         return launch_main(args)
     if args.command == "churn":
         return compose_main(args)
+    if args.command == "devices":
+        return devices_main(args)
     return 2
 
 

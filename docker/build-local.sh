@@ -66,10 +66,16 @@ fi
 t1=$(date +%s)
 
 echo "== docker build -> $IMAGE (base $BASE_IMAGE, torch from $TORCH_INDEX_URL, pip from $PIP_INDEX_URL)"
-sources=(pyproject.toml README.md docker/Dockerfile availability workloads strategies client_app
-         server_app experiments deploy)
+# TARGET=client: the slim SuperNode image (docker/Dockerfile.client; default image flchurn-client:latest)
+DOCKERFILE=docker/Dockerfile
+if [[ "${TARGET:-}" == client ]]; then
+  DOCKERFILE=docker/Dockerfile.client
+  IMAGE="${FLCHURN_CLIENT_IMAGE:-flchurn-client:latest}"
+fi
+sources=(pyproject.toml README.md "$DOCKERFILE" docker/client-requirements.txt runconfig availability workloads
+         strategies client_app server_app experiments deploy)
 tar -c --exclude=__pycache__ --exclude='*.pyc' "${sources[@]}" |
-  DOCKER_BUILDKIT=0 nice -n 10 docker build --network host -f docker/Dockerfile -t "$IMAGE" \
+  DOCKER_BUILDKIT=0 nice -n 10 docker build --network host -f "$DOCKERFILE" -t "$IMAGE" \
     --build-arg BASE_IMAGE="$BASE_IMAGE" --build-arg PIP_INDEX_URL="$PIP_INDEX_URL" \
     --build-arg TORCH_INDEX_URL="$TORCH_INDEX_URL" -
 t2=$(date +%s)

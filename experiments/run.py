@@ -43,10 +43,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from deploy.launch import default_run_config, free_port, kill_pids, parse_run_config, tagged_pids, toml_value
+from deploy.flwr_cli import toml_value
+from deploy.procs import free_port, kill_pids, tagged_pids
+from deploy.runconfig import default_run_config, parse_run_config
+from runconfig import ConfigError
 from server_app.config import RunConfig
 from server_app.results import METRICS, default_run_name
-from workloads.config import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 TAG_VAR = "FLCHURN_RUN_TAG"  # inherited by the detached SuperLink and everything it starts

@@ -1,124 +1,118 @@
-"""Sweeps: strategy × schedule × workload × seed, run in process, in parallel, resumable.
+"""Sweeps: strategy × schedule × workload × seed, each run a Ray task, resumable.
 
-Every run is an in-process run (the real ServerApp loop and ClientApp, no Ray) in its own
-worker process with one torch thread; a run whose folder already holds ``final_model.pt`` is
-skipped, so an interrupted sweep continues where it stopped. Reports read only the folders.
+Every run is an in-process run (the real ServerApp loop and ClientApp; ``engine`` as the preset or
+``--set engine=cohort`` says) in a Ray task with its own resources (``--cpus-per-run``,
+``--gpus-per-run``: fractions let several runs share one GPU) and a fresh worker process (one task
+per worker). Ray starts locally by default; ``--address`` joins an existing cluster (then the
+results folder must be on a file system every node sees, and the project is shipped to the
+workers as Ray's ``working_dir``). A run whose folder already holds ``final_model.pt`` is skipped,
+and a run interrupted after a checkpoint resumes from its newest one, so an interrupted sweep
+continues where it stopped; every invocation appends one line to ``sweep-log.jsonl``. Reports read only the folders.
 
-    python -m experiments.sweep fedawe-table2 --out results/fedawe-table2 --workers 2
+    python -m experiments.sweep fedawe-table2 --out results/fedawe-table2 --cpus-per-run 1
+    python -m experiments.sweep fedawe-table2-cifar --gpus-per-run 0.25 --set engine=cohort
+    python -m experiments.sweep fedawe-table2 --address ray://head:10001 --out /shared/results/fedawe-table2
     python -m experiments.sweep fedawe-table2 --set num-server-rounds=50 --seeds 0 1 2 --dry-run
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
-import multiprocessing as mp
 import os
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from availability.spec import parse_value
+from experiments.presets import PRESETS
+from experiments.study import Sweep
+
+ROOT = Path(__file__).resolve().parent.parent
+SWEEP_LOG = "sweep-log.jsonl"  # one line per sweep invocation: when, how long, with what resources, how many runs
+SHIP_EXCLUDES = [".git", ".venv", "results", "reports", "**/__pycache__", "*.pt"]  # not sent to a cluster
 
 
-@dataclass(frozen=True)
-class Claim:
-    """A paper's claim about two rows of a sweep's table, checked by the report in every listed column.
-
-    ``rule`` beats each of ``others`` (``within`` is None), or stays no more than ``within`` points
-    behind each of them. ``columns`` empty: every column of the table.
-    """
-
-    text: str
-    rule: str
-    others: tuple[str, ...]
-    columns: tuple[str, ...] = ()
-    within: float | None = None
-    why: str = ""  # what we found when it did not reproduce; printed only under a verdict short of reproduced
-
-
-@dataclass(frozen=True)
-class Sweep:
-    """A base config plus axes; the product of the axes' values gives the runs."""
-
-    name: str
-    base: Mapping[str, Any]
-    axes: Mapping[str, Mapping[str, Mapping[str, Any]]]  # axis -> label -> overrides
-    seeds: tuple[int, ...] = (0, 1, 2)
-    notes: str = ""  # fixed report text: the citation and the paper's setup, never a result
-    paper: Mapping[str, Any] = field(default_factory=dict)  # "<col labels> / <row label>" -> paper's number
-    paper_setup: Mapping[str, Any] = field(default_factory=dict)  # run config key -> the paper's value
-    figures: tuple[str, ...] = ()  # extra figures the report draws (see experiments.report.FIGURES)
-    claims: tuple[Claim, ...] = ()  # the paper's claims the report gives a verdict on
-
-    def runs(self, seeds: Iterable[int] | None = None) -> list[tuple[str, dict[str, Any]]]:
-        """(run name, run config overrides) for every combination and seed, seed by seed.
-
-        Seed-major order: a sweep stopped early holds whole seeds, not whole cells.
-        """
-        out = []
-        labels = [list(values.items()) for values in self.axes.values()]
-        for seed in self.seeds if seeds is None else seeds:
-            for combo in itertools.product(*labels):
-                overrides: dict[str, Any] = dict(self.base)
-                for _, values in combo:
-                    overrides.update(values)
-                overrides.update({"train-seed": seed, "data-seed": seed, "schedule-seed": seed})
-                name = "__".join([*(label for label, _ in combo), f"s{seed}"])
-                out.append((name, overrides))
-        return out
-
-
-def _run_one(args: tuple[str, dict[str, Any], str]) -> tuple[str, float, str]:
-    name, overrides, out = args
+def run_one(name: str, overrides: dict[str, Any], out: str, threads: int) -> tuple[str, float, str]:
+    """One run of a sweep (the body of its Ray task): (name, seconds, error or "")."""
     import torch
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
     from experiments.inprocess import run_inprocess
+    from server_app import checkpoint
 
     t0 = time.time()
     try:
+        if list((Path(out) / name / checkpoint.FOLDER).glob("round-*.pt")):  # interrupted: go on from there
+            overrides = {**overrides, "resume-from": str(checkpoint.latest(Path(out) / name))}
         run_inprocess({**overrides, "results-dir": out, "run-name": name, "progress": False})
     except Exception as exc:  # one failed run must not stop the sweep; it is reported
         return name, time.time() - t0, f"{type(exc).__name__}: {exc}"
     return name, time.time() - t0, ""
 
 
-def run_sweep(sweep: Sweep, out: str | Path, *, workers: int = 1, seeds: Iterable[int] | None = None,
+def start_ray(address: str | None, num_cpus: int | None = None):
+    """Connect to ``address`` (a running cluster) or start a local Ray; returns the ray module."""
+    import ray
+
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+           "FLWR_TELEMETRY_ENABLED": "0"}
+    runtime_env: dict[str, Any] = {"env_vars": env}
+    if address:
+        runtime_env = {"working_dir": str(ROOT), "excludes": SHIP_EXCLUDES,
+                       "env_vars": {"FLWR_TELEMETRY_ENABLED": "0"}}
+    ray.init(address=address, num_cpus=None if address else num_cpus, include_dashboard=False,
+             runtime_env=runtime_env, log_to_driver=False, configure_logging=False)
+    return ray
+
+
+def run_sweep(sweep: Sweep, out: str | Path, *, cpus_per_run: float = 1.0, gpus_per_run: float = 0.0,
+              address: str | None = None, num_cpus: int | None = None, seeds: Iterable[int] | None = None,
               overrides: Mapping[str, Any] | None = None, dry_run: bool = False) -> list[tuple[str, float, str]]:
+    """Run the sweep's unfinished runs as Ray tasks; returns (name, seconds, error) per run done.
+
+    ``num_cpus`` caps a local Ray (default: every CPU); it is ignored with ``address``.
+    """
+    if cpus_per_run <= 0 or gpus_per_run < 0:
+        raise ValueError(f"--cpus-per-run must be > 0 and --gpus-per-run >= 0; got {cpus_per_run}, {gpus_per_run}")
     out = Path(out).resolve()
-    todo = [(name, {**cfg, **(overrides or {})}, str(out)) for name, cfg in sweep.runs(seeds)
+    todo = [(name, {**cfg, **(overrides or {})}) for name, cfg in sweep.runs(seeds)
             if not (out / name / "final_model.pt").exists()]
     print(f"sweep {sweep.name}: {len(todo)} run(s) to do in {out}")
     if dry_run:
-        for name, cfg, _ in todo:
+        for name, cfg in todo:
             print(" ", name, cfg)
         return []
     if not todo:
         return []
     out.mkdir(parents=True, exist_ok=True)
-    done = []
+    ray = start_ray(address, num_cpus)
+    done: list[tuple[str, float, str]] = []
     started = time.time()
-    ctx = mp.get_context("spawn")  # a fresh interpreter per worker: no forked torch state
+    resources = ray.cluster_resources()
     try:
-        with ctx.Pool(workers, maxtasksperchild=1) as pool:
-            for name, seconds, error in pool.imap_unordered(_run_one, todo):
-                print(f"  {name}: {'FAILED ' + error if error else 'done'} in {seconds:.0f} s", flush=True)
-                done.append((name, seconds, error))
+        task = ray.remote(num_cpus=cpus_per_run, num_gpus=gpus_per_run, max_calls=1, max_retries=0)(run_one)
+        pending = [task.remote(name, cfg, str(out), max(1, int(cpus_per_run))) for name, cfg in todo]
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            name, seconds, error = ray.get(ready[0])
+            print(f"  {name}: {'FAILED ' + error if error else 'done'} in {seconds:.0f} s", flush=True)
+            done.append((name, seconds, error))
     finally:  # an interrupted sweep (Ctrl-C) still logs the time it spent and the runs it finished
-        log_invocation(out, started, workers, done)
+        slots = resources.get("CPU", 1) / cpus_per_run
+        if gpus_per_run:
+            slots = min(slots, resources.get("GPU", 0) / gpus_per_run)
+        log_invocation(out, started, {"workers": max(1, int(slots)), "cpus": int(resources.get("CPU", 0)),
+                                      "gpus": resources.get("GPU", 0), "cpus-per-run": cpus_per_run,
+                                      "gpus-per-run": gpus_per_run, "ray-address": address or "local"}, done)
+        ray.shutdown()
     return done
 
 
-SWEEP_LOG = "sweep-log.jsonl"  # one line per sweep invocation: when, how long, how many workers and runs
-
-
-def log_invocation(out: Path, started: float, workers: int, done: list[tuple[str, float, str]]) -> None:
+def log_invocation(out: Path, started: float, resources: dict[str, Any], done: list[tuple[str, float, str]]) -> None:
     entry = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
-             "wall-seconds": round(time.time() - started, 1), "workers": workers, "cpus": os.cpu_count(),
+             "wall-seconds": round(time.time() - started, 1), **resources,
              "runs-done": sum(not error for _, _, error in done), "runs-failed": sum(bool(error) for _, _, error in done)}
     with (out / SWEEP_LOG).open("a") as fh:
         fh.write(json.dumps(entry) + "\n")
@@ -133,19 +127,21 @@ def parse_sets(items: list[str]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from experiments.presets import PRESETS
-
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("preset", choices=sorted(PRESETS))
     parser.add_argument("--out", default=None, help="results folder (default results/<preset>)")
-    parser.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 1)))
+    parser.add_argument("--cpus-per-run", type=float, default=1.0, help="CPUs a run reserves (and its torch threads)")
+    parser.add_argument("--gpus-per-run", type=float, default=0.0, help="GPUs a run reserves; 0.25: four runs share one")
+    parser.add_argument("--address", default=None, help="an existing Ray cluster (default: start Ray locally)")
+    parser.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray (default: all)")
     parser.add_argument("--seeds", type=int, nargs="*", default=None)
     parser.add_argument("--set", nargs="*", default=[], help="run config overrides key=value")
     parser.add_argument("--dry-run", action="store_true")
     args = parser.parse_args(argv)
     sweep = PRESETS[args.preset]
-    done = run_sweep(sweep, args.out or f"results/{sweep.name}", workers=args.workers, seeds=args.seeds,
-                     overrides=parse_sets(args.set), dry_run=args.dry_run)
+    done = run_sweep(sweep, args.out or f"results/{sweep.name}", cpus_per_run=args.cpus_per_run,
+                     gpus_per_run=args.gpus_per_run, address=args.address, num_cpus=args.num_cpus,
+                     seeds=args.seeds, overrides=parse_sets(args.set), dry_run=args.dry_run)
     return 1 if any(error for _, _, error in done) else 0
 
 

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from workloads.config import (
+from runconfig import (
     AvailabilityConfig,
     ConfigError,
     WorkloadConfig,
@@ -17,8 +17,10 @@ from workloads.config import (
     from_run_config,
     known_keys,
 )
+from strategies.weighting import WEIGHTINGS
 
-WEIGHTINGS = ("auto", "equal", "num-examples")  # auto: the rule's paper weighting (FedNova: num-examples)
+#: the run config's ``engine`` (in-process runs; see experiments.cohort)
+ENGINES = ("per-client", "cohort", "auto")
 
 
 @dataclass(frozen=True)
@@ -30,9 +32,11 @@ class ServerConfig:
     max_update_norm: float = 0.0  # replies with a larger update norm are rejected (0: the rule's default)
     max_norm_ratio: float = 0.0  # ... or a norm this many times the round's median (0: the rule's default)
     round_timeout: float = 120.0  # seconds a round waits for replies; then it goes on
+    round_deadline: float = 0.0  # seconds a round waits for training replies, from round 2 (0: round-timeout)
     wait_for_nodes: float = 60.0  # seconds to wait for min-nodes nodes before round 1
     min_nodes: int = 0  # nodes that must be connected before round 1 (0: num-clients)
     round_start_delay: float = 0.0  # seconds to wait before each round (a churn driver's grace)
+    round_start_signal: str = ""  # a folder: round r starts once <folder>/round-<r> exists (at most the delay)
     eval_every: int = 1  # central evaluation every k rounds (0: only after the last)
     federated_evaluation: bool = False  # also ask clients to evaluate on their own data
     checkpoint_every: int = 10  # 0: no checkpoints
@@ -40,6 +44,7 @@ class ServerConfig:
     run_name: str = ""  # "" -> <time>-<strategy>-<dataset>-s<seed>
     resume_from: str = ""  # a checkpoint file; continues that run in its own folder
     progress: bool = True
+    engine: str = "per-client"  # in-process runs: "per-client", "cohort" (vmapped cohort), "auto"
 
     def validate(self) -> ServerConfig:
         check(self.num_server_rounds >= 1, "num-server-rounds", self.num_server_rounds, ">= 1")
@@ -49,11 +54,14 @@ class ServerConfig:
         check(self.max_norm_ratio == 0 or self.max_norm_ratio > 1, "max-norm-ratio", self.max_norm_ratio,
               "> 1 (0: the rule's default)")
         check(self.round_timeout > 0, "round-timeout", self.round_timeout, "> 0 seconds")
+        check(0 <= self.round_deadline <= self.round_timeout, "round-deadline", self.round_deadline,
+              ">= 0 and <= round-timeout seconds (0: no deadline but round-timeout)")
         check(self.wait_for_nodes >= 0, "wait-for-nodes", self.wait_for_nodes, ">= 0 seconds")
         check(self.min_nodes >= 0, "min-nodes", self.min_nodes, ">= 0")
         check(self.round_start_delay >= 0, "round-start-delay", self.round_start_delay, ">= 0 seconds")
         check(self.eval_every >= 0, "eval-every", self.eval_every, ">= 0")
         check(self.checkpoint_every >= 0, "checkpoint-every", self.checkpoint_every, ">= 0")
+        check(self.engine in ENGINES, "engine", self.engine, f"one of {ENGINES}")
         return self
 
 

@@ -22,21 +22,18 @@ from flwr.serverapp import Grid
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from availability import Schedule, build_schedule, parse_spec
+from availability import Schedule, parse_spec, schedule_for
+from runconfig import ConfigError
 from strategies import AvailabilityStrategy, build_strategy, named_arrays
-from workloads.config import ConfigError
+from strategies.protocol import CLIENT_ID, TRAIN_TIME
 from workloads.workload import Workload, get_workload
 
+from . import checkpoint
 from .config import RunConfig, ServerConfig
 from .network import AvailabilityGrid, discover_clients, fast_pull, wait_for_nodes
 from .results import METRICS, RunRecorder, default_run_name
 
 log = logging.getLogger(__name__)
-CHECKPOINT_FREE_KEYS = {  # may differ between a run and its resumption
-    "num-server-rounds", "resume-from", "run-name", "results-dir", "progress",
-    "checkpoint-every", "round-timeout", "wait-for-nodes", "min-nodes", "device", "state-dir",
-    "round-start-delay",
-}
 
 
 @dataclass
@@ -56,8 +53,7 @@ def prepare(cfg: RunConfig) -> Setup:
     """Build workload, schedule and strategy; load a checkpoint. Raises before any training."""
     n = cfg.workload.num_clients
     workload = get_workload(cfg.workload)
-    schedule = build_schedule(cfg.availability.availability, n, cfg.availability.schedule_seed,
-                              label_dists=workload.label_dists, clusters=workload.clusters)
+    schedule = schedule_for(cfg.to_dict(), workload)
     s = cfg.server
     strategy = build_strategy(
         strategy_spec(s), num_clients=n, server_lr=s.server_lr, weighting=s.weighting,
@@ -125,35 +121,49 @@ def connect(grid: Grid, cfg: RunConfig) -> dict[int, int]:
 def load_checkpoint(path: str, cfg: RunConfig) -> dict[str, Any]:
     if not Path(path).is_file():
         raise ConfigError(f"run config 'resume-from' = {path!r}: no such checkpoint file")
-    ckpt = torch.load(path, map_location="cpu", weights_only=False)
-    old, new = ckpt["config"], cfg.to_dict()
-    differ = sorted(k for k in set(old) | set(new) if k not in CHECKPOINT_FREE_KEYS and old.get(k) != new.get(k))
-    if differ:
-        raise ConfigError(f"checkpoint {path} was made with other settings for {differ}: "
-                          + ", ".join(f"{k}={old.get(k)!r} (now {new.get(k)!r})" for k in differ))
-    if ckpt["round"] >= cfg.server.num_server_rounds:
-        raise ConfigError(f"checkpoint {path} is at round {ckpt['round']}, not before "
-                          f"num-server-rounds={cfg.server.num_server_rounds}")
+    ckpt = checkpoint.load(path)
+    checkpoint.check_resumable(ckpt, path, cfg.to_dict(), cfg.server.num_server_rounds)
     return ckpt
 
 
 def save_checkpoint(setup: Setup, rnd: int, arrays: ArrayRecord) -> Path:
-    path = setup.run_dir / "checkpoints" / f"round-{rnd:04d}.pt"
-    partial = path.with_suffix(".pt.partial")  # a crash mid-write never leaves a truncated checkpoint
-    torch.save({
-        "round": rnd,
-        "arrays": {k: v for k, v in zip(arrays.keys(), arrays.to_numpy_ndarrays(), strict=True)},
-        "strategy": setup.strategy.state_dict(),
-        "config": setup.cfg.to_dict(),
-        "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
-    }, partial)
-    partial.replace(path)
-    return path
+    return checkpoint.save(setup.run_dir, rnd, dict(zip(arrays.keys(), arrays.to_numpy_ndarrays(), strict=True)),
+                           setup.strategy.state_dict(), setup.cfg.to_dict())
+
+
+def wait_round_start(s: ServerConfig, rnd: int) -> None:
+    """``round-start-delay`` seconds before round ``rnd``; with ``round-start-signal``, only until
+    the churn driver has written ``<signal folder>/round-<rnd>`` (its nodes are registered)."""
+    if not s.round_start_signal:
+        time.sleep(s.round_start_delay)
+        return
+    flag, deadline = Path(s.round_start_signal) / f"round-{rnd}", time.monotonic() + s.round_start_delay
+    while not flag.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def train_timeout(s: ServerConfig, rnd: int, start_round: int) -> float:
+    """How long round ``rnd`` waits for training replies: ``round-deadline`` when set, except in
+    the run's first round, where every client also starts its worker (imports, workload): that
+    round gets ``round-timeout``."""
+    return s.round_deadline if s.round_deadline and rnd > start_round else s.round_timeout
+
+
+def client_train_times(replies: list, participants: list[int]) -> dict[str, dict[str, float]]:
+    """``client-train-time``: participant -> seconds of local training, from replies that carry
+    ``train-time`` (clients with node config ``report-timing=true``; {} otherwise)."""
+    times = {}
+    for msg in replies:
+        if msg.has_error() or not msg.content.metric_records:
+            continue
+        m = next(iter(msg.content.metric_records.values()))
+        if TRAIN_TIME in m and CLIENT_ID in m and int(m[CLIENT_ID]) in participants:
+            times[str(int(m[CLIENT_ID]))] = round(float(m[TRAIN_TIME]), 4)
+    return {"client-train-time": dict(sorted(times.items(), key=lambda kv: int(kv[0])))} if times else {}
 
 
 def evaluate(workload: Workload, arrays: ArrayRecord) -> dict[str, float]:
-    model = workload.new_model()
-    model.load_state_dict(arrays.to_torch_state_dict())
+    model = workload.scratch_model(arrays.to_torch_state_dict())
     return {f"test-{k}": v for k, v in workload.evaluate(model).items()}
 
 
@@ -187,14 +197,11 @@ def _run_rounds(grid: Grid, setup: Setup, client_of_node: dict[int, int], consol
     s, n = cfg.server, cfg.workload.num_clients
     recorder = RunRecorder(setup.run_dir, n)
     config_record = {**cfg.to_dict(), "weighting-used": setup.strategy.weighting, "seeds": cfg.seeds,
-                     "schedule": setup.schedule.describe(), "versions": _versions()}
+                     "schedule": setup.schedule.describe(), **engine_record(grid, cfg), "versions": _versions()}
     recorder.write_config(config_record)
     recorder.resume_at(setup.start_round - 1)
     if setup.start_round > 1:
-        ckpt = torch.load(s.resume_from, map_location="cpu", weights_only=False)
-        random.setstate(ckpt["rng"]["python"])
-        np.random.set_state(ckpt["rng"]["numpy"])
-        torch.set_rng_state(ckpt["rng"]["torch"])
+        checkpoint.restore_rng(checkpoint.load(s.resume_from))
     else:
         random.seed(cfg.workload.train_seed)
 
@@ -208,10 +215,10 @@ def _run_rounds(grid: Grid, setup: Setup, client_of_node: dict[int, int], consol
     with Progress(*columns, console=console, disable=not (s.progress and console.is_terminal)) as bar:
         task = bar.add_task(s.strategy, total=s.num_server_rounds, completed=setup.start_round - 1, status="")
         for rnd in range(setup.start_round, s.num_server_rounds + 1):
-            time.sleep(s.round_start_delay)  # lets a churn driver bring the round's nodes up
+            wait_round_start(s, rnd)  # lets a churn driver bring the round's nodes up
             t0 = time.monotonic()
-            replies = net.send_and_receive(strategy.configure_train(rnd, arrays, ConfigRecord(), net),
-                                           timeout=s.round_timeout)
+            replies = list(net.send_and_receive(strategy.configure_train(rnd, arrays, ConfigRecord(), net),
+                                                timeout=train_timeout(s, rnd, setup.start_round)))
             new_arrays, metrics = strategy.aggregate_train(rnd, replies)
             arrays = new_arrays if new_arrays is not None else arrays
             if broadcast := strategy.configure_broadcast(rnd, arrays, net):
@@ -223,6 +230,7 @@ def _run_rounds(grid: Grid, setup: Setup, client_of_node: dict[int, int], consol
                 "unavailable-nodes": len(rlog.unavailable),
                 "rejected": [[node, why] for node, why in rlog.rejected],
                 **(dict(metrics) if metrics else {}),
+                **client_train_times(replies, rlog.participants),
             }
             if s.federated_evaluation:
                 fed = strategy.aggregate_evaluate(rnd, net.send_and_receive(
@@ -250,6 +258,19 @@ def _run_rounds(grid: Grid, setup: Setup, client_of_node: dict[int, int], consol
                   f"{time.monotonic() - t_run:.1f} s; {summary}", soft_wrap=True)
     console.print(f"results: {setup.run_dir}", soft_wrap=True)
     return setup.run_dir
+
+
+def engine_record(grid: Grid, cfg: RunConfig) -> dict[str, str]:
+    """The engine that trains the clients, for ``config.json``: the grid's own record (the cohort
+    engine's), else per client, with the reason when another engine was asked for."""
+    if (record := getattr(grid, "engine_record", None)) is not None:
+        return dict(record)
+    if cfg.server.engine == "per-client":
+        return {"engine-used": "per-client"}
+    why = (f"engine={cfg.server.engine} applies to in-process runs (experiments.inprocess, experiments.sweep); "
+           "here every client trains in its own ClientApp")
+    log.warning("training per client: %s", why)
+    return {"engine-used": "per-client", "engine-reason": why}
 
 
 def _versions() -> dict[str, str]:

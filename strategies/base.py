@@ -11,7 +11,8 @@ needs and its state (:class:`strategies.rule.Rule`). The base turns Flower messa
 - :mod:`strategies.layout` and :mod:`strategies.weighting`: flat float32 vectors and weights;
 - :mod:`strategies.state`: the one checkpoint layout;
 - :mod:`strategies.sampling` and :mod:`strategies.options`: Flower's ``FedAvg`` arguments;
-  :mod:`strategies.metrics`: Flower's metric names; :mod:`strategies.scoring`: ``evaluate_fn``;
+  :mod:`strategies.metrics`: Flower's metric names; :mod:`strategies.scoring`: the evaluate round,
+  the round-end broadcast and what ``evaluate_fn`` sees;
 - :mod:`strategies.failures`: one log line per reason and round; no silent failure.
 
 It takes Flower's ``FedAvg`` arguments with Flower's meaning and works under Flower's own
@@ -24,7 +25,8 @@ reaches the rule, its state or the model.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+import math
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -34,10 +36,10 @@ from flwr.serverapp.strategy import Strategy
 
 from . import state as rule_state
 from .bounds import NormBounds
-from .failures import FailurePolicy, StrategyFailure, check_broadcast, log_round
+from .failures import FailurePolicy, StrategyFailure, log_round
 from .identity import Identities
-from .layout import Layout, aggregate_integers, named_arrays, safe_norm
-from .metrics import carries_client_id, weighted_mean
+from .layout import Layout, Scratch, aggregate_integers, named_arrays, safe_norm
+from .metrics import carries_client_id
 from .options import MetricsAggrFn, RecordKeys
 from .protocol import CLIENT_RULE, NUM_EXAMPLES, PLAIN_RULE, SERVER_ROUND
 from .replies import (
@@ -51,8 +53,8 @@ from .replies import (
 )
 from .rule import Rule
 from .sampling import Sampling
-from .scoring import scored_evaluate_fn
-from .weighting import AUTO_WEIGHTING, WEIGHTINGS, client_weights, resolve_weighting
+from .scoring import EvaluateRound
+from .weighting import AUTO_WEIGHTING, WEIGHTINGS, cap_shares, client_weights, resolve_weighting
 
 __all__ = ["SUPERLINK_NODE_ID", "WEIGHTINGS", "AvailabilityStrategy", "ClientReport", "Layout",
            "ReplyRejected", "RoundLog", "StrategyFailure", "named_arrays", "safe_norm"]
@@ -60,7 +62,7 @@ __all__ = ["SUPERLINK_NODE_ID", "WEIGHTINGS", "AvailabilityStrategy", "ClientRep
 log = logging.getLogger("flwr")  # Flower's logger: these lines appear where Flower's own do
 
 
-class AvailabilityStrategy(Rule, Strategy):
+class AvailabilityStrategy(EvaluateRound, Rule, Strategy):
     """Base of every rule here: the Flower adapter around reply parsing, identities and bounds.
 
     Parameters
@@ -86,6 +88,10 @@ class AvailabilityStrategy(Rule, Strategy):
     max_update_norm, max_norm_ratio : the update-norm bounds (:class:`NormBounds`, which says
         how the defaults 1e6 and 1e3 were measured); spec keys ``max-update-norm`` and
         ``max-norm-ratio``.
+    max_weight_share : under ``num-examples`` weighting, no client's weight above this share of
+        the round (:func:`cap_shares`), so that a client claiming a huge ``num-examples`` cannot
+        take the round; 0 (the default) = no cap, the papers' p_i = n_i / n. Spec key
+        ``max-weight-share`` (e.g. ``fednova:max-weight-share=0.2``).
 
     ``num_clients=None``: rules that need N (``needs_num_clients``, ``needs_client_ids``) take
     the number of nodes connected at the first round (waiting until it is steady); none connected
@@ -116,6 +122,7 @@ class AvailabilityStrategy(Rule, Strategy):
         max_num_steps: int = 10**7,
         max_update_norm: float = 1e6,
         max_norm_ratio: float = 1e3,
+        max_weight_share: float = 0.0,
     ) -> None:
         weighting = resolve_weighting(weighting, self.paper_weighting)
         self.bounds = NormBounds(float(max_update_norm), float(max_norm_ratio))
@@ -128,6 +135,9 @@ class AvailabilityStrategy(Rule, Strategy):
             raise ValueError(f"strategy '{self.name}': fraction_train={fraction_train} cannot apply: "
                              f"{self.fixed_selection}")
         aggregate_integers(integer_arrays, {}, [], np.zeros(0))  # checks the policy's name
+        if not (math.isfinite(max_weight_share) and 0 <= max_weight_share <= 1):
+            raise ValueError(f"max_weight_share (spec key max-weight-share) must be in [0, 1] (0 = off), "
+                             f"got {max_weight_share}")
         if not server_lr > 0:
             raise ValueError(f"server_lr must be > 0, got {server_lr}")
         if num_clients is not None and (isinstance(num_clients, bool) or not isinstance(num_clients, int)
@@ -145,6 +155,7 @@ class AvailabilityStrategy(Rule, Strategy):
         self.integer_arrays = integer_arrays
         self.message_timeout = 3600.0  # broadcasts' deadline; start() sets its own timeout
         self.rng = np.random.default_rng(seed)  # also Flower's fractions (no draw at fraction 1)
+        self.max_weight_share = float(max_weight_share)
         self.identities = Identities()
         self.connected: set[int] = set()  # node ids the grid listed at this round's configure_train
         self.layout: Layout | None = None
@@ -157,13 +168,18 @@ class AvailabilityStrategy(Rule, Strategy):
         self._rows: dict[int, int] = {}  # this round's rows for replies without a client id
         self._waited = False  # the first round's wait for nodes is done
         self._ids_reported = False  # some reply of this run named its client id
+        self._scratch = Scratch()  # the replies' vectors, reused across rounds
 
     @property
     def parser(self) -> ReplyParser:
         """This rule's requirements on a reply (rules may change ``required_metrics`` in __init__)."""
-        return ReplyParser(self.name, tuple(self.required_metrics), dict(self.metric_hints),
-                           self.needs_client_ids, self.num_clients, self.max_num_examples, self.max_num_steps,
-                           self.keys.weighted_by_key, self.row_of if self.needs_client_ids else None)
+        key = (tuple(self.required_metrics), self.num_clients, self.max_num_examples, self.max_num_steps,
+               self.keys.weighted_by_key, self.needs_client_ids)
+        if getattr(self, "_parser_key", None) != key:  # one parser while the requirements stay
+            self._parser_key = key
+            self._parser = ReplyParser(self.name, key[0], dict(self.metric_hints), self.needs_client_ids,
+                                       *key[1:5], self.row_of if self.needs_client_ids else None)
+        return self._parser
 
     def row_of(self, node: int) -> int:
         """The client id (row in [0, N)) of a reply that reports none (:meth:`Identities.row`)."""
@@ -197,14 +213,24 @@ class AvailabilityStrategy(Rule, Strategy):
     def parse_reply(self, msg: Message, node: int) -> ClientReport:
         """One reply -> ClientReport, or ReplyRejected naming the problem."""
         assert self.layout is not None and self.current is not None
-        report = self.parser.parse(msg.content, node, self.layout, self.current)
+        report = self.parser.parse(msg.content, node, self.layout, self.current, self.reply_buffer())
         self.check_report(report)
         return report
+
+    def reply_buffer(self) -> np.ndarray:
+        """A flat float32 vector of the model's size for one reply of this round (:class:`Scratch`)."""
+        assert self.layout is not None
+        return self._scratch.row(self.layout.size)
+
+    def stacked(self, name: str, vectors: list[np.ndarray]) -> np.ndarray:
+        """``np.stack(vectors)`` into a matrix reused across rounds (:class:`Scratch`)."""
+        return self._scratch.stacked(name, vectors)
 
     # ------------------------------------------------------------------ shared helpers
     def weights(self, reports: list[ClientReport]) -> np.ndarray:
         """Per-report weights summing to 1 over the reports (equal or by num-examples)."""
-        return client_weights(self.weighting, [r.num_examples for r in reports])
+        w = client_weights(self.weighting, [r.num_examples for r in reports])
+        return cap_shares(w, self.max_weight_share) if self.weighting == "num-examples" else w
 
     def require_num_clients(self) -> int:
         if self.num_clients is None:
@@ -239,13 +265,6 @@ class AvailabilityStrategy(Rule, Strategy):
                      self.name, self.num_clients)
         return nodes
 
-    def deliver_broadcast(self, server_round: int, arrays: ArrayRecord, grid: Grid) -> None:
-        """Send what :meth:`configure_broadcast` has for ``server_round`` and check the replies."""
-        messages = self.configure_broadcast(server_round, arrays, grid)
-        if messages:
-            replies = grid.send_and_receive(messages, timeout=self.message_timeout)
-            check_broadcast(self.name, server_round, messages, list(replies))
-
     # ------------------------------------------------------------- Flower: train round
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -274,16 +293,17 @@ class AvailabilityStrategy(Rule, Strategy):
         replies = list(replies)
         reports = self.collect(replies)
         new, metrics = self.aggregate(server_round - 1, self.current, reports)
-        if not np.all(np.isfinite(new)):
+        step = safe_norm(np.subtract(new, self.current, dtype=np.float64))  # NaN/Inf in x^{t+1} -> not finite
+        if not math.isfinite(step):
             log.error("round %d: %s produced a non-finite model; keeping x^t", server_round, self.name)
-            new = self.current
+            new, step = self.current, 0.0
         if self.keys.train_metrics_aggr_fn is not None and self._accepted:
             metrics = {**dict(self.keys.train_metrics_aggr_fn(self._accepted, self.keys.weighted_by_key) or {}), **metrics}
         metrics = {
             "num-participants": len(reports),
             "num-unavailable": len(self.round_log.unavailable),
             "num-rejected": len(self.round_log.rejected),
-            "update-norm": safe_norm(np.asarray(new, np.float64) - self.current),
+            "update-norm": step,
             **metrics,
         }
         losses = [r.train_loss for r in reports if r.train_loss is not None]
@@ -306,6 +326,7 @@ class AvailabilityStrategy(Rule, Strategy):
         replies = list(replies)
         node_of_message = destinations(self._sent)
         sent = set(self.round_log.sent) if self._sent else None
+        self._scratch.new_round()
         answered: set[int] = set()
         parsed: list[ClientReport] = []
         content_of: dict[int, RecordDict] = {}
@@ -319,20 +340,30 @@ class AvailabilityStrategy(Rule, Strategy):
                 self.round_log.unavailable.append(node)
                 continue
             content_of[node] = msg.content
-            try:
+            try:  # one reply, one verdict: whatever goes wrong with it rejects it, never the round
                 if sent is not None and node not in sent:
                     raise ReplyRejected("reply from a node this round did not address")
                 parsed.append(self.parse_reply(msg, node))
             except ReplyRejected as exc:
                 self.reject(node, str(exc))
+            except Exception as exc:  # noqa: BLE001
+                self.reject(node, f"reply cannot be read: {type(exc).__name__}: {exc}")
+                log.exception("round of %s: reading the reply of node %d raised (a bug, or a reply no check "
+                              "foresaw)", self.name, node)
         reports = self.check_norms(self.check_identities(parsed))
-        self.identities.bind(reports)  # only accepted replies bind: a rejected one leaves no trace
+        self.accepted(reports)
         if sent is not None:
             self.round_log.unavailable += sorted(sent - answered)
         ordered = sorted(reports, key=lambda r: r.client_id)
         self.round_log.participants = [r.client_id for r in ordered]
         self._accepted = [content_of[r.node_id] for r in ordered]
         return ordered
+
+    def accepted(self, reports: list[ClientReport]) -> None:
+        """The round's replies passed every check: bind their client ids and remember their norms
+        (a rejected reply leaves no trace in the state)."""
+        self.identities.bind(reports)
+        self.bounds.commit(reports)
 
     def reject(self, node: int, reason: str) -> None:
         """Record a rejected reply (``round_log.rejected``; logged once per reason and round)."""
@@ -346,53 +377,23 @@ class AvailabilityStrategy(Rule, Strategy):
         """Reject reports whose :meth:`update_norm` is beyond the bounds (:meth:`NormBounds.check`)."""
         return self.bounds.check(reports, self.update_norm, lambda r: r.node_id, self.reject)
 
-    # ---------------------------------------------------------- Flower: evaluate round
-    def configure_evaluate(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        """First the round-end broadcast (FedAWE), then the model the rule is scored on
-        (:meth:`evaluation_arrays`) to a ``fraction_evaluate`` sample of the connected nodes."""
-        self.deliver_broadcast(server_round, arrays, grid)
-        nodes = self.sampling.sample(sorted(grid.get_node_ids()), False, self.rng)
-        if not nodes:
-            return []
-        config[SERVER_ROUND] = server_round
-        config[CLIENT_RULE] = PLAIN_RULE
-        content = self.keys.content(self.evaluation_arrays(arrays), config)
-        return [Message(content, dst_node_id=n, message_type=MessageType.EVALUATE) for n in nodes]
-
-    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        """The client metrics of the valid replies: ``evaluate_metrics_aggr_fn``, or every numeric
-        metric's mean weighted by ``weighted_by_key`` (Flower's default); None without any."""
-        contents = [m.content for m in replies if not m.has_error()]
-        if self.keys.evaluate_metrics_aggr_fn is not None:
-            return self.keys.evaluate_metrics_aggr_fn(contents, self.keys.weighted_by_key) if contents else None
-        return weighted_mean(contents, self.keys.weighted_by_key)
-
-    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
-              train_config: ConfigRecord | None = None, evaluate_config: ConfigRecord | None = None,
-              evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None) -> Any:
-        """Flower's ``Strategy.start``, with ``timeout`` also the broadcasts' deadline and
-        ``evaluate_fn`` shown the model the rule is scored on (:func:`scored_evaluate_fn`)."""
-        self.message_timeout = float(timeout)
-        return super().start(grid, initial_arrays, num_rounds, timeout, train_config, evaluate_config,
-                             scored_evaluate_fn(self, evaluate_fn))
-
     def summary(self) -> None:
-        log.info("%s: N=%s, server_lr=%s, weighting=%s, %s, %s, %s, max_failed_rounds=%d, integer arrays: %s",
-                 self.name, self.num_clients, self.server_lr, self.weighting, self.bounds, self.sampling,
-                 self.keys, self.failures.max_failed_rounds, self.integer_arrays)
+        log.info("%s: N=%s, server_lr=%s, weighting=%s, max-weight-share=%g, %s, %s, %s, max_failed_rounds=%d, "
+                 "integer arrays: %s", self.name, self.num_clients, self.server_lr, self.weighting,
+                 self.max_weight_share, self.bounds, self.sampling, self.keys, self.failures.max_failed_rounds,
+                 self.integer_arrays)
 
     # -------------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue exactly, in the one layout of :mod:`strategies.state`."""
         return rule_state.pack(self.name, self.rng.bit_generator.state, self.identities.state_dict(),
-                               self.get_state())
+                               self.bounds.state_dict(), self.get_state())
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
         """Continue from ``saved`` (this or the previous checkpoint format); ValueError if it is
         not a checkpoint of this rule."""
-        rng, identity, state = rule_state.unpack(saved, self.name, self.State, self.legacy_key)
+        rng, identity, bounds, state = rule_state.unpack(saved, self.name, self.State, self.legacy_key)
+        self.set_state(state)
         self.rng.bit_generator.state = rng
         self.identities.load_state_dict(identity)
-        self.set_state(state)
+        self.bounds.load_state_dict(bounds)

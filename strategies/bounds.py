@@ -14,28 +14,37 @@ float32 sum of squares or Gram matrix).
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TypeVar
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import numpy as np
 
 R = TypeVar("R")
 
 
-@dataclass(frozen=True)
+HISTORY = 64  # accepted norms the running median remembers (across rounds)
+
+
+@dataclass
 class NormBounds:
-    """The absolute cap and the ratio test on update norms.
+    """The absolute cap and the ratio test on update norms, with a running median.
 
     max_update_norm : a reply whose update norm exceeds this is rejected; 0 = no absolute cap.
         Spec key ``max-update-norm``.
-    max_norm_ratio : with at least 3 replies left under the cap, a reply whose update norm
-        exceeds this multiple of the round's median update norm is rejected; 0 = off. Spec key
-        ``max-norm-ratio`` (e.g. ``mifa:max-norm-ratio=50``).
+    max_norm_ratio : a reply whose update norm exceeds this multiple of the reference median is
+        rejected; 0 = off. Spec key ``max-norm-ratio`` (e.g. ``mifa:max-norm-ratio=50``). The
+        reference is the median of the last ``HISTORY`` accepted norms (earlier rounds) together
+        with this round's norms under the cap, once there are at least 3 of them; so a round with
+        1 or 2 replies is bounded by the history, and the first round is checked against its own
+        median (3+ replies) or by the absolute cap alone (1-2 replies, no history yet).
     """
 
     max_update_norm: float = 1e6
     max_norm_ratio: float = 1e3
+    history: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY), compare=False, repr=False)
+    _pending: dict[int, float] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.max_update_norm) and self.max_update_norm >= 0):
@@ -49,29 +58,45 @@ class NormBounds:
               reject: Callable[[int, str], None]) -> list[R]:
         """The reports within the bounds; the others go to ``reject`` with the reason.
 
-        First the absolute cap ``max_update_norm`` (and a non-finite norm); then, among the reports
-        under it and only when at least 3 remain, ``max_norm_ratio`` × their median norm (a median
-        of 1 or 2 norms says nothing about which one is wrong; a zero median gives no scale, so no
-        ratio test). The round's own median needs no history, so the first round is checked like
-        any other.
+        First the absolute cap ``max_update_norm`` (and a norm that is not a finite number, or
+        whose computation raised); then ``max_norm_ratio`` × the median of the recently accepted
+        norms and this round's norms under the cap, when there are at least 3 of them (a median of
+        1 or 2 norms says nothing about which one is wrong; a zero median gives no scale, so no
+        ratio test). The accepted norms join the history.
         """
         under = []
         for r in reports:
-            norm = norm_of(r)
+            try:
+                norm = float(norm_of(r))
+            except Exception as exc:  # noqa: BLE001 (one reply, one verdict)
+                reject(node_of(r), f"update norm cannot be computed: {type(exc).__name__}: {exc}")
+                continue
             if self.max_update_norm and norm > self.max_update_norm:  # inf included
                 reject(node_of(r), f"update norm {norm:.2g} > max-update-norm {self.max_update_norm:.2g}")
             elif not math.isfinite(norm):
                 reject(node_of(r), f"update norm {norm} is not finite")
             else:
                 under.append((r, norm))
-        median = float(np.median([n for _, n in under])) if len(under) >= 3 else 0.0
-        if not (self.max_norm_ratio and median > 0):
-            return [r for r, _ in under]
+        pool = [*self.history, *(n for _, n in under)]
+        median = float(np.median(pool)) if len(pool) >= 3 else 0.0
         kept = []
         for r, norm in under:
-            if norm > self.max_norm_ratio * median:
+            if self.max_norm_ratio and median > 0 and norm > self.max_norm_ratio * median:
                 reject(node_of(r), f"update norm {norm:.2g} > max-norm-ratio {self.max_norm_ratio:g} "
-                                   f"x the round's median {median:.2g}")
+                                   f"x the median of recent norms {median:.2g}")
             else:
                 kept.append(r)
+                self._pending[id(r)] = norm
         return kept
+
+    def commit(self, accepted: list[Any]) -> None:
+        """The reports finally accepted this round (among those :meth:`check` kept): their norms
+        join the history of the running median."""
+        self.history.extend(self._pending[id(r)] for r in accepted if id(r) in self._pending)
+        self._pending.clear()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"history": list(self.history)}
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        self.history = deque((state or {}).get("history", ()), maxlen=HISTORY)

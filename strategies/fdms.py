@@ -188,7 +188,7 @@ class FLFDMS(AvailabilityStrategy):
         order = np.argsort(labels, kind="stable")
         self.timings["friends"] = time.perf_counter() - tic
         tic = time.perf_counter()
-        U = np.stack([reports[i].delta for i in order])
+        U = self.stacked("updates", [reports[i].delta for i in order])
         self.timings["stack"] = time.perf_counter() - tic
 
         # 3. the update: u = (1/N) Σ_{i∈A_t} (1 + #dropped clients befriending i) Δ_i

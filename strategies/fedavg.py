@@ -20,6 +20,7 @@ from collections.abc import Callable
 import numpy as np
 
 from .base import AvailabilityStrategy, ClientReport
+from .weighting import weighted_sum
 
 
 class FedAvgActive(AvailabilityStrategy):
@@ -37,7 +38,7 @@ class FedAvgActive(AvailabilityStrategy):
         if not reports:
             return x, {}
         w = self.weights(reports)
-        u = sum(float(wi) * r.delta for wi, r in zip(w, reports, strict=True))
+        u = weighted_sum(map(float, w), (r.delta for r in reports))  # float32, as sum(float(w_i) Δ_i)
         return x + self.server_lr * u, {}
 
 
@@ -51,7 +52,7 @@ class FedAvgAll(AvailabilityStrategy):
         n = self.require_num_clients()
         if not reports:
             return x, {}
-        u = sum(r.delta for r in reports) / n
+        u = weighted_sum([1.0] * len(reports), (r.delta for r in reports)) / n
         return x + self.server_lr * u, {}
 
 

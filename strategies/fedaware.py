@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from .base import AvailabilityStrategy, ClientReport
+from .weighting import weighted_sum
 
 log = logging.getLogger(__name__)
 BLOCK = 1 << 22  # elements of one block of columns (16 MiB float32) in the scaled Gram product
@@ -226,7 +227,7 @@ class FedAWARE(AvailabilityStrategy):
             return x, metrics
         if self.seen.sum() < self.min_seen:
             w = self.weights(reports)
-            return x + self.server_lr * sum(wi * r.delta for wi, r in zip(w, reports, strict=True)), metrics
+            return x + self.server_lr * weighted_sum(w, (r.delta for r in reports)), metrics
         direction, info = self.direction()
         return x - self.server_lr * direction, {**metrics, **info}
 

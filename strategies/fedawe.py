@@ -61,7 +61,7 @@ from __future__ import annotations
 import logging
 import math
 import secrets
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -69,6 +69,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType
 from flwr.serverapp import Grid
 
 from .base import AvailabilityStrategy, ClientReport, Layout, ReplyRejected, named_arrays, safe_norm
+from .bounds import NormBounds
 from .protocol import (  # noqa: F401  (re-exported: FedAWE's wire format)
     ADOPT,
     CLIENT_RULE,
@@ -82,7 +83,8 @@ from .protocol import (  # noqa: F401  (re-exported: FedAWE's wire format)
     FEDAWE_UPDATE_PREFIX as UPDATE_PREFIX,
     SERVER_ROUND,
 )
-from .replies import split
+from .replies import decode, split
+from .state import capture, restore
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +103,7 @@ class EchoReport(ClientReport):
 
     echo_factor: int = 1
     echo_update: np.ndarray | None = None  # u_i = (t − τ_i) Δ_i, flat
+    echo_norm: float | None = None  # ‖u_i‖
 
 
 @dataclass
@@ -110,6 +113,10 @@ class FedAWEState:
     run_key: str
     initial: dict[str, np.ndarray] | None
     xbar: np.ndarray | None = None  # checkpoints before x̄ tracking lack it
+    # client id -> last round its reply was accepted (caps the echo factor); older checkpoints
+    # lack it: the cap is then t + 1 for every client until it is accepted again
+    last_accepted: dict[int, int] = field(default_factory=dict)
+    distance_norms: list[float] = field(default_factory=list)  # the distance bound's history
 
 
 class FedAWE(AvailabilityStrategy):
@@ -142,6 +149,8 @@ class FedAWE(AvailabilityStrategy):
         self.xbar: np.ndarray | None = None  # x̄, the mean of all N clients' copies, flat float64
         self._t = 0  # 0-based round being collected (bounds the echo factor)
         self._adopters: tuple[int, list[int]] = (0, [])  # (server round, node ids of A_t)
+        self.last_accepted: dict[int, int] = {}  # client id -> last round its reply was accepted
+        self.distance_bounds = NormBounds(self.max_update_norm, self.max_norm_ratio)  # ‖x_i^† − x^t‖
 
     # ------------------------------------------------------------------ messages out
     def client_config(self) -> dict[str, Any]:
@@ -183,51 +192,59 @@ class FedAWE(AvailabilityStrategy):
 
     # -------------------------------------------------------------------- replies in
     def parse_reply(self, msg: Message, node: int) -> EchoReport:
+        """The model part through the base's parser; the echo factor and u_i decoded and checked
+        like model arrays (junk is a rejection), the factor capped by the client's history."""
         assert self.layout is not None and self.current is not None
         _, record, metrics = split(msg.content)
         keys = list(record.keys())
-        meta = {k: record[k].numpy() for k in keys if k.startswith(META_PREFIX)}
-        model = ArrayRecord({k: record[k] for k in keys if not k.startswith(META_PREFIX)})
-        report = self.parser.report(model, metrics, node, self.layout, self.current)  # the model part
-        factor = self._echo_factor(meta)
-        update = self._echo_update(meta)
-        unknown = sorted(k for k in meta if k != ECHO_FACTOR and not k.startswith(UPDATE_PREFIX))
+        updates = {UPDATE_PREFIX + k for k in self.layout.keys}
+        unknown = sorted(k for k in keys if k.startswith(META_PREFIX) and k != ECHO_FACTOR and k not in updates)
         if unknown:
             raise ReplyRejected(f"unknown FedAWE reply keys {unknown[:5]}")
+        model = ArrayRecord({k: record[k] for k in keys if not k.startswith(META_PREFIX)})
+        report = self.parser.report(model, metrics, node, self.layout, self.current, self.reply_buffer())
+        factor = self._echo_factor(record, report.client_id)
+        update, norm = self._echo_update(record)
         base = {f.name: getattr(report, f.name) for f in fields(ClientReport)}
-        return EchoReport(**base, echo_factor=factor, echo_update=update)
+        return EchoReport(**base, echo_factor=factor, echo_update=update, echo_norm=norm)
 
-    def _echo_factor(self, meta: dict[str, np.ndarray]) -> int:
-        if ECHO_FACTOR not in meta:
+    def _echo_factor(self, record: ArrayRecord, client: int) -> int:
+        """t − τ_i, at most t − (the last round whose reply from this client was accepted)."""
+        if ECHO_FACTOR not in record:
             raise ReplyRejected(
                 f"reply lacks '{ECHO_FACTOR}': this node does not run FedAWE's client rule "
                 f"('{RULE}'). A ClientApp takes part with client_app.dropin: "
                 f"ClientApp(mods=[client_rule_mod]) and app.train(\"adopt\")(adopt)")
-        value = meta[ECHO_FACTOR]
+        value = decode(record[ECHO_FACTOR], ECHO_FACTOR)
         if value.size != 1 or not np.isfinite(value).all() or float(value.flat[0]) != int(value.flat[0]):
             raise ReplyRejected(f"'{ECHO_FACTOR}' must be one integer, got {value.ravel()[:3]}")
         factor = int(value.flat[0])
-        if not 1 <= factor <= self._t + 1:
-            raise ReplyRejected(f"'{ECHO_FACTOR}'={factor} is outside [1, t + 1 = {self._t + 1}]")
+        cap = self._t - self.last_accepted.get(client, -1)
+        if not 1 <= factor <= cap:
+            raise ReplyRejected(f"'{ECHO_FACTOR}'={factor} is outside [1, {cap}]: t − the round of client "
+                                f"{client}'s last accepted reply (t + 1 when none)")
         return factor
 
-    def _echo_update(self, meta: dict[str, np.ndarray]) -> np.ndarray:
+    def _echo_update(self, record: ArrayRecord) -> tuple[np.ndarray, float]:
+        """u_i as one flat float32 vector, and ‖u_i‖ (finite after the cast, or a rejection)."""
         assert self.layout is not None
-        parts = []
-        for key, shape, floating in zip(self.layout.keys, self.layout.shapes, self.layout.floating, strict=True):
-            if not floating:  # integer arrays are no part of the flat model (strategies.layout)
-                continue
-            part = meta.get(UPDATE_PREFIX + key)
-            if part is None:
-                raise ReplyRejected(f"reply lacks '{UPDATE_PREFIX}{key}': the server needs the client's "
-                                    "echoed update u_i (config fedawe-send-update) for its clip and x̄")
-            if tuple(part.shape) != shape:
-                raise ReplyRejected(f"'{UPDATE_PREFIX}{key}' has shape {tuple(part.shape)}, expected {shape}")
-            parts.append(np.asarray(part, np.float32).ravel())
-        update = np.concatenate(parts) if parts else np.zeros(0, np.float32)
-        if not np.all(np.isfinite(update)):
-            raise ReplyRejected("echoed update contains NaN or Inf")
-        return update
+        update = self.reply_buffer()
+        start = 0
+        with np.errstate(over="ignore", invalid="ignore"):
+            for key, shape, floating in zip(self.layout.keys, self.layout.shapes, self.layout.floating, strict=True):
+                if not floating:  # integer arrays are no part of the flat model (strategies.layout)
+                    continue
+                name = UPDATE_PREFIX + key
+                if name not in record:
+                    raise ReplyRejected(f"reply lacks '{name}': the server needs the client's echoed update "
+                                        "u_i (config fedawe-send-update) for its clip and x̄")
+                values = decode(record[name], name, shape)
+                update[start : start + values.size] = values.reshape(-1)
+                start += values.size
+        norm = safe_norm(update)
+        if not math.isfinite(norm):
+            raise ReplyRejected("echoed update contains NaN or Inf (after the cast to float32)")
+        return update, norm
 
     # ------------------------------------------------------------------------ the rule
     def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
@@ -240,8 +257,9 @@ class FedAWE(AvailabilityStrategy):
         if not reports:
             return x, self._xbar_metrics(x)
         w = self.weights(reports)
-        deltas = np.stack([r.delta for r in reports])  # x_i^† − x^t
-        updates = np.stack([u if (u := getattr(r, "echo_update", None)) is not None else r.delta for r in reports])
+        deltas = self.stacked("deltas", [r.delta for r in reports])  # x_i^† − x^t
+        updates = self.stacked("updates", [u if (u := getattr(r, "echo_update", None)) is not None else r.delta
+                                           for r in reports])
         x64 = np.asarray(x, np.float64)
         u = np.einsum("i,ij->j", w, updates)  # ū, float64 (einsum: no BLAS threads on a busy host)
         new = x64 + np.einsum("i,ij->j", w, deltas)
@@ -278,7 +296,23 @@ class FedAWE(AvailabilityStrategy):
         u = getattr(report, "echo_update", None)
         if u is None:
             return super().update_norm(report)
-        return safe_norm(u) / getattr(report, "echo_factor", 1)
+        norm = getattr(report, "echo_norm", None)
+        return (safe_norm(u) if norm is None else norm) / getattr(report, "echo_factor", 1)
+
+    def check_norms(self, reports: list[ClientReport]) -> list[ClientReport]:
+        """The client's own step (:meth:`update_norm`) through the bounds, then the returned model's
+        distance ‖x_i^† − x^t‖ through the same bounds, with its own running median."""
+        kept = super().check_norms(reports)
+        def distance(r: ClientReport) -> float:
+            return r.norm if r.norm is not None else safe_norm(r.delta)
+
+        return self.distance_bounds.check(kept, distance, lambda r: r.node_id, self.reject)
+
+    def accepted(self, reports: list[ClientReport]) -> None:
+        super().accepted(reports)
+        self.distance_bounds.commit(reports)
+        for r in reports:  # caps the echo factor of this client's next reply
+            self.last_accepted[r.client_id] = self._t
 
     def summary(self) -> None:
         log.info("fedawe: N=%s, server_lr=%s (applied by the clients), clip=%s, run key %s",
@@ -286,10 +320,14 @@ class FedAWE(AvailabilityStrategy):
 
     # -------------------------------------------------------------------- checkpoints
 
+    def get_state(self) -> FedAWEState:
+        return capture(self, self.State, distance_norms=list(self.distance_bounds.history))
+
     def set_state(self, state: FedAWEState) -> None:
         if not RUN_KEY_PATTERN.fullmatch(str(state.run_key)):
             raise ValueError(f"fedawe: bad run key in the checkpoint: {state.run_key!r}")
-        super().set_state(state)
+        restore(self, state, skip=("distance_norms",))
+        self.distance_bounds.load_state_dict({"history": state.distance_norms})
         self.run_key = str(state.run_key)
         if self.xbar is None and self.initial is not None:
             log.warning("fedawe: the checkpoint predates x̄ tracking; this run records no x̄ score")

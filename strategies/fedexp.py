@@ -9,6 +9,13 @@ and the model that is reported (evaluated) is the average of the last two iterat
 (x^{t+1} + x^t)/2, while training continues from x^{t+1} (Sec. 5, "averaging the last two iterates").
 The step is the η_g^t metric ``fedexp-step`` of every round. ``server_lr`` (default 1) multiplies it.
 
+``max_step`` (spec key ``max-step``, default 10; 0 = no cap) caps η_g^t. Eq. (9) has no upper
+limit: two replies that cancel (Δ and −Δ) make ‖Δ̄‖ ≈ 0 and the step Σ‖Δ_i‖²/(2Mε), as large as
+the clients like. Honest updates that merely disagree give at most M/2: for M orthogonal updates
+of equal norm ‖Δ̄‖² = (1/M²) Σ‖Δ_i‖², so η_g^t = M/2. The paper's experiments sample M = 20
+clients per round (M/2 = 10), and the largest fixed server step in its own FedAvg grid (Fig. 1:
+η_g ∈ {0.1, ..., 10}) is 10, so 10 bounds what the paper relies on; raise it with M ≫ 20.
+
 The official code (github.com/Divyansh03/FedExP, main.py) differs as follows (options here):
 
 - it uses ε·M instead of ε (``eps_times_m=True``);
@@ -23,6 +30,7 @@ The official code (github.com/Divyansh03/FedExP, main.py) differs as follows (op
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -37,12 +45,15 @@ class FedExP(AvailabilityStrategy):
     name = "fedexp"
 
     def __init__(self, *, eps: float = 1e-3, eps_times_m: bool = False, decay: float = 1.0,
-                 **kwargs: Any) -> None:
+                 max_step: float = 10.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if not eps >= 0:
             raise ValueError(f"eps must be >= 0, got {eps}")
         if not 0 < decay <= 1:
             raise ValueError(f"decay must be in (0, 1], got {decay}")
+        if not (math.isfinite(max_step) and (max_step == 0 or max_step >= 1)):
+            raise ValueError(f"max_step (spec key max-step) must be a finite number >= 1 (0 = no cap), got {max_step}")
+        self.max_step = float(max_step)
         self.eps = float(eps)
         self.eps_times_m = bool(eps_times_m)
         self.decay = float(decay)
@@ -58,12 +69,15 @@ class FedExP(AvailabilityStrategy):
             return x, {}
         w = self.weights(reports)
         mean, spread = np.zeros(x.size, np.float64), 0.0
+        d, term = np.empty(x.size, np.float64), np.empty(x.size, np.float64)  # reused: no array per reply
         for wi, r in zip(w, reports, strict=True):  # float64: float32 sums of squares overflow at ~1e19
-            d = r.delta.astype(np.float64)
-            mean += wi * d
+            np.copyto(d, r.delta)
+            mean += np.multiply(d, wi, out=term)
             spread += float(wi * np.dot(d, d))
         denom = 2.0 * (float(np.dot(mean, mean)) + self.epsilon(t, len(reports)))
         step = max(1.0, spread / denom) if denom > 0 else 1.0
+        if self.max_step:
+            step = min(step, self.max_step)
         return (x + self.server_lr * step * mean).astype(np.float32), {"fedexp-step": step}
 
     def evaluation_arrays(self, arrays: ArrayRecord) -> ArrayRecord:

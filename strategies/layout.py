@@ -1,4 +1,5 @@
-"""Flat vectors: an ArrayRecord <-> one float32 vector, and a norm that cannot overflow.
+"""Flat vectors: an ArrayRecord <-> one float32 vector, a norm that cannot overflow, and the
+reusable scratch memory the replies' vectors are written into.
 
 Every rule computes on flat float32 vectors (x^t, Δ_i); :class:`Layout` remembers the names,
 shapes and dtypes of the model's arrays to map an ArrayRecord to such a vector and back. Every
@@ -8,6 +9,8 @@ Only floating arrays enter the vector. Integer and boolean arrays (counters such
 ``num_batches_tracked``, index tables) are no parameters a rule may average, and float32 would
 round integers above 2^24: they travel beside the vector, exactly, as name -> array
 (:meth:`Layout.integers`), and the base aggregates them by its ``integer_arrays`` policy.
+
+:class:`Scratch` keeps one round's reply vectors for the next rounds.
 """
 
 from __future__ import annotations
@@ -57,20 +60,10 @@ class Layout:
         return np.concatenate([np.asarray(a, np.float32).ravel() for a in arrays])
 
     def integers(self, record: ArrayRecord) -> dict[str, np.ndarray]:
-        """The other arrays of ``record``, in the layout's dtypes; ValueError for values that are
-        not finite (a reply may send an integer buffer as floats: rounded to the nearest)."""
-        out = {}
-        for key, dtype, floating, arr in zip(self.keys, self.dtypes, self.floating, record.values(),
-                                             strict=True):
-            if floating:
-                continue
-            a = arr.numpy()
-            if a.dtype.kind == "f":
-                if not np.all(np.isfinite(a)):
-                    raise ValueError(f"array '{key}' ({np.dtype(dtype).name} in the model) holds NaN or Inf")
-                a = np.rint(a)
-            out[key] = a.astype(np.dtype(dtype))
-        return out
+        """The other arrays of ``record``, in the layout's dtypes (:func:`as_model_integers`)."""
+        return {key: as_model_integers(key, arr.numpy(), dtype)
+                for key, dtype, floating, arr in zip(self.keys, self.dtypes, self.floating, record.values(),
+                                                     strict=True) if not floating}
 
     def unflatten(self, vector: np.ndarray, integers: Mapping[str, np.ndarray] | None = None) -> ArrayRecord:
         """The ArrayRecord of flat vector ``vector`` and the non-floating arrays ``integers``."""
@@ -105,7 +98,7 @@ def safe_norm(vector: np.ndarray) -> float:
             square = float(np.dot(v, v))
         if math.isfinite(square):
             return math.sqrt(square)
-    v = v.astype(np.float64)
+    v = np.asarray(v, np.float64)
     return math.sqrt(float(np.dot(v, v)))
 
 
@@ -113,6 +106,23 @@ def named_arrays(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
     """An ArrayRecord from name -> ndarray (Flower's constructor takes lists or Arrays). Shapes are
     kept as they are: ``np.ascontiguousarray`` would turn a 0-d array into shape (1,)."""
     return ArrayRecord({k: Array(np.asarray(v, order="C")) for k, v in arrays.items()})
+
+
+def as_model_integers(key: str, values: np.ndarray, dtype: str) -> np.ndarray:
+    """``values`` of the model's non-floating array ``key`` in its ``dtype``; ValueError for values
+    that are not finite or do not fit the dtype (a reply may send an integer buffer as floats:
+    rounded to the nearest)."""
+    target = np.dtype(dtype)
+    if values.dtype.kind == "f":
+        if not np.all(np.isfinite(values)):
+            raise ValueError(f"array '{key}' ({target.name} in the model) holds NaN or Inf")
+        values = np.rint(values)
+    if target.kind in "iu" and values.size:
+        info = np.iinfo(target)
+        if values.min() < info.min or values.max() > info.max:
+            raise ValueError(f"array '{key}' holds values outside {target.name}'s range "
+                             f"[{info.min}, {info.max}]")
+    return values.astype(target)
 
 
 def aggregate_integers(policy: str, current: Mapping[str, np.ndarray], replied: list[Mapping[str, np.ndarray]],
@@ -132,3 +142,36 @@ def aggregate_integers(policy: str, current: Mapping[str, np.ndarray], replied: 
         mean = np.tensordot(np.asarray(weights, np.float64), np.stack([r[key].astype(np.float64) for r in replied]), axes=1)
         out[key] = mean >= 0.5 if value.dtype.kind == "b" else np.rint(mean).astype(value.dtype)
     return out
+
+
+class Scratch:
+    """Flat float32 rows for one round's replies (Δ_i, u_i) and matrices of stacked replies, kept
+    and reused in the next rounds: writing into fresh memory (page faults, zeroing) costs several
+    times the arithmetic, and a round's replies must all be held while the rule aggregates them.
+    A rule that keeps a reply's vector across rounds copies it (as the tables do)."""
+
+    def __init__(self) -> None:
+        self.rows: list[np.ndarray] = []
+        self.used = 0
+        self.stacks: dict[str, np.ndarray] = {}
+
+    def new_round(self) -> None:
+        """Last round's reports are gone: their rows are free."""
+        self.used = 0
+
+    def row(self, size: int) -> np.ndarray:
+        """A float32 vector of ``size`` not handed out since :meth:`new_round`."""
+        if self.rows and self.rows[0].size != size:
+            self.rows = []
+        if self.used == len(self.rows):
+            self.rows.append(np.empty(size, np.float32))
+        self.used += 1
+        return self.rows[self.used - 1]
+
+    def stacked(self, name: str, vectors: list[np.ndarray]) -> np.ndarray:
+        """``np.stack(vectors)`` (the same numbers) written into a matrix kept under ``name``."""
+        dtype, shape = np.result_type(*vectors), (len(vectors), *np.shape(vectors[0]))
+        buf = self.stacks.get(name)
+        if buf is None or buf.dtype != dtype or buf.shape[1:] != shape[1:] or len(buf) < shape[0]:
+            buf = self.stacks[name] = np.empty(shape, dtype)
+        return np.stack(vectors, out=buf[: shape[0]])

@@ -7,7 +7,9 @@ and applies the average of ALL of them every round.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -16,6 +18,9 @@ from .base import ClientReport, ReplyRejected
 from .memory import StoredUpdates, TableState
 from .protocol import LR, NUM_EXAMPLES
 from .replies import positive
+from .weighting import weighted_sum
+
+LR_HISTORY = 64  # accepted lrs whose median is the reference
 
 
 @dataclass
@@ -24,6 +29,7 @@ class MIFAState(TableState):
 
     last_lr: float | None = None
     filled: bool = False
+    lr_history: list[float] = field(default_factory=list)  # recently accepted lrs (gradient units)
 
 
 class MIFA(StoredUpdates):
@@ -38,7 +44,13 @@ class MIFA(StoredUpdates):
     - ``gradient_units``: store Y_i = Δ_i / η_l,i (η_l,i the lr client i used, read from the
       reply metric ``lr``) and apply u = η_l^t · (1/N) Σ_i Y_i with η_l^t the lr of this round's
       replies (their mean; the last one seen in an empty round). A reply without ``lr`` is
-      rejected with a reason saying so.
+      rejected with a reason saying so, and so is one whose ``lr`` is not within a factor
+      ``max_lr_ratio`` (default 100) of the reference: the median of the last 64 accepted lrs,
+      or before any, ``lr`` (spec key ``mifa:lr=``, the run's base lr; 0 = not given: the first
+      accepted replies set the reference). Honest replies of one round share the round's lr
+      (``workloads.solvers.lr_at``) and schedules change it by at most a factor 10 at once
+      (``step:gamma=0.1``), so the factor 100 leaves margin; a stored Y_i = Δ_i / η_l,i then
+      weighs at most 100 times what it would at the reference lr (the table keeps it).
     - ``wait_for_all``: until every client has been seen once, aggregate as FedAvg over the
       active clients (u = mean_{A_t} Δ_i; the table is filled meanwhile), then switch to MIFA.
       This APPROXIMATES the official start, which waits until all clients were seen and then
@@ -51,21 +63,47 @@ class MIFA(StoredUpdates):
     legacy_key = "mifa"
 
     def __init__(self, *, gradient_units: bool = False, wait_for_all: bool = False,
-                 memory_dir: str = "", **kwargs: Any) -> None:
+                 memory_dir: str = "", lr: float = 0.0, max_lr_ratio: float = 100.0, **kwargs: Any) -> None:
         super().__init__(memory_dir=memory_dir, **kwargs)
+        if not (math.isfinite(lr) and lr >= 0):
+            raise ValueError(f"mifa: lr (the run's base lr; 0 = not given) must be a finite number >= 0, got {lr}")
+        if not (math.isfinite(max_lr_ratio) and max_lr_ratio > 1):
+            raise ValueError(f"mifa: max_lr_ratio (spec key max-lr-ratio) must be a finite number > 1, "
+                             f"got {max_lr_ratio}")
         self.gradient_units = bool(gradient_units)
         self.wait_for_all = bool(wait_for_all)
+        self.lr, self.max_lr_ratio = float(lr), float(max_lr_ratio)
+        self.lr_history: deque[float] = deque(maxlen=LR_HISTORY)
         if self.gradient_units:
             self.required_metrics = (NUM_EXAMPLES, LR)
         self.last_lr: float | None = None
         self.filled = False  # every client seen once (wait_for_all)
 
     def check_report(self, report: ClientReport) -> None:
+        if not self.gradient_units:
+            return
+        try:
+            lr = positive(report.metrics, LR)
+        except ReplyRejected as exc:
+            raise ReplyRejected(f"{exc} (strategy '{self.name}' with gradient_units needs it)") from None
+        reference = float(np.median(self.lr_history)) if self.lr_history else self.lr
+        if reference and not reference / self.max_lr_ratio <= lr <= reference * self.max_lr_ratio:
+            raise ReplyRejected(f"metric '{LR}'={lr:.3g} is not within a factor max-lr-ratio {self.max_lr_ratio:g} "
+                                f"of the reference lr {reference:.3g} (the median of recently accepted lrs)")
+
+    def accepted(self, reports: list[ClientReport]) -> None:
+        super().accepted(reports)
         if self.gradient_units:
-            try:
-                positive(report.metrics, LR)
-            except ReplyRejected as exc:
-                raise ReplyRejected(f"{exc} (strategy '{self.name}' with gradient_units needs it)") from None
+            self.lr_history.extend(float(r.metrics[LR]) for r in reports)
+
+    def get_state(self) -> MIFAState:
+        state = super().get_state()
+        state.lr_history = list(self.lr_history)
+        return state
+
+    def set_state(self, state: MIFAState) -> None:
+        super().set_state(state)
+        self.lr_history = deque(state.lr_history, maxlen=LR_HISTORY)
 
     def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
         table = self._table(x.size)
@@ -81,7 +119,7 @@ class MIFA(StoredUpdates):
             if not self.filled:
                 if not reports:
                     return x, metrics
-                u = sum(w * r.delta for w, r in zip(self.weights(reports), reports, strict=True))
+                u = weighted_sum(self.weights(reports), (r.delta for r in reports))
                 return x + self.server_lr * u, metrics
         if table.num_seen == 0:
             return x, metrics

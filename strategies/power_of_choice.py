@@ -44,6 +44,7 @@ from .protocol import (
     TRAIN_LOSS,
 )
 from .replies import ReplyRejected, count, destinations, finite, source_node
+from .weighting import weighted_sum
 
 VARIANTS = ("pow-d", "cpow-d", "rpow-d")
 flwr_log = logging.getLogger("flwr")
@@ -173,4 +174,4 @@ class PowerOfChoice(AvailabilityStrategy):
         if not reports:
             return x, metrics
         w = self.weights(reports)
-        return x + self.server_lr * sum(wi * r.delta for wi, r in zip(w, reports, strict=True)), metrics
+        return x + self.server_lr * weighted_sum(w, (r.delta for r in reports)), metrics

@@ -22,6 +22,7 @@ NUM_STEPS = "num-steps"
 A_NORM = "a-norm"
 TRAIN_LOSS = "train-loss"
 LR = "lr"  # the local learning rate the client used this round
+TRAIN_TIME = "train-time"  # seconds of local training (only with node config report-timing=true)
 
 # metrics an evaluate reply carries (Flower's templates say eval_loss, eval_acc: strategies.metrics)
 EVAL_LOSS = "eval-loss"

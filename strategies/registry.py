@@ -3,7 +3,8 @@
 Every module of this package is imported and every :class:`AvailabilityStrategy` subclass with
 a ``name`` is registered, so a new rule is one new module. A strategy spec uses the same grammar
 as schedules: ``fedau:cutoff=50``; its parameters are the class's own keyword arguments
-(beyond the shared ones) and the base's sanity bounds ``max-update-norm`` and ``max-norm-ratio``,
+(beyond the shared ones) and the base's sanity bounds ``max-update-norm``, ``max-norm-ratio`` and
+``max-weight-share``,
 type-checked against their defaults.
 """
 
@@ -23,7 +24,7 @@ from availability.spec import SpecError, parse_spec
 from .base import AvailabilityStrategy
 
 # keyword arguments of the base that a spec may set for every rule (e.g. "mifa:max-norm-ratio=50")
-SPEC_SHARED = {"max_update_norm", "max_norm_ratio"}
+SPEC_SHARED = {"max_update_norm", "max_norm_ratio", "max_weight_share"}
 # the other base arguments come from the run config (build_strategy's ``shared``), not a spec
 SHARED = set(inspect.signature(AvailabilityStrategy.__init__).parameters) - {"self"} - SPEC_SHARED
 

@@ -10,15 +10,18 @@ MIFA's lr). :func:`source_node` traces a SuperLink-relayed error back to its nod
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, Message, RecordDict
+from flwr.app import Array, ArrayRecord, Message, RecordDict
+from flwr.common.constant import SType
+from numpy.lib import format as npy
 
-from .layout import Layout
+from .layout import Layout, as_model_integers, safe_norm
 from .metrics import canonical, names
 from .protocol import A_NORM, CLIENT_ID, NUM_EXAMPLES, NUM_STEPS, TRAIN_LOSS
 
@@ -35,13 +38,17 @@ class ClientReport:
 
     client_id: int
     node_id: int
-    delta: np.ndarray  # Δ_i = x_i^{t,end} − x^t, flat float32 (the server ADDS it)
+    # Δ_i = x_i^{t,end} − x^t, flat float32 (the server ADDS it). From a reply, it lives in a
+    # buffer the base reuses next round: a rule that keeps Δ_i across rounds copies it (as the
+    # tables do)
+    delta: np.ndarray
     num_examples: int
     num_steps: int | None = None
     a_norm: float | None = None  # FedNova's ‖a_i‖_1
     train_loss: float | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
     integers: dict[str, np.ndarray] = field(default_factory=dict)  # the non-floating arrays, exact
+    norm: float | None = None  # ‖Δ_i‖₂, computed once while parsing (None: not yet)
 
 
 @dataclass
@@ -86,6 +93,78 @@ def positive(metrics: Mapping[str, Any], key: str) -> float | None:
     if value is not None and value <= 0:
         raise ReplyRejected(f"metric '{key}'={value!r} must be > 0")
     return value
+
+
+# ------------------------------------------------------------------------- arrays
+REAL_KINDS = "fiu"  # floating, signed and unsigned integer: the dtypes a model array may have
+HEADER_READERS = {(1, 0): npy.read_array_header_1_0, (2, 0): npy.read_array_header_2_0}
+
+
+def decode(array: Array, key: str, shape: tuple[int, ...] | None = None, kinds: str = REAL_KINDS) -> np.ndarray:
+    """The ndarray an :class:`Array` holds, checked: Flower's ``numpy.ndarray`` serialisation
+    (the ``.npy`` format, read with numpy's own header readers and no copy), a real floating or
+    integer dtype (no bools, complex, datetimes, strings or objects; ``kinds`` adds ``"b"`` for a
+    model's own boolean array), exactly as many bytes as its shape needs, and that shape equal to
+    the declared one (and to ``shape`` when given). Anything else is a ReplyRejected naming the
+    array."""
+    if array.stype != SType.NUMPY:
+        raise ReplyRejected(f"array '{key}' has stype {array.stype!r}, not {SType.NUMPY!r}")
+    data = array.data
+    try:
+        stream = io.BytesIO(data)
+        version = npy.read_magic(stream)
+        if version not in HEADER_READERS:
+            raise ValueError(f".npy format version {version}")
+        real_shape, fortran, dtype = HEADER_READERS[version](stream)
+    except Exception as exc:  # noqa: BLE001 (any decoding error is this reply's problem)
+        raise ReplyRejected(f"array '{key}' cannot be decoded: {type(exc).__name__}: {exc}") from None
+    if dtype.kind not in kinds or dtype.fields is not None:
+        raise ReplyRejected(f"array '{key}' has dtype {dtype}, not a real floating or integer type")
+    if tuple(real_shape) != tuple(array.shape) or (shape is not None and tuple(real_shape) != shape):
+        expected = tuple(array.shape) if shape is None else shape
+        raise ReplyRejected(f"array '{key}' holds shape {tuple(real_shape)}, declared {tuple(array.shape)}, "
+                            f"expected {expected}")
+    count = math.prod(real_shape)
+    offset = stream.tell()
+    if len(data) - offset != count * dtype.itemsize:
+        raise ReplyRejected(f"array '{key}' has {len(data) - offset} data bytes, its shape {tuple(real_shape)} "
+                            f"of {dtype} needs {count * dtype.itemsize}")
+    flat = np.frombuffer(data, dtype, count, offset)
+    return flat.reshape(real_shape[::-1]).T if fortran else flat.reshape(real_shape)
+
+
+def model_delta(arrays: ArrayRecord, layout: Layout, current: np.ndarray,
+                out: np.ndarray | None = None) -> tuple[np.ndarray, float, dict[str, np.ndarray]]:
+    """(Δ = the reply's floating arrays − x^t as one flat float32 vector, ‖Δ‖₂, the non-floating
+    arrays in the model's dtypes), every array decoded and checked (:func:`decode`), the floating
+    ones cast to float32 and subtracted in one pass (into ``out`` when given), the others
+    converted exactly (:func:`strategies.layout.as_model_integers`); ReplyRejected when the keys
+    differ from the model's, Δ is not finite after the cast (NaN, Inf, or beyond float32) or an
+    integer array does not fit the model's dtype."""
+    if tuple(arrays.keys()) != layout.keys:
+        raise ReplyRejected(f"array keys {list(arrays.keys())[:5]}... differ from the model's")
+    delta = np.empty(layout.size, np.float32) if out is None else out
+    integers: dict[str, np.ndarray] = {}
+    start = 0
+    with np.errstate(over="ignore", invalid="ignore"):
+        for key, shape, dtype, floating, array in zip(layout.keys, layout.shapes, layout.dtypes, layout.floating,
+                                                      arrays.values(), strict=True):
+            if not floating:  # beside the vector, exactly (strategies.layout)
+                boolean = np.dtype(dtype).kind == "b"
+                values = decode(array, key, shape, REAL_KINDS + "b" if boolean else REAL_KINDS)
+                try:
+                    integers[key] = as_model_integers(key, values, dtype)
+                except ValueError as exc:
+                    raise ReplyRejected(str(exc)) from None
+                continue
+            values = decode(array, key, shape)
+            end = start + values.size
+            np.subtract(values.reshape(-1), current[start:end], out=delta[start:end], dtype=np.float32)
+            start = end
+    norm = safe_norm(delta)
+    if not math.isfinite(norm):
+        raise ReplyRejected("arrays contain NaN or Inf (after the cast to float32)")
+    return delta, norm, integers
 
 
 # ------------------------------------------------------------------------ messages
@@ -140,14 +219,16 @@ class ReplyParser:
     weighted_by_key: str = NUM_EXAMPLES
     fallback: Callable[[int], int] | None = None
 
-    def parse(self, content: RecordDict, node: int, layout: Layout, current: np.ndarray) -> ClientReport:
+    def parse(self, content: RecordDict, node: int, layout: Layout, current: np.ndarray,
+              out: np.ndarray | None = None) -> ClientReport:
         """One reply's content -> ClientReport, or ReplyRejected naming the problem."""
         _, arrays, metrics = split(content)
-        return self.report(arrays, metrics, node, layout, current)
+        return self.report(arrays, metrics, node, layout, current, out)
 
     def report(self, arrays: ArrayRecord, metrics: dict[str, Any], node: int, layout: Layout,
-               current: np.ndarray) -> ClientReport:
-        """The model ``arrays`` and ``metrics`` of one reply -> ClientReport (or ReplyRejected)."""
+               current: np.ndarray, out: np.ndarray | None = None) -> ClientReport:
+        """The model ``arrays`` and ``metrics`` of one reply -> ClientReport (or ReplyRejected);
+        Δ is written into ``out`` when given."""
         metrics = canonical(metrics, self.weighted_by_key)
         for key, hint in self.hints.items():
             if key not in metrics:
@@ -157,15 +238,7 @@ class ReplyParser:
             said = ", ".join(f"'{self.weighted_by_key}'" if k == NUM_EXAMPLES else names(k) for k in missing)
             raise ReplyRejected(f"the train reply lacks metric {said}, which strategy '{self.rule}' "
                                 f"needs: add it to the ClientApp's train reply MetricRecord")
-        if (why := layout.mismatch(arrays)) is not None:
-            raise ReplyRejected(why)
-        model = layout.flatten(arrays)
-        if not np.all(np.isfinite(model)):
-            raise ReplyRejected("arrays contain NaN or Inf")
-        try:
-            integers = layout.integers(arrays)
-        except ValueError as exc:
-            raise ReplyRejected(str(exc)) from None
+        delta, norm, integers = model_delta(arrays, layout, current, out)
         if CLIENT_ID in metrics:
             client_id = count(metrics, CLIENT_ID, 0, (self.num_clients or 2**63) - 1)
         else:
@@ -173,11 +246,12 @@ class ReplyParser:
         return ClientReport(
             client_id=client_id,
             node_id=node,
-            delta=model - current,
+            delta=delta,
             num_examples=count(metrics, NUM_EXAMPLES, 1, self.max_num_examples),
             num_steps=count(metrics, NUM_STEPS, 1, self.max_num_steps, default=None),
             a_norm=positive(metrics, A_NORM),
             train_loss=finite(metrics, TRAIN_LOSS),
             metrics=metrics,
             integers=integers,
+            norm=norm,
         )

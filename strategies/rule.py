@@ -76,7 +76,7 @@ class Rule:
         """The norm the sanity bounds compare (hook): ‖Δ_i‖₂ (:func:`safe_norm`: it cannot
         overflow). A rule whose replies are not updates of x^t (FedAWE's echoed models) may
         return a norm that means "how big is this client's own step"."""
-        return safe_norm(report.delta)
+        return report.norm if report.norm is not None else safe_norm(report.delta)
 
     def check_report(self, report: ClientReport) -> None:
         """Rule-specific checks of one parsed reply (hook): raise ReplyRejected to reject it."""
@@ -93,4 +93,4 @@ class Rule:
     @classmethod
     def read_state(cls, saved: dict[str, Any]) -> Any:
         """The rule's ``State`` in a checkpoint (``state_dict()``, any format), for reports."""
-        return rule_state.unpack(saved, cls.name, cls.State, cls.legacy_key)[2]
+        return rule_state.unpack(saved, cls.name, cls.State, cls.legacy_key)[3]

@@ -6,7 +6,8 @@ needs. The base reads and writes them (:func:`capture`, :func:`restore`), and ch
 rule under one layout (:func:`pack`):
 
     {"format": 2, "rule": <rule name>, "rng": <the strategy generator's state>,
-     "identity": {"client_of_node": ..., "node_of_client": ...}, "state": {<State field>: value}}
+     "identity": {"client_of_node": ..., "node_of_client": ...},
+     "bounds": {"history": [recently accepted update norms]}, "state": {<State field>: value}}
 
 Reports read a checkpoint through the rule (``STRATEGIES["fl-fdms"].read_state(ckpt["strategy"])``
 -> ``FLFDMSState``), never through raw keys. Checkpoints written before this layout (format 1:
@@ -43,16 +44,17 @@ def restore(obj: Any, state: Any, skip: tuple[str, ...] = ()) -> None:
             setattr(obj, f.name, copy.deepcopy(getattr(state, f.name)))
 
 
-def pack(rule: str, rng: dict[str, Any], identity: dict[str, Any], state: Any) -> dict[str, Any]:
+def pack(rule: str, rng: dict[str, Any], identity: dict[str, Any], bounds: dict[str, Any],
+         state: Any) -> dict[str, Any]:
     """The checkpoint of a strategy (format 2)."""
-    return {"format": FORMAT, "rule": rule, "rng": rng, "identity": identity,
+    return {"format": FORMAT, "rule": rule, "rng": rng, "identity": identity, "bounds": bounds,
             "state": {f.name: getattr(state, f.name) for f in fields(state)}}
 
 
 def unpack(saved: dict[str, Any], rule: str, state_cls: type,
-           legacy_key: str | None = None) -> tuple[dict[str, Any], dict[str, Any], Any]:
-    """(rng state, identity state, rule state) of a checkpoint of ``rule``, or ValueError saying
-    why it is not one."""
+           legacy_key: str | None = None) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], Any]:
+    """(rng state, identity state, bounds state, rule state) of a checkpoint of ``rule``, or
+    ValueError saying why it is not one. Checkpoints without the bounds' history start it empty."""
     if not isinstance(saved, dict):
         raise ValueError(f"a strategy checkpoint is a dict, got {type(saved).__name__}")
     fmt = saved.get("format", 1)
@@ -60,6 +62,7 @@ def unpack(saved: dict[str, Any], rule: str, state_cls: type,
         if saved.get("rule") != rule:
             raise ValueError(f"the checkpoint holds the state of strategy {saved.get('rule')!r}, not {rule!r}")
         own, rng, identity = saved["state"], saved["rng"], saved["identity"]
+        bounds = saved.get("bounds") or {}
     elif fmt == 1:
         own = {k: v for k, v in saved.items() if k not in BASE_KEYS}
         if legacy_key is not None:
@@ -67,10 +70,10 @@ def unpack(saved: dict[str, Any], rule: str, state_cls: type,
                 raise ValueError(f"the checkpoint has no '{legacy_key}' entry: it was not written by "
                                  f"strategy {rule!r} (keys: {sorted(saved)[:8]})")
             own = dict(own.pop(legacy_key) or {})  # FedAU wrote None before its first round
-        rng, identity = saved["rng"], {k: saved.get(k) for k in BASE_KEYS[1:]}
+        rng, identity, bounds = saved["rng"], {k: saved.get(k) for k in BASE_KEYS[1:]}, {}
     else:
         raise ValueError(f"unknown strategy checkpoint format {fmt!r} (this code writes {FORMAT})")
-    return rng, identity, build(state_cls, own, rule)
+    return rng, identity, bounds, build(state_cls, own, rule)
 
 
 def build(state_cls: type, values: dict[str, Any], rule: str) -> Any:

@@ -6,7 +6,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -31,3 +32,41 @@ def client_weights(weighting: str, num_examples: Sequence[int]) -> np.ndarray:
     else:
         w = np.ones(len(num_examples))
     return w / w.sum()
+
+
+def cap_shares(weights: np.ndarray, max_share: float) -> np.ndarray:
+    """``weights`` (summing to 1) with no entry above ``max_share``: the capped entries are fixed
+    at the cap and the rest is shared in proportion to the others' weights, repeated until none
+    exceeds it (water-filling); equal weights when even those exceed it (m · max_share <= 1).
+    ``max_share = 0`` returns ``weights`` unchanged."""
+    m = len(weights)
+    if not max_share or m == 0 or weights.max() <= max_share:
+        return weights
+    if m * max_share <= 1:
+        return np.full(m, 1.0 / m)
+    capped = np.zeros(m, bool)
+    out = weights.copy()
+    while True:
+        over = ~capped & (out > max_share)
+        if not over.any():
+            return out
+        capped |= over
+        free = ~capped
+        rest = 1.0 - max_share * capped.sum()
+        out = np.where(capped, max_share, weights * rest / weights[free].sum())
+
+
+def weighted_sum(weights: Iterable[Any], vectors: Iterable[np.ndarray]) -> np.ndarray | int:
+    """Σ_i w_i v_i accumulated in place, in the order given: the same numbers as
+    ``sum(w_i * v_i ...)`` (numpy's type rules: a Python float keeps float32 vectors in float32, a
+    numpy float64 makes the sum float64) without a new array per term (0 when there is no term)."""
+    out: np.ndarray | None = None
+    term: np.ndarray | None = None
+    for w, v in zip(weights, vectors, strict=True):
+        if out is None:
+            out = w * v
+            term = np.empty_like(out)
+        else:
+            np.multiply(v, w, out=term)
+            out += term
+    return 0 if out is None else out

@@ -61,3 +61,37 @@ def run_round(strategy, rnd, x, updates: dict[int, np.ndarray], nodes=None, **me
 
 
 __all__ = ["Grid1", "start_round", "reply", "error", "run_round", "MessageType"]
+
+
+# ---------------------------------------------------------------- every rule, honest or not
+def build_rule(name: str, n: int = 4, spec: str = "", **kwargs) -> AvailabilityStrategy:
+    """Any registered rule with N = n clients (power-of-choice as rpow-d: no probe round to fake;
+    oracles get p = 0.5)."""
+    from strategies import build_strategy
+
+    spec = spec or ("pow-d:variant=rpow-d" if name == "pow-d" else name)
+    return build_strategy(spec, num_clients=n, probabilities=lambda t: np.full(n, 0.5), seed=3, **kwargs)
+
+
+def rule_reply(name: str, sent: Message, model, client: int, update=None, *, arrays: dict | None = None,
+               factor: float = 1.0, **metrics) -> Message:
+    """A reply every rule accepts (FedNova's a-norm and num-steps, FedAWE's echo factor and u_i =
+    ``update``, default model − x), unless ``arrays`` (name -> ndarray or Array) replaces entries."""
+    from flwr.app import Array, ArrayRecord
+
+    from strategies.protocol import FEDAWE_ECHO_FACTOR, FEDAWE_UPDATE_PREFIX
+
+    model = np.asarray(model, np.float32)
+    content: dict = {"w": model}
+    if name.startswith("fedawe"):
+        u = model - sent_model(sent) if update is None else np.asarray(update, np.float32)
+        content |= {FEDAWE_ECHO_FACTOR: np.array([factor]), FEDAWE_UPDATE_PREFIX + "w": u}
+    content |= arrays or {}
+    record = ArrayRecord({k: v if isinstance(v, Array) else Array(np.ascontiguousarray(v)) for k, v in content.items()})
+    metrics = {"num-examples": 10, "client-id": client, "a-norm": 2.0, "num-steps": 2, "lr": 0.1, **metrics}
+    return Message(RecordDict({"arrays": record, "metrics": MetricRecord(metrics)}), reply_to=sent)
+
+
+def sent_model(sent: Message) -> np.ndarray:
+    """The global model a train message carries (FedAWE's carry x^0; its tests pass x^t = x^0)."""
+    return sent.content["arrays"]["w"].numpy()

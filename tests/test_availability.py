@@ -394,3 +394,40 @@ def test_registry_covers_the_documented_models():
         "trace-matrix", "trace-intervals"}
     for name, cls in SCHEDULES.items():
         assert cls.name == name and cls.__doc__ and f"[{name}" in cls.__doc__
+
+
+@pytest.mark.parametrize("spec, needs", [
+    ("always", set()), ("bernoulli:p=0.5", set()), ("ln", set()), ("group-cyclic", set()),
+    ("sine:gamma=0.3", {"label_dists"}), ("stationary", {"label_dists"}), ("markov", {"label_dists"}),
+    ("fedau-bernoulli", {"label_dists"}), ("cyclic", {"label_dists"}),
+    ("dropout:alpha=0.3", set()), ("dropout:alpha=0.3,keep_per_cluster=true", {"clusters"}),
+])
+def test_a_schedule_says_what_it_needs(spec, needs):
+    from availability import schedule_needs
+
+    assert schedule_needs(spec) == needs
+
+
+def test_schedule_for_builds_the_workload_only_when_needed():
+    from availability import schedule_for
+
+    calls = []
+
+    class Inputs:
+        label_dists = np.full((N, 4), 0.25)
+        clusters = None
+
+    def make():
+        calls.append(1)
+        return Inputs()
+
+    plain = schedule_for({"availability": "bernoulli:p=0.5", "num-clients": N, "schedule-seed": 3}, make)
+    assert calls == [] and plain.num_clients == N
+    assert np.array_equal(plain.matrix(5), build_schedule("bernoulli:p=0.5", N, 3).matrix(5))
+    sine = schedule_for({"availability": "sine:gamma=0.3", "num-clients": N, "schedule-seed": 3}, make)
+    assert calls == [1]
+    assert np.array_equal(sine.matrix(5), build_schedule("sine:gamma=0.3", N, 3, Inputs.label_dists).matrix(5))
+    with pytest.raises(ScheduleError, match="needs the workload's label_dists"):
+        schedule_for({"availability": "sine:gamma=0.3", "num-clients": N})
+    with pytest.raises(ScheduleError, match="unknown availability model 'nope'"):
+        schedule_for({"availability": "nope", "num-clients": N})

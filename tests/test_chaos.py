@@ -47,7 +47,9 @@ def run_config(results) -> dict:
 def chaos(tmp_path_factory):
     if shutil.which("flower-superlink") is None or shutil.which("flwr") is None:
         pytest.skip("flower-superlink / flwr not on PATH")
-    from deploy.launch import Deployment, latest_checkpoint, run_deployment
+    from deploy.local import Deployment
+    from deploy.run import run_deployment
+    from deploy.runconfig import latest_checkpoint
 
     tmp = tmp_path_factory.mktemp("chaos")
     (nan_env, nan_cfg), (huge_env, huge_cfg) = fault_node("nan", NAN[0]), fault_node("huge", HUGE[0])
@@ -123,7 +125,7 @@ def test_the_resumed_run_continues_exactly_from_the_checkpoint(chaos, tmp_path):
 
 
 def test_nothing_is_left_behind(chaos):
-    from deploy.launch import zombie_children
+    from deploy.procs import zombie_children
 
     dep = chaos["dep"]
     assert dep.leftovers() == []

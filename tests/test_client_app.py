@@ -7,7 +7,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, R
 from availability import build_schedule
 from client_app.app import UNAVAILABLE, app, workload_of
 from experiments.inprocess import default_run_config
-from workloads.config import ConfigError, WorkloadConfig, from_run_config
+from runconfig import ConfigError, WorkloadConfig, from_run_config
 from workloads.workload import get_workload
 
 RUN_CONFIG = {**default_run_config(), "num-clients": 6, "local-steps": "steps:n=4",

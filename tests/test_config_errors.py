@@ -8,11 +8,11 @@ from flwr.clientapp import ClientApp
 
 from client_app.app import app as client_app
 from experiments.inprocess import InProcessGrid, default_run_config, run_inprocess
+from runconfig import ConfigError
 from server_app.app import FAILED, main
 from server_app.config import RunConfig
 from server_app.experiment import prepare, run, strategy_spec
 from server_app.network import NodesMissing
-from workloads.config import ConfigError
 from workloads.data import DatasetError
 
 SMALL = {"num-clients": 4, "num-server-rounds": 2, "local-steps": "steps:n=2", "progress": False,

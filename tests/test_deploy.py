@@ -69,7 +69,8 @@ def _pgrep(pattern: str) -> list[str]:
 def deployed(tmp_path_factory):
     if shutil.which("flower-superlink") is None or shutil.which("flwr") is None:
         pytest.skip("flower-superlink / flwr not on PATH")
-    from deploy.launch import Deployment, run_deployment
+    from deploy.local import Deployment
+    from deploy.run import run_deployment
 
     tmp = tmp_path_factory.mktemp("deploy")
     trace = tmp / "trace.csv"
@@ -165,7 +166,7 @@ def test_restarted_nodes_get_new_node_ids_but_keep_their_client_id(deployed):
 @slow
 def test_no_process_is_left_behind(deployed):
     dep = deployed["dep"]
-    from deploy.launch import zombie_children
+    from deploy.procs import zombie_children
 
     assert dep.leftovers() == []
     assert _pgrep(str(dep.work_dir)) == []
@@ -201,7 +202,8 @@ def test_a_node_stopped_out_of_schedule_makes_the_launcher_fail_naming_round_and
     but the launcher reports it and fails."""
     if shutil.which("flower-superlink") is None:
         pytest.skip("flower-superlink not on PATH")
-    from deploy.launch import Deployment, run_deployment
+    from deploy.local import Deployment
+    from deploy.run import run_deployment
 
     cfg = {"num-server-rounds": 3, "strategy": "fedavg-all", "availability": "always", "dataset": "digits",
            "model": "logreg", "local-steps": "steps:n=2", "partition": "iid", "round-timeout": 90.0,
@@ -234,7 +236,7 @@ def readme_deploy_command() -> list[str]:
 def test_the_readme_deployment_command_runs_as_written(tmp_path):
     """No edits to the command: num-clients follows --num-nodes, churn follows the schedule
     (the launcher's own check passes), the temp work dir is removed, no process is left."""
-    from deploy.launch import tagged_pids
+    from deploy.procs import tagged_pids
     from server_app.results import read_matrix
 
     argv = readme_deploy_command()
@@ -259,7 +261,7 @@ def test_the_readme_deployment_command_runs_as_written(tmp_path):
 
 # ---------------------------------------------------------------------- fast: report, run config, follower
 def test_report_accepts_the_documented_slack_and_names_what_is_beyond_it():
-    from deploy.churn import participation_report
+    from deploy.report import participation_report
 
     expected = np.array([[1, 1, 0], [0, 1, 1], [1, 0, 1]], dtype=bool)
     rows = [
@@ -279,7 +281,7 @@ def test_a_driver_on_another_schedule_seed_is_caught():
     """A churn driver that followed seed 1 while the server used seed 0: the rounds where the two
     schedules differ are named."""
     from availability import build_schedule
-    from deploy.churn import participation_report
+    from deploy.report import participation_report
 
     server = build_schedule("bernoulli:p=0.5", 6, 0).matrix(8).astype(bool)
     driver = build_schedule("bernoulli:p=0.5", 6, 1).matrix(8).astype(bool)
@@ -289,28 +291,25 @@ def test_a_driver_on_another_schedule_seed_is_caught():
     assert differ and [r.round for r in report.failures] == differ
 
 
-class _Nodes:  # what build_run_config reads from a Deployment
-    num_nodes = 4
-
-
 def test_num_clients_follows_the_number_of_nodes_and_a_mismatch_says_what_to_pass(tmp_path):
-    from deploy.launch import DeployError, build_run_config
+    from deploy.errors import DeployError
+    from deploy.runconfig import build_run_config
 
-    cfg = build_run_config(_Nodes(), {"results-dir": str(tmp_path)})
+    cfg = build_run_config(4, {"results-dir": str(tmp_path)})
     assert cfg["num-clients"] == 4 and cfg["availability-gate"] == "none" and cfg["min-nodes"] == 4
     with pytest.raises(DeployError, match="drop it from the run config .or pass --num-nodes 20"):
-        build_run_config(_Nodes(), {"num-clients": 20})
+        build_run_config(4, {"num-clients": 20})
 
 
 def test_the_default_run_name_is_decided_once_and_never_reuses_a_folder(tmp_path):
-    from deploy.launch import build_run_config, run_dir_of
+    from deploy.runconfig import build_run_config, run_dir_of
 
-    first = build_run_config(_Nodes(), {"results-dir": str(tmp_path), "strategy": "fedavg-all"})
+    first = build_run_config(4, {"results-dir": str(tmp_path), "strategy": "fedavg-all"})
     assert first["run-name"].startswith("deploy-") and "fedavg-all" in first["run-name"]
     run_dir_of(first).mkdir()
-    second = build_run_config(_Nodes(), {"results-dir": str(tmp_path), "strategy": "fedavg-all"})
+    second = build_run_config(4, {"results-dir": str(tmp_path), "strategy": "fedavg-all"})
     assert run_dir_of(second) != run_dir_of(first) and not run_dir_of(second).exists()
-    named = build_run_config(_Nodes(), {"results-dir": str(tmp_path), "run-name": "mine"})
+    named = build_run_config(4, {"results-dir": str(tmp_path), "run-name": "mine"})
     assert run_dir_of(named) == tmp_path / "mine"
 
 
@@ -318,7 +317,7 @@ def test_the_follower_of_a_resumed_run_waits_for_the_new_start_and_reads_only_ne
     import json
     import time
 
-    from deploy.churn import RunFollower
+    from deploy.follow import RunFollower
 
     (tmp_path / "config.json").write_text("{}")
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"round": 1}) + "\n" + json.dumps({"round": 2}) + "\n")
@@ -334,24 +333,160 @@ def test_the_follower_of_a_resumed_run_waits_for_the_new_start_and_reads_only_ne
     assert follow.poll() == [{"round": 4}] and [r["round"] for r in follow.rows] == [3, 4]
 
 
-def test_the_driver_tells_a_slow_node_from_one_that_went_down(tmp_path):
-    """What RoundChurn saw of a miss it did not cause: the same incarnation up at the round's
-    start and end (a reply slower than round-timeout), or not (the node went down by itself)."""
-    from types import SimpleNamespace
+class FakeNodes:
+    """In-memory :class:`deploy.nodes.Nodes`: a node registers as soon as it starts."""
+
+    def __init__(self, n: int) -> None:
+        self.num_nodes, self.log = n, (lambda line: None)
+        self.up: set[int] = set()
+        self.starts = dict.fromkeys(range(n), 0)
+
+    def start_node(self, i):
+        if i not in self.up:
+            self.up.add(i)
+            self.starts[i] += 1
+
+    def stop_node(self, i, mode="term"):
+        self.up.discard(i)
+
+    def signal_node(self, i, sig):
+        pass
+
+    def running_nodes(self):
+        return set(self.up)
+
+    def incarnation(self, i):
+        return self.starts[i]
+
+    def registered_id(self, i):
+        return 100 * i + self.starts[i] if i in self.up else None
+
+    def wait_registered(self, i, timeout=60.0):
+        return self.registered_id(i)
+
+    def client_of_node(self):
+        return {100 * i + k: i for i in range(self.num_nodes) for k in range(1, self.starts[i] + 1)}
+
+
+def test_the_process_and_container_nodes_and_the_fake_are_all_nodes(tmp_path):
+    from deploy.containers import ComposeSite, DockerNodes
+    from deploy.local import Deployment
+    from deploy.nodes import Nodes, Site
+
+    assert isinstance(FakeNodes(2), Nodes) and not isinstance(FakeNodes(2), Site)
+    with Deployment(2, tmp_path / "work") as dep:
+        assert isinstance(dep, Site)
+    assert isinstance(DockerNodes(2), Nodes) and not isinstance(DockerNodes(2), Site)
+    site = ComposeSite(2, address="127.0.0.1:1", cli_home=tmp_path / "cli", project=ROOT)
+    assert isinstance(site, Site)
+    assert 'address = "127.0.0.1:1"' in (tmp_path / "cli" / "config.toml").read_text()
+
+
+def test_the_driver_follows_the_schedule_round_by_round_on_any_nodes(tmp_path):
+    """RoundChurn over FakeNodes: before the run only round 1's nodes are up; when round t's
+    line is written, the nodes off in round t + 1 are stopped and the returning ones started."""
+    import json
 
     from availability import build_schedule
     from deploy.churn import RoundChurn
 
-    nodes = {i: SimpleNamespace(incarnations=1, running=True) for i in range(2)}
-    dep = SimpleNamespace(num_nodes=2, nodes=nodes, log=lambda line: None,
-                          running_nodes=lambda: {i for i, n in nodes.items() if n.running})
-    driver = RoundChurn(dep, build_schedule("always", 2, 0), 3, tmp_path)
+    nodes = FakeNodes(4)
+    nodes.start_node(3)  # a node left running by a previous run: off in round 1, so stopped
+    schedule = build_schedule("group-cyclic:groups=2,window=1", 4, 0)
+    want = schedule.matrix(4).astype(bool)
+    driver = RoundChurn(nodes, schedule, 4, tmp_path, lookahead=False)
+    driver.prepare()
+    assert nodes.running_nodes() == set(np.flatnonzero(want[0]).tolist())
+    (tmp_path / "config.json").write_text("{}")
+    driver.step()
+    for t in range(1, 4):
+        with (tmp_path / "metrics.jsonl").open("a") as fh:
+            fh.write(json.dumps({"round": t}) + "\n")
+        driver.step()
+        assert nodes.running_nodes() == set(np.flatnonzero(want[t]).tolist()), t
+    assert not driver.late and not driver.done
+    with (tmp_path / "metrics.jsonl").open("a") as fh:
+        fh.write(json.dumps({"round": 4}) + "\n")
+    driver.step()
+    assert driver.done
+
+
+def test_the_round_start_signal_waits_for_the_rounds_nodes_and_no_longer(tmp_path):
+    """With a signal folder the driver writes round-<r> as soon as round r's nodes are registered
+    (at once here), and at the bound when one never registers (then it is late)."""
+    import json
+
+    from availability import build_schedule
+    from deploy.churn import RoundChurn
+
+    class Stuck(FakeNodes):  # node 3 starts but never registers
+        def registered_id(self, i):
+            return None if i == 3 else super().registered_id(i)
+
+    nodes = Stuck(4)
+    schedule = build_schedule("group-cyclic:groups=2,window=1", 4, 0)  # {0, 1} then {2, 3}
+    signal = tmp_path / "signal"
+    driver = RoundChurn(nodes, schedule, 2, tmp_path, grace=1.5, lookahead=False, signal_dir=signal)
+    driver.prepare()
+    (tmp_path / "config.json").write_text("{}")
+    driver.step()
+    assert (signal / "round-1").exists() and not driver.late  # everyone in: signalled without waiting
+    with (tmp_path / "metrics.jsonl").open("a") as fh:
+        fh.write(json.dumps({"round": 1}) + "\n")
+    driver.step()
+    assert (signal / "round-2").exists()  # signalled at the bound although node 3 never registered
+    assert driver.late == {2: [3]} and nodes.running_nodes() == {2, 3}
+
+
+def test_the_driver_tells_a_slow_node_from_one_that_went_down(tmp_path):
+    """What RoundChurn saw of a miss it did not cause: the same incarnation up at the round's
+    start and end (a reply slower than round-timeout), or not (the node went down by itself)."""
+    from availability import build_schedule
+    from deploy.churn import RoundChurn
+
+    nodes = FakeNodes(2)
+    nodes.start_node(0)
+    nodes.start_node(1)
+    driver = RoundChurn(nodes, build_schedule("always", 2, 0), 3, tmp_path)
     driver.up_at_start[2] = driver._up()
-    nodes[1].running = False  # node 1 dies during round 2 without the driver stopping it
+    nodes.stop_node(1)  # node 1 dies during round 2 without the driver stopping it
     driver.up_at_end[2] = driver._up()
     assert "stayed up" in driver.diagnose(2, 0)
     assert "went down" in driver.diagnose(2, 1)
     assert driver.diagnose(3, 0) is None  # a round the driver did not see end
+
+
+@slow
+def test_the_compose_driver_runs_on_process_nodes(tmp_path):
+    """One code path: the compose churn service's run (``deploy.compose.drive``, parsed from its
+    own command line) on SuperNode processes instead of containers: the run completes, churn
+    follows the schedule, and nobody took part while off."""
+    if shutil.which("flower-superlink") is None:
+        pytest.skip("flower-superlink not on PATH")
+    import argparse
+
+    from deploy.compose import add_churn_args, drive
+    from deploy.local import Deployment
+    from server_app.results import read_matrix
+
+    p = argparse.ArgumentParser()
+    add_churn_args(p)
+    args = p.parse_args([
+        "--num-nodes", "2", "--results-dir", str(tmp_path / "results"), "--timeout", "600", "--run-config",
+        "num-server-rounds=3 strategy='fedavg-all' availability='group-cyclic:groups=2,window=1' "
+        "dataset='digits' model='logreg' local-steps='steps:n=2' partition='iid' round-timeout=120.0 "
+        "checkpoint-every=0 device='cpu' progress=false run-name='compose-on-processes'"])
+    lines: list[str] = []
+    with Deployment(2, tmp_path / "work", log=lines.append) as dep:
+        assert drive(dep, args) == 0, lines
+        starts = {i: dep.nodes[i].incarnations for i in range(2)}
+    run_dir = tmp_path / "results" / "compose-on-processes"
+    availability = read_matrix(run_dir / "availability.csv")
+    participation = read_matrix(run_dir / "participation.csv")
+    assert availability.shape == (3, 2) and not availability.all()
+    assert not (participation & ~availability).any()
+    assert starts[0] == 2, (starts, lines)  # on, off, on: stopped and started again
+    assert any("participation vs schedule" in line for line in lines), lines
 
 
 # ---------------------------------------------------------------------- docker files (static)

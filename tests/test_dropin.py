@@ -83,8 +83,9 @@ def tiny_app(a_norm: bool = True, dropin: bool = True, adopt_handler: bool = Tru
         loss.backward()
         opt.step()
         metrics = {"train_loss": loss.item(), "num-examples": 16 + 8 * pid}
-        if a_norm:
+        if a_norm:  # FedNova's ‖a_i‖_1 and τ_i (one plain SGD step: both 1)
             metrics["a-norm"] = 1.0
+            metrics["num-steps"] = 1
         return Message(RecordDict({"arrays": ArrayRecord(model.state_dict()),
                                    "metrics": MetricRecord(metrics)}), reply_to=msg)
 

@@ -19,6 +19,7 @@ from server_app.config import RunConfig
 from server_app.experiment import run
 from server_app.results import read_matrix, read_metrics
 from strategies import STRATEGIES, AvailabilityStrategy, build_strategy, named_arrays
+from strategies.failures import StrategyFailure
 from strategies.fedawe import (
     ECHO_FACTOR,
     RUN_KEY,
@@ -178,8 +179,8 @@ def test_broadcast_goes_only_to_the_nodes_of_valid_replies():
     ("factor", "update", "extra", "why"),
     [
         (None, None, {}, "does not run FedAWE's client rule"),
-        (0, None, {}, "outside [1, t + 1 = 2]"),
-        (3, None, {}, "outside [1, t + 1 = 2]"),
+        (0, None, {}, "outside [1, 2]"),
+        (3, None, {}, "outside [1, 2]"),
         (1.5, None, {}, "one integer"),
         (1, [0.5], {"fedawe.bogus": np.ones(1, np.float32)}, "unknown FedAWE reply keys"),
         (1, None, {}, "lacks 'fedawe.update.w'"),
@@ -228,7 +229,9 @@ def test_server_memory_is_constant_per_client():
         x = out["w"].numpy()
     in_state = arrays_in(s.state_dict())
     assert sum(a.size for a in in_state) == 2 * d  # x^0 and x̄ only
-    held = arrays_in({k: v for k, v in vars(s).items() if k != "_sent"})  # _sent: this round's messages
+    # _sent: this round's messages; _scratch: the base's reusable rows for one round's replies
+    # (Δ_i and u_i), O(replies per round), the memory the replies take while aggregated
+    held = arrays_in({k: v for k, v in vars(s).items() if k not in ("_sent", "_scratch")})
     assert sum(a.size for a in held) <= 4 * d  # x^t, x^0, x̄ and the layout's bookkeeping
     assert len(s.client_of_node) == n  # the base's node -> client id map: one int each
 
@@ -405,10 +408,16 @@ def test_inprocess_restarting_clients_keep_their_copies_in_the_state_dir(tmp_pat
     assert rows_without_times(kept) == rows_without_times(base)
     files = sorted(p.relative_to(tmp_path / "state").parts[0] for p in (tmp_path / "state").rglob("*.pt"))
     assert files == [f"client-{c}" for c in range(6)]
-    lost, _ = run_grid(quadratic(tmp_path, **{"run-name": "lost"}), client_app=restarting)
-    for row in read_metrics(lost):
-        if row["participants"]:
-            assert row["mean-echo-factor"] == row["round"]  # τ forgotten: factor t + 1 every time
+    # without it, every reply claims factor t + 1: accepted at a client's first appearance, then
+    # beyond the echo cap (issue 20), and once no reply is usable for max_failed_rounds rounds the
+    # run fails naming the reason (issue 17)
+    with pytest.raises(StrategyFailure, match="echo-factor"):
+        run_grid(quadratic(tmp_path, **{"run-name": "lost"}), client_app=restarting)
+    lost = tmp_path / "lost"
+    rows = [row for row in read_metrics(lost) if row["participants"]]
+    assert rows
+    for row in rows:
+        assert row["mean-echo-factor"] == row["round"]  # τ forgotten: factor t + 1 every time
 
 
 # ------------------------------------------------------------------ the counterexample
@@ -604,13 +613,15 @@ def test_inprocess_run_records_the_xbar_score_and_tracks_the_copies_in_the_state
 
 
 def test_norm_bound_judges_the_local_change_not_the_echo_or_the_stale_copy():
-    """max-norm-ratio 10: a rare client (echo factor 50, copy far from x^t) with an ordinary local
-    change passes; a client whose own change is 100x the others' is rejected."""
-    s = FedAWE(num_clients=5, max_norm_ratio=10.0)
-    sent = start_round(s, 60, np.zeros(2), [100 + c for c in range(5)])
+    """max-norm-ratio 1000 (the default): a rare client (echo factor 50, copy 900 away from x^t)
+    with an ordinary local change passes; a client whose own change is 2000x the others' is
+    rejected; so is a returned model 1e5 away from x^t with an ordinary echoed update."""
+    s = FedAWE(num_clients=6)
+    sent = start_round(s, 60, np.zeros(2), [100 + c for c in range(6)])
     ordinary = [awe_reply(sent[100 + c], [1.0, 0.0], 1, [1.0, 0.0], **{"client-id": c}) for c in range(3)]
     rare = awe_reply(sent[103], [900.0, 50.0], 50, [0.0, 50.0], **{"client-id": 3})  # ‖Δ‖ = 50 / 50 = 1
-    wild = awe_reply(sent[104], [100.0, 0.0], 1, [100.0, 0.0], **{"client-id": 4})  # ‖Δ‖ = 100
-    s.aggregate_train(60, [*ordinary, rare, wild])
+    wild = awe_reply(sent[104], [2000.0, 0.0], 1, [2000.0, 0.0], **{"client-id": 4})  # ‖Δ‖ = 2000
+    far = awe_reply(sent[105], [1e5, 1e5], 1, [1.0, 0.0], **{"client-id": 5})  # x^† − x^t = 1.4e5
+    s.aggregate_train(60, [*ordinary, rare, wild, far])
     assert s.round_log.participants == [0, 1, 2, 3]
-    assert [node for node, _ in s.round_log.rejected] == [104]
+    assert [node for node, _ in s.round_log.rejected] == [104, 105]

@@ -19,8 +19,8 @@ def test_fednova_round_by_hand_with_data_size_weights():
     assert s.weighting == "num-examples"  # the paper's p_i = n_i / n
     x = np.array([1.0, 0.0])
     sent = start_round(s, 1, x, [100, 101])
-    replies = [reply(sent[100], x + [2.0, 0.0], **{"client-id": 0, "num-examples": 30, "a-norm": 2.0}),
-               reply(sent[101], x + [0.0, 8.0], **{"client-id": 1, "num-examples": 10, "a-norm": 4.0})]
+    replies = [reply(sent[100], x + [2.0, 0.0], **{"client-id": 0, "num-examples": 30, "a-norm": 2.0, "num-steps": 2}),
+               reply(sent[101], x + [0.0, 8.0], **{"client-id": 1, "num-examples": 10, "a-norm": 4.0, "num-steps": 4})]
     arrays, metrics = s.aggregate_train(1, replies)
     tau_eff = 0.75 * 2 + 0.25 * 4
     u = tau_eff * (0.75 * np.array([2.0, 0]) / 2 + 0.25 * np.array([0, 8.0]) / 4)
@@ -30,7 +30,7 @@ def test_fednova_round_by_hand_with_data_size_weights():
 
 def test_fednova_equal_weights_and_equal_steps_is_fedavg():
     updates = {0: np.array([1.0, 2.0]), 1: np.array([3.0, -2.0]), 2: np.array([0.5, 0.5])}
-    nova = run_round(FedNova(num_clients=3, weighting="equal"), 1, np.zeros(2), updates, **{"a-norm": 7.0})
+    nova = run_round(FedNova(num_clients=3, weighting="equal"), 1, np.zeros(2), updates, **{"a-norm": 7.0, "num-steps": 7})
     avg = run_round(FedAvgActive(num_clients=3), 1, np.zeros(2), updates)
     np.testing.assert_allclose(nova, avg, rtol=1e-6)
 
@@ -38,8 +38,8 @@ def test_fednova_equal_weights_and_equal_steps_is_fedavg():
 def test_fednova_rejects_replies_without_a_norm_and_says_why():
     s = FedNova(num_clients=3)
     sent = start_round(s, 1, np.zeros(1), [100, 101])
-    good = reply(sent[100], [4.0], **{"client-id": 0, "a-norm": 2.0})
-    plain = reply(sent[101], [9.0], **{"client-id": 1})  # a plain ClientApp: no a-norm
+    good = reply(sent[100], [4.0], **{"client-id": 0, "a-norm": 2.0, "num-steps": 2})
+    plain = reply(sent[101], [9.0], **{"client-id": 1, "num-steps": 2})  # a plain ClientApp: no a-norm
     arrays, metrics = s.aggregate_train(1, [good, plain])
     assert arrays["w"].numpy().tolist() == [4.0] and metrics["num-rejected"] == 1
     (node, reason), = s.round_log.rejected
@@ -52,8 +52,8 @@ def test_fednova_server_momentum_by_hand_and_state():
     s = build_strategy("fednova:server-momentum=0.5", num_clients=2)
     assert s.server_momentum == 0.5
     x = np.zeros(1)
-    x1 = run_round(s, 1, x, {0: np.array([2.0])}, **{"a-norm": 1.0})  # v = 2
-    x2 = run_round(s, 2, x1, {0: np.array([4.0])}, **{"a-norm": 1.0})  # v = 0.5·2 + 4 = 5
+    x1 = run_round(s, 1, x, {0: np.array([2.0])}, **{"a-norm": 1.0, "num-steps": 1})  # v = 2
+    x2 = run_round(s, 2, x1, {0: np.array([4.0])}, **{"a-norm": 1.0, "num-steps": 1})  # v = 0.5·2 + 4 = 5
     np.testing.assert_allclose([x1[0], x2[0]], [2.0, 7.0])
     t = FedNova(num_clients=2, server_momentum=0.5)
     t.load_state_dict(s.state_dict())
@@ -131,7 +131,7 @@ def test_fedexp_step_is_at_least_one():
 
 
 def test_fedexp_epsilon_options():
-    s = build_strategy("fedexp:eps=0.01,eps-times-m=true,decay=0.5", num_clients=3)
+    s = build_strategy("fedexp:eps=0.01,eps-times-m=true,decay=0.5,max-step=0", num_clients=3)  # no cap
     assert s.epsilon(0, 3) == pytest.approx(0.03) and s.epsilon(2, 3) == pytest.approx(0.03 / 4)
     reps = [ClientReport(0, 0, np.array([1.0, 0.0]), 1), ClientReport(1, 1, np.array([-1.0, 0.2]), 1)]
     _, m = s.aggregate(2, np.zeros(2), reps)

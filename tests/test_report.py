@@ -10,7 +10,8 @@ import pytest
 
 from experiments.presets import PRESETS
 from experiments.report import Window, write_report
-from experiments.sweep import Claim, Sweep, run_sweep
+from experiments.study import Claim, Sweep
+from experiments.sweep import run_sweep
 from server_app.results import read_metrics
 
 TINY = Sweep(
@@ -33,7 +34,7 @@ NUMBER = re.compile(r"\d+(?:\.\d+)?")
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("tiny")
-    done = run_sweep(TINY, out, workers=1)
+    done = run_sweep(TINY, out, num_cpus=1)
     assert [error for _, _, error in done] == ["", "", ""]
     return out
 

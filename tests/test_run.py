@@ -15,12 +15,12 @@ from flwr.clientapp import ClientApp
 from availability import SpecError
 from client_app.app import app as client_app
 from experiments.inprocess import InProcessGrid, default_run_config, run_inprocess
+from runconfig import AvailabilityConfig, ConfigError, WorkloadConfig
 from server_app.config import RunConfig, ServerConfig
 from server_app.experiment import run
 from server_app.network import NodesMissing
 from server_app.results import read_matrix, read_metrics
 from strategies import STRATEGIES, FedAvgActive
-from workloads.config import AvailabilityConfig, ConfigError, WorkloadConfig
 from workloads.data import DatasetError
 
 SMALL = {"num-clients": 8, "num-server-rounds": 6, "local-steps": "steps:n=3", "progress": False,
@@ -101,6 +101,19 @@ def test_resume_refuses_a_checkpoint_made_with_other_settings(tmp_path):
     full = run_inprocess(small(tmp_path, **{"run-name": "full"}))
     with pytest.raises(ConfigError, match="lr"):
         run_inprocess(small(tmp_path, lr=0.5, **{"resume-from": str(full / "checkpoints" / "round-0003.pt")}))
+
+
+def test_latest_checkpoint_skips_a_truncated_one(tmp_path):
+    from server_app import checkpoint
+
+    full = run_inprocess(small(tmp_path, **{"run-name": "full", "num-server-rounds": 6}))
+    assert checkpoint.latest(full) == full / "checkpoints" / "round-0006.pt"
+    newest = full / "checkpoints" / "round-0006.pt"
+    newest.write_bytes(newest.read_bytes()[:100])  # a crash mid-copy
+    assert checkpoint.latest(full) == full / "checkpoints" / "round-0003.pt"
+    assert checkpoint.load(checkpoint.latest(full))["round"] == 3
+    with pytest.raises(ConfigError, match="no readable checkpoint"):
+        checkpoint.latest(tmp_path)
 
 
 def test_a_malformed_reply_is_rejected_and_the_run_goes_on(tmp_path):

@@ -25,7 +25,7 @@ def build(name):
 def test_the_checkpoint_has_one_layout_and_the_rule_reads_its_declared_state(name):
     s = build(name)
     saved = s.state_dict()
-    assert set(saved) == {"format", "rule", "rng", "identity", "state"} and saved["rule"] == name
+    assert set(saved) == {"format", "rule", "rng", "identity", "bounds", "state"} and saved["rule"] == name
     cls = STRATEGIES[name]
     assert dataclasses.is_dataclass(cls.State)
     assert set(saved["state"]) == {f.name for f in dataclasses.fields(cls.State)}

@@ -14,11 +14,12 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, M
 from flwr.serverapp import Grid
 
 from client_app.app import app
-from client_app.worker import SWITCH, NodeWorker, WorkerError, address, serve, start_time, supernode_of
+from client_app.worker import SWITCH, NodeWorker, WorkerError, address, start_time, supernode_of
+from client_app.worker_process import serve
 from experiments.inprocess import default_run_config
+from runconfig import ConfigError, WorkloadConfig, from_run_config
 from server_app.network import PollingGrid, fast_pull
 from strategies.protocol import CLIENT_RULE, FEDAWE_RUN_KEY, FEDAWE_SERVER_LR
-from workloads.config import ConfigError, WorkloadConfig, from_run_config
 from workloads.workload import get_workload
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -78,7 +79,7 @@ def worker_pids(supernode_pid):
                 argv = (entry / "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if b"client_app.worker" in argv and str(supernode_pid).encode() in argv:
+            if b"client_app.worker_process" in argv and str(supernode_pid).encode() in argv:
                 try:
                     if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
                         out.append(int(entry.name))
@@ -279,7 +280,8 @@ def test_polling_grid_rejects_a_bad_interval_and_fast_pull_leaves_other_grids_al
 @pytest.mark.slow
 def test_deployed_run_through_workers_matches_in_process_and_workers_die_with_their_nodes(tmp_path):
     from deploy import tuning
-    from deploy.launch import Deployment, run_deployment
+    from deploy.local import Deployment
+    from deploy.run import run_deployment
     from experiments.inprocess import run_inprocess
     from server_app.results import read_metrics
 

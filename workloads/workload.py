@@ -1,7 +1,7 @@
 """A workload: dataset + partition + model + local training, rebuilt identically anywhere.
 
 The server and every client build the same :class:`Workload` from the same
-:class:`~workloads.config.WorkloadConfig`; :func:`get_workload` caches it per process, so a
+:class:`~runconfig.WorkloadConfig`; :func:`get_workload` caches it per process, so a
 client's partition is built once per process, not once per round. All randomness is keyed by
 the config's seeds and by (client, round), never by process state, so a client trained in a Ray
 worker, a SuperNode or in-process gives the same update.
@@ -16,7 +16,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from .config import ConfigError, WorkloadConfig
+from runconfig import ConfigError, WorkloadConfig
+
 from .data import DATASETS, TensorData, load_dataset
 from .models import build_model, model_params
 from .partition import cluster_of, label_distributions, partition
@@ -75,6 +76,7 @@ class Workload:
             kind=cfg.solver, lr=cfg.lr, momentum=cfg.momentum, mu=cfg.prox_mu,
             weight_decay=cfg.weight_decay,
         )
+        self._scratch: nn.Module | None = None
         # fail now, not in round 1: the model must take this input, the specs must parse
         self.new_model()
         self.steps_for(0, 0)
@@ -90,19 +92,40 @@ class Workload:
             torch.default_generator.manual_seed(self.cfg.train_seed)
             return build_model(self.cfg.model, self.input_shape, self.num_classes, dataset=self.cfg.dataset)
 
+    def scratch_model(self, state: dict[str, torch.Tensor]) -> nn.Module:
+        """This process's one working model, loaded with ``state`` (every parameter and buffer):
+        a message reuses it instead of building and initialising a new model."""
+        if self._scratch is None:
+            self._scratch = self.new_model()
+        self._scratch.load_state_dict(state)
+        return self._scratch
+
     def num_examples(self, client: int) -> int:
         return len(self.parts[client])
 
-    def batches(self, client: int, rnd: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """Endless shuffled mini-batches of ``client``'s data for round ``rnd`` (seeded)."""
+    def batch_size_of(self, client: int) -> int:
+        """``client``'s mini-batch size: the run's, or all its examples when it has fewer."""
+        return min(self.cfg.batch_size, self.num_examples(client))
+
+    def batch_indices(self, client: int, rnd: int) -> Iterator[torch.Tensor]:
+        """Endless shuffled mini-batches of ``client``'s data for round ``rnd`` (seeded), as row
+        indices into ``self.train``: every engine draws exactly these."""
         idx = torch.as_tensor(self.parts[client])
         gen = torch.Generator().manual_seed(_seed_of(self.cfg.train_seed, client, rnd, 1))
-        size = min(self.cfg.batch_size, len(idx))
+        size = self.batch_size_of(client)
         while True:
             order = idx[torch.randperm(len(idx), generator=gen)]
             for start in range(0, len(order) - size + 1, size):
-                take = order[start : start + size]
-                yield self.train.x[take], self.train.y[take]
+                yield order[start : start + size]
+
+    def batches(self, client: int, rnd: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Endless shuffled mini-batches of ``client``'s data for round ``rnd`` (seeded)."""
+        for take in self.batch_indices(client, rnd):
+            yield self.train.x[take], self.train.y[take]
+
+    def dropout_seed(self, client: int, rnd: int) -> int:
+        """The seed of ``client``'s own randomness in training (dropout) in round ``rnd``."""
+        return _seed_of(self.cfg.train_seed, client, rnd, 2)
 
     def lr_at(self, rnd: int) -> float:
         """The local learning rate of 0-based round ``rnd``."""
@@ -118,7 +141,7 @@ class Workload:
         """Run ``client``'s local steps of round ``rnd`` (0-based) on ``model`` in place."""
         solver = SolverConfig(**{**self.solver.__dict__, "lr": self.lr_at(rnd)})
         with torch.random.fork_rng(devices=[]):
-            torch.default_generator.manual_seed(_seed_of(self.cfg.train_seed, client, rnd, 2))  # dropout
+            torch.default_generator.manual_seed(self.dropout_seed(client, rnd))
             return local_train(
                 model.to(self.device), self.batches(client, rnd), self.steps_for(client, rnd),
                 solver, device=self.device,

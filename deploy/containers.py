@@ -1,0 +1,145 @@
+"""SuperNodes as Docker containers (:class:`DockerNodes`, a :class:`deploy.nodes.Nodes`) and the
+compose stack's SuperLink as seen from its ``churn`` service (:class:`ComposeSite`, a
+:class:`deploy.nodes.Site`): the same churn driver and the same :func:`deploy.run.run_deployment`
+as the processes of :mod:`deploy.local`, over the Docker Engine API on a unix socket."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import signal
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from .errors import DeployError
+from .flwr_cli import FlwrCli
+from .nodes import NODE_ID_RE
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, socket_path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.socket_path = socket_path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self.socket_path)
+
+
+class DockerNodes:
+    """SuperNode containers ``flchurn-supernode-{i}`` driven through the Docker Engine API.
+
+    Talks to the Docker Engine API on a unix socket (``/var/run/docker.sock`` mounted into the
+    churn service; no docker CLI needed). ``stop_node(i, "term")`` = ``docker stop`` (SIGTERM to
+    the SuperNode, PID 1 under ``init: true``), ``"kill"`` = ``docker kill`` (SIGKILL);
+    ``start_node`` = ``docker start``. Registration is read from the container's log since its
+    last start ("SuperNode ID: ...").
+    """
+
+    def __init__(self, num_nodes: int, container: str = "flchurn-supernode-{i}",
+                 socket_path: str = "/var/run/docker.sock", log: Callable[[str], None] | None = None) -> None:
+        self.num_nodes = num_nodes
+        self.container = container
+        self.socket_path = socket_path
+        self.log = log or print
+        self.node_ids: dict[int, list[int]] = {i: [] for i in range(num_nodes)}
+        self.incarnations = dict.fromkeys(range(num_nodes), 0)
+        self.since = dict.fromkeys(range(num_nodes), 0)  # log lines from this time on are the incarnation's
+
+    def _api(self, method: str, path: str, timeout: float = 30.0) -> tuple[int, bytes]:
+        c = _UnixConnection(self.socket_path, timeout)
+        try:
+            c.request(method, path)
+            res = c.getresponse()
+            return res.status, res.read()
+        finally:
+            c.close()
+
+    def _name(self, i: int) -> str:
+        return self.container.format(i=i)
+
+    def _running(self, i: int) -> bool:
+        status, body = self._api("GET", f"/containers/{self._name(i)}/json")
+        return status == 200 and bool(json.loads(body)["State"]["Running"])
+
+    def running_nodes(self) -> set[int]:
+        return {i for i in range(self.num_nodes) if self._running(i)}
+
+    def incarnation(self, i: int) -> int:
+        return self.incarnations[i]
+
+    def start_node(self, i: int) -> None:
+        if self._running(i):
+            return
+        self.since[i] = int(time.time()) - 1
+        status, body = self._api("POST", f"/containers/{self._name(i)}/start")
+        if status not in (204, 304):
+            raise DeployError(f"docker start {self._name(i)}: {status} {body[:200]!r}")
+        self.incarnations[i] += 1
+        self.log(f"node {i}: started ({self._name(i)})")
+
+    def signal_node(self, i: int, sig: int = signal.SIGTERM) -> None:
+        self.registered_id(i)
+        name = signal.Signals(sig).name
+        status, body = self._api("POST", f"/containers/{self._name(i)}/kill?signal={name}")
+        if status not in (204, 304, 409):
+            raise DeployError(f"docker kill --signal {name} {self._name(i)}: {status} {body[:200]!r}")
+
+    def stop_node(self, i: int, mode: str = "term", timeout: float = 10.0) -> None:
+        self.registered_id(i)
+        path = (f"/containers/{self._name(i)}/stop?t={int(timeout)}" if mode == "term"
+                else f"/containers/{self._name(i)}/kill?signal=SIGKILL")
+        status, body = self._api("POST", path, timeout=timeout + 30)
+        if status not in (204, 304, 409):
+            raise DeployError(f"docker {mode} {self._name(i)}: {status} {body[:200]!r}")
+        self.log(f"node {i}: stopped ({mode})")
+
+    def registered_id(self, i: int) -> int | None:
+        status, body = self._api("GET", f"/containers/{self._name(i)}/logs?stdout=1&stderr=1&since={self.since[i]}")
+        ids = NODE_ID_RE.findall(body.decode(errors="replace")) if status == 200 else []
+        if not ids:
+            return None
+        nid = int(ids[-1])
+        if not self.node_ids[i] or self.node_ids[i][-1] != nid:
+            self.node_ids[i].append(nid)
+        return nid
+
+    def wait_registered(self, i: int, timeout: float = 90.0) -> int:
+        deadline = time.monotonic() + timeout
+        while (nid := self.registered_id(i)) is None:
+            if time.monotonic() > deadline:
+                raise DeployError(f"{self._name(i)} did not register within {timeout:.0f} s")
+            time.sleep(0.5)
+        return nid
+
+    def client_of_node(self) -> dict[int, int]:
+        return {nid: i for i, ids in self.node_ids.items() for nid in ids}
+
+
+class ComposeSite(DockerNodes):
+    """The compose stack from its ``churn`` service: node containers, and the ``superlink``
+    service reached by the flwr CLI (``address``; TLS with ``root_certificates``). The SuperLink
+    is the stack's, not ours: it is neither started nor restarted here (no resume). The ServerApp
+    runs in the superlink container: no round-start signal (rounds start after the fixed grace)."""
+
+    local_files = False
+
+    def __init__(self, num_nodes: int, *, address: str, cli_home: str | Path, project: str | Path,
+                 root_certificates: str | None = None, **nodes_kwargs) -> None:
+        super().__init__(num_nodes, **nodes_kwargs)
+        self.project = Path(project)
+        self.cli = FlwrCli(cli_home, address, root_certificates=root_certificates or None, log=self.log)
+
+    def ensure_superlink(self, fresh: bool) -> None:
+        if fresh:
+            raise DeployError("the compose driver cannot resume a run: the SuperLink is the stack's "
+                              "(resume with python -m deploy launch --resume-from)")
+
+    def superlink_alive(self) -> bool:
+        return True  # the stack's: a dead one shows as a run that never finishes (timeout)
+
+    def housekeeping(self) -> None:
+        pass

@@ -1,0 +1,140 @@
+"""Real device limits for the process launcher: every SuperNode (and all it starts) in its own
+cgroup (CPU quota, memory cap; CPU time and peak memory measured), and a node whose class limits
+bandwidth in its own network namespace (:mod:`deploy.netns`). :class:`EdgeLimits` makes them
+from a :class:`deploy.devices.DevicePlan`, hands the launcher what a node's process must do
+before exec (:meth:`EdgeLimits.preexec`) and the SuperLink address it must use, and removes
+everything it made at :meth:`EdgeLimits.close` (the launcher's exit, failure, Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import zlib
+from collections.abc import Callable
+from typing import Any
+
+from .cgroups import NodeCgroup, cgroup_version, leftover_cgroups, remove_group
+from .devices import DevicePlan, check_host
+from .errors import DeployError
+from .netns import NodeNet, leftover_net, netem_available, subnet_free
+
+
+def requirements(plan: DevicePlan) -> str | None:
+    """Why this host cannot apply ``plan`` (None: it can)."""
+    if os.geteuid() != 0:
+        return "device limits need root (cgroups, network namespaces): run the launcher as root"
+    if cgroup_version() is None:
+        return "no cgroup filesystem under /sys/fs/cgroup (v1 cpu + memory, or v2)"
+    shaped = [dc for dc in plan.classes if dc.shaped]
+    if shaped and not (shutil.which("ip") and shutil.which("tc")):
+        return "bandwidth limits need the ip and tc commands (Debian: iproute2)"
+    delayed = [dc.name for dc in plan.classes if dc.rtt_ms or dc.loss]
+    if delayed and not netem_available():
+        return (f"class(es) {delayed} set rtt_ms or loss, but this kernel has no netem qdisc (sch_netem): "
+                "drop those keys (bandwidth and CPU/memory caps still apply), or see README "
+                "'Edge devices' for the user-space fallback")
+    return None
+
+
+class EdgeLimits:
+    """The cgroups and network paths of one deployment's nodes."""
+
+    def __init__(self, plan: DevicePlan, group: str, log: Callable[[str], None] | None = None) -> None:
+        self.plan = plan
+        self.group = group[:8]
+        self.log = log or (lambda line: None)
+        self.cgroups: dict[int, NodeCgroup] = {}
+        self.nets: dict[int, NodeNet] = {}
+        self.closed = False
+
+    @property
+    def shaped(self) -> bool:
+        return any(dc.shaped for dc in self.plan.classes)
+
+    def setup(self) -> None:
+        """Check, then make every cgroup and network path (all or nothing)."""
+        why = requirements(self.plan)
+        if why:
+            raise DeployError(why)
+        check_host(self.plan)
+        octet = self._octet()
+        try:
+            for i in range(self.plan.num_nodes):
+                dc = self.plan.of(i)
+                cg = NodeCgroup(self.group, f"node-{i}", cpus=dc.cpus, mem_mb=dc.mem_mb)
+                self.cgroups[i] = cg
+                cg.create()
+                if dc.shaped:
+                    net = NodeNet(self.group, i, octet, up_kbps=dc.up_kbps, down_kbps=dc.down_kbps,
+                                  rtt_ms=dc.rtt_ms, loss=dc.loss)
+                    self.nets[i] = net
+                    net.create()
+        except BaseException:
+            self.close()
+            raise
+        self.log("device limits: " + self.plan.describe())
+
+    def _octet(self) -> int:
+        base = zlib.crc32(self.group.encode()) % 50
+        for k in range(50):
+            octet = 200 + (base + k) % 50
+            if subnet_free(f"10.{octet}."):
+                return octet
+        raise DeployError("no free 10.200-249.x.x subnet for the nodes' network paths")
+
+    def preexec(self, i: int) -> Callable[[], None]:
+        """What node ``i``'s process does between fork and exec: join its cgroups and namespace."""
+        cg, net = self.cgroups.get(i), self.nets.get(i)
+
+        def enter() -> None:
+            if cg is not None:
+                cg.join()
+            if net is not None:
+                net.enter()
+
+        return enter
+
+    def env(self, i: int) -> dict[str, str]:
+        """Environment of node ``i``: as many compute threads as whole CPUs its quota gives, one
+        for a node without a CPU cap (the nodes share the host). Threads beyond what a process
+        gets only spin and wait (OpenMP busy-waiting burns a CFS quota, and on a shared host:
+        measured 20-70x slower local steps with torch's default threads)."""
+        cpus = self.plan.of(i).cpus
+        n = str(max(1, math.ceil(cpus)) if cpus is not None else 1)
+        return {"OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n, "OPENBLAS_NUM_THREADS": n}
+
+    def superlink_host(self, i: int) -> str:
+        """The address node ``i`` reaches the SuperLink at."""
+        return self.nets[i].host_ip if i in self.nets else "127.0.0.1"
+
+    def measure(self, i: int) -> dict[str, Any]:
+        """Node ``i`` so far: CPU seconds, peak memory, OOM kills, bytes in and out."""
+        out: dict[str, Any] = {}
+        if (cg := self.cgroups.get(i)) is not None:
+            out.update({"cpu-seconds": round(cg.cpu_seconds(), 3), "peak-mb": round(cg.peak_mb(), 1),
+                        "oom-kills": cg.oom_kills()})
+        if (net := self.nets.get(i)) is not None:
+            out["bytes-in"], out["bytes-out"] = net.bytes()
+        return out
+
+    def close(self) -> list[str]:
+        """Remove every namespace, interface and cgroup made (the nodes' processes must be gone);
+        returns what could not be removed (also logged)."""
+        if self.closed:
+            return []
+        self.closed = True
+        left: list[str] = []
+        for net in self.nets.values():
+            left += net.remove()
+        for cg in self.cgroups.values():
+            left += cg.remove()
+        left += remove_group(self.group)
+        left += [n for n in leftover_net(self.group) if n not in left]
+        if left:
+            self.log(f"device limits: could not remove {left}")
+        return left
+
+    def leftovers(self) -> list[str]:
+        return leftover_cgroups(self.group) + leftover_net(self.group)

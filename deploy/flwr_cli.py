@@ -1,0 +1,128 @@
+"""The ``flwr`` CLI, in one place: its ``config.toml`` connection, submitting a run, its status
+(blocking, or polled in the background so that a churn driver is never held up), its log, and
+the JSON Flower prints (``--format json``).
+
+A connection named ``deploy`` (``[superlink.deploy]``) is written to ``<home>/config.toml``:
+``insecure = true``, or ``root-certificates = "<CA file>"`` for TLS. ``FLWR_HOME=<home>`` points
+the CLI at it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .errors import DeployError
+from .procs import find_exe
+
+CONNECTION = "deploy"
+FINISHED = "finished"
+COMPLETED = "finished:completed"
+
+
+def toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return json.dumps(str(value))  # a JSON string is a valid TOML basic string
+
+
+def parse_json(stdout: str) -> dict[str, Any]:
+    """The JSON document of a ``flwr ... --format json`` output ({} when there is none)."""
+    try:
+        return dict(json.loads(stdout[stdout.index("{"):]))
+    except (ValueError, TypeError):
+        return {}
+
+
+def run_status(doc: Mapping[str, Any], run_id: int) -> str:
+    """The status of ``run_id`` in a ``flwr ls --format json`` document (``""`` if absent)."""
+    for run in doc.get("runs", []):
+        if int(run.get("run-id", -1)) == run_id:
+            return str(run.get("status", ""))
+    return ""
+
+
+class FlwrCli:
+    """The ``flwr`` CLI against one SuperLink (``address``), with its home in ``home``.
+
+    ``env``: the environment of every ``flwr`` call (``FLWR_HOME`` is set to ``home``);
+    ``cwd``: where it runs.
+    """
+
+    def __init__(self, home: str | Path, address: str, *, root_certificates: str | None = None,
+                 env: Mapping[str, str] | None = None, cwd: str | Path | None = None,
+                 log: Any = None) -> None:
+        self.home = Path(home)
+        self.address = address
+        self.root_certificates = root_certificates
+        self.env = {**(env or {}), "FLWR_HOME": str(self.home)}
+        self.cwd = Path(cwd) if cwd else self.home
+        self.log = log or (lambda line: None)
+        self._ls: subprocess.Popen | None = None
+        self.write_config()
+
+    def write_config(self) -> Path:
+        self.home.mkdir(parents=True, exist_ok=True)
+        security = (f'root-certificates = "{self.root_certificates}"\n' if self.root_certificates
+                    else "insecure = true\n")
+        path = self.home / "config.toml"
+        path.write_text(f'[superlink]\ndefault = "{CONNECTION}"\n\n'
+                        f'[superlink.{CONNECTION}]\naddress = "{self.address}"\n' + security)
+        return path
+
+    def _argv(self, *args: str) -> list[str]:
+        return [find_exe("flwr"), *args]
+
+    def __call__(self, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess:
+        return subprocess.run(self._argv(*args), env=self.env, cwd=self.cwd, capture_output=True, text=True,
+                              timeout=timeout, stdin=subprocess.DEVNULL)
+
+    def submit(self, project: str | Path, run_config: Mapping[str, Any], timeout: float = 300.0) -> int:
+        """``flwr run`` (detached) with ``run_config`` written to a TOML file; returns the run id."""
+        path = self.home / f"run-config-{uuid.uuid4().hex[:6]}.toml"
+        path.write_text("".join(f"{k} = {toml_value(v)}\n" for k, v in run_config.items()))
+        res = self("run", str(project), CONNECTION, "--run-config", str(path), "--format", "json", timeout=timeout)
+        doc = parse_json(res.stdout)
+        if res.returncode != 0 or not doc.get("success", False) or "run-id" not in doc:
+            raise DeployError(f"flwr run failed (rc {res.returncode}):\n{res.stdout}\n{res.stderr}")
+        run_id = int(doc["run-id"])
+        self.log(f"submitted run {run_id}")
+        return run_id
+
+    def status(self, run_id: int) -> str:
+        """The run's status, e.g. ``running`` or ``finished:completed`` (``""`` if unknown)."""
+        res = self("ls", CONNECTION, "--run-id", str(run_id), "--format", "json", timeout=60)
+        return run_status(parse_json(res.stdout), run_id)
+
+    def poll_status(self, run_id: int) -> str | None:
+        """Non-blocking status: the first call starts ``flwr ls`` in the background and returns
+        None; a later call returns its answer once it has exited (None while it runs)."""
+        if self._ls is None:
+            self._ls = subprocess.Popen(self._argv("ls", CONNECTION, "--run-id", str(run_id), "--format", "json"),
+                                        env=self.env, cwd=self.cwd, stdin=subprocess.DEVNULL,
+                                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            return None
+        if self._ls.poll() is None:
+            return None
+        out, self._ls = self._ls.communicate()[0] or "", None
+        return run_status(parse_json(out), run_id)
+
+    def stop(self, run_id: int) -> None:
+        self("stop", str(run_id), CONNECTION, timeout=60)
+
+    def run_log(self, run_id: int) -> str:
+        res = self("log", str(run_id), CONNECTION, "--show", timeout=60)
+        return res.stdout + res.stderr
+
+    def close(self) -> None:
+        """End a background ``flwr ls`` still running."""
+        if self._ls is not None:
+            self._ls.kill()
+            self._ls.communicate()
+            self._ls = None

@@ -1,0 +1,330 @@
+"""A real Flower deployment on loopback, as processes: one SuperLink and N SuperNodes
+(:class:`Deployment`, a :class:`deploy.nodes.Site`).
+
+- ``flower-superlink --insecure`` on a free 127.0.0.1 port, its own ``FLWR_HOME`` and cwd under the
+  work dir, runtime dependency installation and telemetry off;
+- N SuperNodes (``flower-supernode`` through ``deploy.tuning.SUPERNODE``) ``--insecure --superlink
+  127.0.0.1:PORT --port P_i --node-config "partition-id=i num-partitions=N state-dir=...
+  [data-dir=...]"``, each with its own ``FLWR_HOME``; a node can be stopped (SIGTERM, graceful) or
+  crashed (SIGKILL of its whole process tree) and started again, which gives it a new Flower
+  node id;
+- a ``flwr`` CLI (:class:`deploy.flwr_cli.FlwrCli`) connected to the SuperLink.
+
+No process outlives the deployment (:mod:`deploy.procs`): :meth:`Deployment.close`
+(context-manager exit, ``atexit``, the CLI's SIGINT/SIGTERM handlers) kills every process it
+started and reaps the helpers. A temp work dir (``/tmp/flchurn-deploy-*``) is removed by
+``close`` unless ``keep_workdir`` (``--keep-workdir``). Everything is single-threaded: the churn
+driver is stepped from the caller's loop, so a parent-death signal can never fire because a
+helper thread ended.
+"""
+
+from __future__ import annotations
+
+import atexit
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import uuid
+import weakref
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from client_app.timing import SWITCH as TIMING  # clients time their training (client_app/timing.py)
+
+from .devices import DevicePlan
+from .edge import EdgeLimits
+from .errors import DeployError
+from .flwr_cli import FlwrCli, toml_value
+from .nodes import MODES, NODE_ID_RE
+from .procs import Proc, Spawner, free_port, hold_signals, port_open, release_signals
+from .runconfig import ROOT
+from .tuning import (  # round-latency settings: env, node config, the SuperNode command
+    ENV as TUNING_ENV,
+    NODE_CONFIG as TUNING_NODE_CONFIG,
+    SUPERNODE as TUNING_SUPERNODE,
+)
+
+_LIVE: weakref.WeakSet[Deployment] = weakref.WeakSet()
+BASE_ENV = {
+    **TUNING_ENV,
+    "FLWR_TELEMETRY_ENABLED": "0",
+    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+    "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
+    "PYTHONUNBUFFERED": "1",
+}
+
+
+@dataclass
+class Node:
+    partition: int
+    port: int
+    proc: Proc | None = None
+    node_ids: list[int] = field(default_factory=list)  # one per incarnation, once registered
+    incarnations: int = 0
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.alive
+
+
+class Deployment:
+    """SuperLink + N SuperNodes on loopback. Use as a context manager; always closes."""
+
+    local_files = True  # the ServerApp runs here: it sees the churn driver's round-start signal
+
+    def __init__(
+        self,
+        num_nodes: int,
+        work_dir: str | Path | None = None,
+        *,
+        project: str | Path = ROOT,
+        data_dir: str | Path | None = None,
+        node_env: Mapping[int, Mapping[str, str]] | None = None,
+        node_config_extra: Mapping[int, Mapping[str, Any]] | None = None,
+        log: Callable[[str], None] | None = None,
+        keep_workdir: bool = False,
+        devices: DevicePlan | None = None,
+    ) -> None:
+        if num_nodes < 1:
+            raise DeployError("num_nodes must be >= 1")
+        self.num_nodes = num_nodes
+        # a temp work dir we made is removed by close() unless keep_workdir; a given one is kept
+        self.remove_workdir = work_dir is None and not keep_workdir
+        self.work_dir = Path(work_dir or tempfile.mkdtemp(prefix="flchurn-deploy-")).resolve()
+        self.project = Path(project).resolve()
+        self.data_dir = Path(data_dir).resolve() if data_dir else None
+        self.node_env = {int(k): dict(v) for k, v in (node_env or {}).items()}
+        self.node_config_extra = {int(k): dict(v) for k, v in (node_config_extra or {}).items()}
+        self.log = log or (lambda line: None)
+        self.tag = uuid.uuid4().hex
+        self.superlink: Proc | None = None
+        self.superlink_port = 0
+        self.nodes = {i: Node(i, 0) for i in range(num_nodes)}
+        self.cli_home = self.work_dir / "cli"
+        self.state_dir = self.work_dir / "state"
+        self.logs = self.work_dir / "logs"
+        for d in (self.cli_home, self.state_dir, self.logs):
+            d.mkdir(parents=True, exist_ok=True)
+        if devices is not None and devices.num_nodes != num_nodes:
+            raise DeployError(f"the device plan is for {devices.num_nodes} nodes, not {num_nodes}")
+        # device limits (root): made with the SuperLink, removed by close()
+        self.edge = EdgeLimits(devices, self.tag, self.log) if devices is not None else None
+        self.spawner = Spawner(self.tag, self.logs, BASE_ENV)
+        self.cli: FlwrCli | None = None  # once the SuperLink listens
+        _LIVE.add(self)
+
+    @property
+    def closed(self) -> bool:
+        return self.spawner.closed
+
+    # ------------------------------------------------------------------ processes
+    def _spawn(self, name: str, argv: list[str], flwr_home: Path, cwd: Path,
+               extra_env: Mapping[str, str] | None = None, preexec: Callable[[], None] | None = None) -> Proc:
+        flwr_home.mkdir(parents=True, exist_ok=True)
+        return self.spawner.spawn(name, argv, cwd, {"FLWR_HOME": str(flwr_home), **(extra_env or {})}, preexec)
+
+    def start_superlink(self, timeout: float = 60.0) -> None:
+        if self.edge is not None and not self.edge.cgroups:
+            self.edge.setup()  # before any process: all limits in place, or none and an error
+        # nodes in their own network namespace reach the SuperLink through their veth pair
+        host = "0.0.0.0" if self.edge is not None and self.edge.shaped else "127.0.0.1"
+        self.superlink_port = free_port()
+        home = self.work_dir / "superlink"
+        self.superlink = self._spawn(
+            "superlink",
+            ["flower-superlink", "--insecure", "--disable-runtime-dependency-installation",
+             "--host", host, "--port", str(self.superlink_port)],
+            home, home,
+        )
+        deadline = time.monotonic() + timeout
+        while not port_open(self.superlink_port):
+            if not self.superlink.alive:
+                raise DeployError(f"flower-superlink exited ({self.superlink.popen.returncode}); "
+                                  f"see {self.superlink.log}")
+            if time.monotonic() > deadline:
+                raise DeployError(f"flower-superlink did not listen on 127.0.0.1:{self.superlink_port} "
+                                  f"within {timeout:.0f} s; see {self.superlink.log}")
+            time.sleep(0.1)
+        # the CLI carries the deployment's tag (close() sweeps a stray one), not a node's
+        self.cli = FlwrCli(self.cli_home, f"127.0.0.1:{self.superlink_port}", env=self.spawner.env(None),
+                           cwd=self.work_dir, log=self.log)
+        self.log(f"SuperLink on 127.0.0.1:{self.superlink_port} (log {self.superlink.log})")
+
+    def node_config(self, i: int) -> str:
+        cfg: dict[str, Any] = {**TUNING_NODE_CONFIG, TIMING: True, "partition-id": i,
+                               "num-partitions": self.num_nodes, "state-dir": str(self.state_dir)}
+        if self.data_dir:
+            cfg["data-dir"] = str(self.data_dir)
+        cfg.update(self.node_config_extra.get(i, {}))
+        return " ".join(f"{k}={toml_value(v)}" for k, v in cfg.items())
+
+    def start_node(self, i: int, wait: bool = False, timeout: float = 60.0) -> Node:
+        """Start SuperNode ``i`` (no-op if running); ``wait`` until it has registered."""
+        node = self.nodes[i]
+        if node.running:
+            return node
+        if self.superlink is None:
+            raise DeployError("start the SuperLink first")
+        node.incarnations += 1
+        node.port = free_port()
+        home = self.work_dir / f"node-{i}"
+        link = self.edge.superlink_host(i) if self.edge is not None else "127.0.0.1"
+        node.proc = self._spawn(
+            f"node-{i}.{node.incarnations}",
+            [*TUNING_SUPERNODE, "--insecure", "--superlink", f"{link}:{self.superlink_port}",
+             "--host", "127.0.0.1", "--port", str(node.port), "--node-config", self.node_config(i)],
+            home, home, {**(self.edge.env(i) if self.edge is not None else {}), **self.node_env.get(i, {})},
+            self.edge.preexec(i) if self.edge is not None else None,
+        )
+        self.log(f"node {i}: started (incarnation {node.incarnations}, pid {node.proc.popen.pid})")
+        if wait:
+            self.wait_registered(i, timeout)
+        return node
+
+    def incarnation(self, i: int) -> int:
+        return self.nodes[i].incarnations
+
+    def registered_id(self, i: int) -> int | None:
+        """The Flower node id of node ``i``'s current incarnation, once it has registered."""
+        node = self.nodes[i]
+        if node.proc is None:
+            return None
+        try:
+            text = node.proc.log.read_text(errors="replace")
+        except OSError:
+            return None
+        m = NODE_ID_RE.search(text)
+        if m is None:
+            return None
+        nid = int(m.group(1))
+        if len(node.node_ids) < node.incarnations:
+            node.node_ids.append(nid)
+        return nid
+
+    def wait_registered(self, i: int, timeout: float = 60.0) -> int:
+        deadline = time.monotonic() + timeout
+        while (nid := self.registered_id(i)) is None:
+            node = self.nodes[i]
+            if not node.running:
+                raise DeployError(f"SuperNode {i} exited before registering; see {node.proc.log}")
+            if time.monotonic() > deadline:
+                raise DeployError(f"SuperNode {i} did not register within {timeout:.0f} s; see {node.proc.log}")
+            time.sleep(0.1)
+        return nid
+
+    def client_of_node(self) -> dict[int, int]:
+        for i in self.nodes:
+            self.registered_id(i)  # record the current incarnation's node id
+        return {nid: i for i, node in self.nodes.items() for nid in node.node_ids}
+
+    def stop_node(self, i: int, mode: str = "term", timeout: float = 10.0) -> None:
+        """``term``: SIGTERM to the SuperNode (it deactivates; the SuperLink answers its pending
+        messages with NODE_UNAVAILABLE), then the rest of its tree; ``kill``: SIGKILL the tree
+        (a crash: the SuperLink notices only when the heartbeat expires)."""
+        node = self.nodes[i]
+        if node.proc is None:
+            return
+        if mode not in MODES:
+            raise ValueError(f"mode must be 'term' or 'kill', not {mode!r}")
+        self.registered_id(i)  # remember its id before it goes
+        if mode == "term" and node.proc.alive:
+            try:
+                if not node.proc.term_sent:
+                    self.signal_node(i, signal.SIGTERM)
+                node.proc.popen.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.log(f"node {i}: no exit {timeout:.0f} s after SIGTERM; killing it")
+        node.proc.kill_tree()
+        self.log(f"node {i}: stopped ({mode})")
+
+    def signal_node(self, i: int, sig: int = signal.SIGTERM) -> None:
+        """Send ``sig`` to SuperNode ``i`` and return at once (:meth:`stop_node` then finishes it):
+        lets several nodes shut down at the same time."""
+        node = self.nodes[i]
+        if node.running:
+            self.registered_id(i)  # remember its id before it goes
+            node.proc.popen.send_signal(sig)
+            node.proc.term_sent |= sig == signal.SIGTERM
+
+    def running_nodes(self) -> set[int]:
+        return {i for i, n in self.nodes.items() if n.running}
+
+    # ------------------------------------------------------------------ the SuperLink
+    def kill_superlink(self) -> None:
+        """SIGKILL the SuperLink and everything under it (its SuperExec and the ServerApp): a crash."""
+        if self.superlink is not None:
+            self.superlink.kill_tree()
+            self.log("SuperLink killed (with its ServerApp)")
+
+    def restart(self) -> None:
+        """A fresh SuperLink (new port, empty state) and no SuperNode running: what a resumed run
+        starts from. The nodes are started again by the caller (the churn driver or run_deployment)."""
+        for i in self.nodes:
+            self.stop_node(i, "kill")
+        self.kill_superlink()
+        self.reap_orphans()
+        self.start_superlink()
+
+    def superlink_alive(self) -> bool:
+        return self.superlink is not None and self.superlink.alive
+
+    def ensure_superlink(self, fresh: bool) -> None:
+        if not self.superlink_alive() or (fresh and self.running_nodes()):
+            self.restart()
+
+    def reap_orphans(self) -> None:
+        self.spawner.reap_orphans()
+
+    housekeeping = reap_orphans
+
+    def run_log(self, run_id: int) -> str:
+        if self.cli is None:
+            raise DeployError("no SuperLink was started")
+        return self.cli.run_log(run_id)
+
+    # ------------------------------------------------------------------ shutdown
+    def close(self) -> None:
+        """Stop every process of this deployment (idempotent, safe from atexit and handlers)."""
+        if self.closed:
+            return
+        held = hold_signals()  # a second Ctrl-C or kill waits until everything is removed
+        try:
+            if self.cli is not None:
+                self.cli.close()
+            procs = [n.proc for n in self.nodes.values() if n.proc is not None]
+            if self.superlink is not None:
+                procs.append(self.superlink)
+            self.spawner.close(procs)
+            if self.edge is not None:
+                self.edge.close()  # the processes are gone: cgroups can be removed
+        finally:
+            release_signals(held)
+        if self.remove_workdir:
+            shutil.rmtree(self.work_dir, ignore_errors=True)
+            self.log(f"deployment stopped; work dir {self.work_dir} removed (keep it with --keep-workdir)")
+        else:
+            self.log(f"deployment stopped; logs in {self.logs}")
+
+    def leftovers(self) -> list[int]:
+        return self.spawner.leftovers()
+
+    def __enter__(self) -> Deployment:
+        try:
+            self.start_superlink()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+@atexit.register
+def _close_all() -> None:
+    for dep in list(_LIVE):
+        dep.close()

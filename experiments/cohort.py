@@ -1,0 +1,110 @@
+"""The cohort engine: an in-process Grid that trains a round's whole cohort at once.
+
+Run config ``engine``: ``per-client`` (every train message through the ClientApp, one after the
+other), ``cohort`` (this grid) or ``auto`` (:func:`auto_engine`). :class:`CohortGrid` receives a
+round's train messages together; for each it runs the ClientApp's own *start*
+(:func:`client_app.app.train_start`: decode, the availability gate, the client rule's start model
+such as FedAWE's own copy) and *reply* (:func:`client_app.app.train_reply`: metrics, FedAWE's
+echo, FedNova's a-norm), and replaces only the local training in between by
+:class:`workloads.cohort.CohortTrainer` (vmapped over the stacked parameters). Every other message
+(identity queries, evaluation, FedAWE's adoption) goes through the ClientApp as in
+:class:`~experiments.inprocess.InProcessGrid`. Replies come back in the messages' order, so the
+strategy, the schedule, the checkpoints and the results folder cannot tell the engines apart.
+
+A workload the cohort engine cannot batch (see :func:`workloads.cohort.cohort_unsupported`) runs
+per client; the reason is logged once and recorded in ``config.json`` (``engine-used``,
+``engine-reason``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from flwr.app import Message, MessageType
+
+from client_app.app import TrainStart, train_reply, train_start
+from runconfig import WorkloadConfig, from_run_config
+from server_app.config import ENGINES
+from workloads.cohort import CohortTrainer
+from workloads.workload import Workload, get_workload
+
+from .grid import InProcessGrid, default_client_app
+
+log = logging.getLogger(__name__)
+#: models whose vmapped step beats the per-client loop on a CPU (benchmarks/engine_speed.py)
+CPU_COHORT_MODELS = ("mlp", "logreg", "quadratic")
+
+
+def auto_engine(wl: Workload) -> tuple[str, str]:
+    """(engine, why) for ``engine = auto``: the cohort engine on a GPU (batching is the lever
+    there), and on a CPU only for the models where it measured faster (``CPU_COHORT_MODELS``:
+    small dense layers; vmapped convolutions are slower on a CPU)."""
+    if wl.device.type == "cuda":
+        return "cohort", f"auto: a GPU ({wl.device})"
+    name = wl.cfg.model.split(":", 1)[0]
+    if name in CPU_COHORT_MODELS:
+        return "cohort", f"auto: model '{name}' on the CPU (vmapped dense layers win there)"
+    return "per-client", f"auto: model '{name}' on the CPU (vmapped convolutions are slower there)"
+
+
+class CohortGrid(InProcessGrid):
+    """An :class:`InProcessGrid` that trains each round's train messages as one cohort."""
+
+    def __init__(self, num_nodes: int, run_config: Mapping[str, Any], engine: str = "cohort", **kwargs: Any) -> None:
+        super().__init__(num_nodes, run_config, **kwargs)
+        if engine not in ENGINES:
+            raise ValueError(f"engine {engine!r}: one of {ENGINES}")
+        self.requested = engine
+        self.run_config = dict(run_config)
+        self._trainer: CohortTrainer | None = None
+        self._record: dict[str, str] | None = None
+
+    @property
+    def engine_record(self) -> dict[str, str]:
+        """What ``config.json`` records: ``engine-used`` and, when not what was asked, ``engine-reason``."""
+        if self._record is None:
+            wl = get_workload(from_run_config(WorkloadConfig, self.run_config))
+            used, why = (("cohort", "") if self.requested == "cohort" else auto_engine(wl))
+            if used == "cohort" and self.app is not default_client_app:
+                used, why = "per-client", "a ClientApp other than client_app.app: its own train handler must run"
+            if used == "cohort":
+                try:
+                    self._trainer = CohortTrainer(wl)
+                except Exception as exc:  # noqa: BLE001 - any model it cannot batch: per client, said once
+                    used, why = "per-client", f"the cohort engine cannot batch this workload: {exc}"
+            if used == "per-client":
+                log.warning("engine=%s: training per client (%s)", self.requested, why)
+            self._record = {"engine-used": used, **({"engine-reason": why} if why else {})}
+        return self._record
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> list[Message]:
+        messages = list(messages)
+        if self.engine_record["engine-used"] != "cohort" or not any(
+                m.metadata.message_type == MessageType.TRAIN for m in messages):
+            return super().send_and_receive(messages, timeout=timeout)
+        replies: list[Message | None] = []
+        starts: list[tuple[int, TrainStart]] = []
+        for msg in messages:
+            if msg.metadata.message_type != MessageType.TRAIN:
+                replies.extend(super().send_and_receive([msg], timeout=timeout))
+                continue
+            delivered = self.deliver(msg)
+            if delivered is None:
+                continue  # the reply never comes
+            ts = train_start(msg, delivered)
+            if isinstance(ts, Message):
+                replies.append(ts)  # declined by the client-side gate
+                continue
+            starts.append((len(replies), ts))
+            replies.append(None)
+        if starts:
+            by_round: dict[int, list[tuple[int, TrainStart]]] = {}
+            for slot, ts in starts:
+                by_round.setdefault(ts.rnd, []).append((slot, ts))
+            for rnd, group in by_round.items():
+                trained = self._trainer.train([ts.client for _, ts in group], [ts.start for _, ts in group], rnd)
+                for (slot, ts), (state, result) in zip(group, trained, strict=True):
+                    replies[slot] = train_reply(ts, state, result)
+        return [r for r in replies if r is not None]

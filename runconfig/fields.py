@@ -1,0 +1,62 @@
+"""Typed settings read from Flower's run config (``[tool.flwr.app.config]`` + ``--run-config``).
+
+Run-config keys are the field names with ``-`` for ``_`` (``data-seed`` -> ``data_seed``).
+:func:`from_run_config` fills a frozen dataclass, checks each value's type against the field's
+default, and leaves unknown keys to the caller (the ServerApp rejects keys nobody reads).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A run-config value that is missing, of the wrong type or out of range."""
+
+
+def key_of(field_name: str) -> str:
+    return field_name.replace("_", "-")
+
+
+def from_run_config(cls: type[T], run_config: Mapping[str, Any]) -> T:
+    """Build dataclass ``cls`` from the run-config keys it knows; defaults fill the rest."""
+    values = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        key = key_of(f.name)
+        if key not in run_config:
+            continue
+        default = f.default
+        value = run_config[key]
+        if isinstance(default, bool):
+            ok = isinstance(value, bool)
+        elif isinstance(default, int):
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        elif isinstance(default, float):
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+            value = float(value) if ok else value
+        else:
+            ok = isinstance(value, str)
+        if not ok:
+            raise ConfigError(
+                f"run config '{key}' = {value!r}: expected {type(default).__name__} "
+                f"(like the default {default!r})"
+            )
+        values[f.name] = value
+    return cls(**values)
+
+
+def known_keys(cls: type) -> set[str]:
+    return {key_of(f.name) for f in dataclasses.fields(cls)}
+
+
+def as_run_config(obj: Any) -> dict[str, Any]:
+    return {key_of(k): v for k, v in dataclasses.asdict(obj).items()}
+
+
+def check(condition: bool, key: str, value: Any, allowed: str) -> None:
+    if not condition:
+        raise ConfigError(f"run config '{key}' = {value!r} is out of range: {allowed}")

@@ -1,0 +1,89 @@
+"""A run's checkpoints: the one place that writes, reads and finds them.
+
+A checkpoint is ``<run folder>/checkpoints/round-RRRR.pt``, a torch pickle of
+``{"round", "arrays" (name -> numpy array), "strategy" (the rule's state_dict), "config" (the run
+config, flat), "rng" (python, numpy and torch generator states)}``. The ServerApp saves one every
+``checkpoint-every`` rounds and resumes from one (``resume-from``); the deployment launcher finds
+the newest with :func:`latest`; reports read a rule's state from :func:`load`.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from runconfig import ConfigError
+
+FOLDER = "checkpoints"
+#: run-config keys that may differ between a run and its resumption (where and how long, not what)
+FREE_KEYS = frozenset({
+    "num-server-rounds", "resume-from", "run-name", "results-dir", "progress",
+    "checkpoint-every", "round-timeout", "wait-for-nodes", "min-nodes", "device", "state-dir",
+    "round-start-delay", "round-deadline", "round-start-signal", "engine",
+})
+
+
+def path_of(run_dir: str | Path, rnd: int) -> Path:
+    return Path(run_dir) / FOLDER / f"round-{rnd:04d}.pt"
+
+
+def save(run_dir: str | Path, rnd: int, arrays: Mapping[str, np.ndarray], strategy: dict[str, Any],
+         config: Mapping[str, Any]) -> Path:
+    """Write round ``rnd``'s checkpoint with the current RNG states; never leaves a truncated file
+    (written to ``.pt.partial``, then renamed)."""
+    path = path_of(run_dir, rnd)
+    partial = path.with_suffix(".pt.partial")
+    torch.save({
+        "round": rnd,
+        "arrays": dict(arrays),
+        "strategy": strategy,
+        "config": dict(config),
+        "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
+    }, partial)
+    partial.replace(path)
+    return path
+
+
+def load(path: str | Path) -> dict[str, Any]:
+    """A checkpoint's contents (on the CPU). ConfigError when the file is not there."""
+    if not Path(path).is_file():
+        raise ConfigError(f"no such checkpoint file: {str(path)!r}")
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def latest(run_dir: str | Path) -> Path:
+    """The newest checkpoint of a run folder that loads (one cut short by a crash is skipped)."""
+    for path in sorted((Path(run_dir) / FOLDER).glob("round-*.pt"), reverse=True):
+        try:
+            load(path)
+            return path
+        except Exception:  # noqa: BLE001 - a partial file: try the previous one
+            continue
+    raise ConfigError(f"no readable checkpoint in {Path(run_dir) / FOLDER}: a run can be resumed "
+                      "only if it ran with checkpoint-every >= 1")
+
+
+def check_resumable(ckpt: Mapping[str, Any], path: str | Path, config: Mapping[str, Any],
+                    num_rounds: int) -> None:
+    """ConfigError unless ``config`` may continue ``ckpt``: the same settings outside
+    :data:`FREE_KEYS`, and rounds left to run."""
+    old, new = ckpt["config"], config
+    differ = sorted(k for k in set(old) | set(new) if k not in FREE_KEYS and old.get(k) != new.get(k))
+    if differ:
+        raise ConfigError(f"checkpoint {path} was made with other settings for {differ}: "
+                          + ", ".join(f"{k}={old.get(k)!r} (now {new.get(k)!r})" for k in differ))
+    if ckpt["round"] >= num_rounds:
+        raise ConfigError(f"checkpoint {path} is at round {ckpt['round']}, not before "
+                          f"num-server-rounds={num_rounds}")
+
+
+def restore_rng(ckpt: Mapping[str, Any]) -> None:
+    """Set python's, numpy's and torch's global generators to the checkpoint's states."""
+    random.setstate(ckpt["rng"]["python"])
+    np.random.set_state(ckpt["rng"]["numpy"])
+    torch.set_rng_state(ckpt["rng"]["torch"])
