@@ -426,3 +426,35 @@ def test_fedawe_replies_from_a_plain_clientapp_fail_the_run_naming_the_helper():
     strategy = build_strategy("fedawe", num_clients=NUM_NODES, max_failed_rounds=1)
     with pytest.raises(StrategyFailure, match="client_rule_mod"):
         run_start(strategy, rounds=2, app=tiny_app(dropin=False, adopt_handler=False))
+
+
+# ------------------------------------- integer arrays through issue 20's decode (the merge)
+def test_integer_arrays_are_decoded_checked_and_kept_beside_the_vector():
+    """The flat vector (and the reused reply buffer) holds only the floating arrays; each integer
+    or boolean array is decoded like any other (:func:`decode`), then converted exactly, and a
+    reply whose integer array cannot be the model's is rejected with the array's name."""
+    from strategies.layout import Layout, Scratch, named_arrays
+    from strategies.replies import ReplyRejected, model_delta
+
+    model = {"w": np.array([1.0, 2.0], np.float32), "n": np.array(7, np.int8),
+             "mask": np.array([True, False]), "v": np.array([[0.5]], np.float32)}
+    layout = Layout.of(named_arrays(model))
+    assert layout.size == 3  # w and v only
+    current = layout.flatten(named_arrays(model))
+    out = Scratch().row(layout.size)
+
+    reply = {**model, "w": np.array([2.0, 2.0], np.float32), "n": np.array(9.0), "mask": np.array([False, True])}
+    delta, norm, integers = model_delta(named_arrays(reply), layout, current, out)
+    assert delta is out and delta.tolist() == [1.0, 0.0, 0.0] and norm == 1.0
+    assert integers["n"].dtype == np.int8 and int(integers["n"]) == 9 and integers["n"].shape == ()
+    assert integers["mask"].tolist() == [False, True]
+
+    for bad, why in [({"n": np.array(300)}, "outside int8's range"),
+                     ({"n": np.array(np.nan)}, "NaN or Inf"),
+                     ({"n": np.array("7")}, "dtype"),
+                     ({"n": np.array(True)}, "dtype"),  # bools only where the model holds one
+                     ({"w": np.array([True, False])}, "dtype"),
+                     ({"n": np.array([7])}, "shape")]:
+        with pytest.raises(ReplyRejected, match=why) as rejected:
+            model_delta(named_arrays({**model, **bad}), layout, current, out)
+        assert f"'{next(iter(bad))}'" in str(rejected.value)
