@@ -15,7 +15,7 @@ DATA_DIR = os.environ.get("FLCHURN_DATA_DIR", str(Path(__file__).resolve().paren
 # as test-accuracy-xbar next to the global model's test-accuracy).
 FEDAWE_RULES = {
     "fedawe": {"strategy": "fedawe:clip=0.5", "lr": 0.1},
-    "fedavg-active": {"strategy": "fedavg-active", "lr": 0.05},
+    "fedavg-active": {"strategy": "fedavg-active", "lr": 0.05, "weighting": "equal"},  # the paper's: 1/|A_t|
     "fedavg-all": {"strategy": "fedavg-all", "lr": 0.05},
     "fedau": {"strategy": "fedau:cutoff=50", "lr": 0.05},
     "known-p": {"strategy": "fedavg-known-p", "lr": 0.1},
@@ -67,7 +67,7 @@ FEDAWE_PAPER = {
 FDMS_DROPOUT = {f"dropout {a}": {"availability": f"dropout:alpha={a},keep_per_cluster=true"} for a in (0.3, 0.5, 0.7)}
 FDMS_RULES = {
     "fl-fdms": {"strategy": "fl-fdms"},
-    "dropout": {"strategy": "fedavg-active"},
+    "dropout": {"strategy": "fedavg-active", "weighting": "equal"},  # the paper weighs clients 1/N
     "stale": {"strategy": "stale"},
     "full": {"strategy": "full"},
 }
@@ -248,7 +248,7 @@ PRESETS: dict[str, Sweep] = {
               "local-steps": "steps:n=10", "batch-size": 64, "lr": 0.05,
               "num-server-rounds": 60, "eval-every": 2, "checkpoint-every": 0},
         axes={"setting": {"fmnist bernoulli 0.1": {}},
-              "rule": {"fedavg": {"strategy": "fedavg-active"}, "fedexp": {"strategy": "fedexp"},
+              "rule": {"fedavg": {"strategy": "fedavg-active", "weighting": "equal"}, "fedexp": {"strategy": "fedexp"},
                        "fedaware": {"strategy": "fedaware"}}},
         notes=(
             "FedExP (Jhunjhunwala et al., ICLR 2023; scored, as in its paper, on the mean of the last "

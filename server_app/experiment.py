@@ -57,7 +57,7 @@ def prepare(cfg: RunConfig) -> Setup:
     s = cfg.server
     strategy = build_strategy(
         strategy_spec(s), num_clients=n, server_lr=s.server_lr, weighting=s.weighting,
-        seed=cfg.workload.train_seed, federated_evaluation=s.federated_evaluation, probabilities=schedule.prob,
+        seed=cfg.workload.train_seed, fraction_evaluate=float(s.federated_evaluation), probabilities=schedule.prob,
     )
     arrays = ArrayRecord(workload.new_model().state_dict())
     start_round = 1

@@ -16,6 +16,7 @@ _WHERE = {
     "ReplyRejected": "replies", "RoundLog": "replies", "named_arrays": "layout",
     "FedAvgActive": "fedavg", "FedAvgAll": "fedavg", "FedAvgKnownP": "fedavg",
     "ORACLES": "registry", "STRATEGIES": "registry", "build_strategy": "registry",
+    "StrategyFailure": "failures",
 }
 __all__ = list(_WHERE)
 

@@ -298,6 +298,8 @@ class Full(FedAvgActive):
     """
 
     name = "full"
+    paper_weighting = "equal"  # the FL-FDMS paper's baselines weigh clients equally (1/N)
+    fixed_selection = "it trains every client every round, by definition"
 
     def train_config(self, t: int, node_ids: list[int]) -> dict[str, Any]:
         return {IGNORE_AVAILABILITY: True}

@@ -24,9 +24,15 @@ from .weighting import weighted_sum
 
 
 class FedAvgActive(AvailabilityStrategy):
-    """FedAvg over the clients that replied (McMahan et al., AISTATS 2017, Alg. 1)."""
+    """FedAvg over the clients that replied (McMahan et al., AISTATS 2017, Alg. 1).
+
+    The paper weights client k by n_k / n (``paper_weighting``, what ``weighting="auto"`` gives):
+    with η_g = 1 this is Flower's ``FedAvg``. The FedAU and FedAWE papers' "FedAvg over the active
+    clients" weights them equally: their presets say ``weighting = "equal"``.
+    """
 
     name = "fedavg-active"
+    paper_weighting = "num-examples"  # p_k = n_k / n (McMahan et al. 2017, Alg. 1)
 
     def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
         if not reports:
@@ -40,6 +46,7 @@ class FedAvgAll(AvailabilityStrategy):
     """FedAvg over all N clients, absent ones counting as zero (FedAU paper, Sec. 3)."""
 
     name = "fedavg-all"
+    needs_num_clients = True
 
     def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
         n = self.require_num_clients()
@@ -57,6 +64,8 @@ class FedAvgKnownP(AvailabilityStrategy):
 
     needs_client_ids = True
     name = "fedavg-known-p"
+    fixed_selection = ("it reweights by the true participation probabilities p_i^t of the schedule, "
+                       "which addressing a sampled fraction of the nodes would change")
     min_probability = 1e-6  # a client that replied with p ≈ 0 would blow the update up
 
     def __init__(self, *, probabilities: Callable[[int], np.ndarray], **kwargs) -> None:

@@ -195,17 +195,26 @@ class FedAWARE(AvailabilityStrategy):
         super().__init__(**kwargs)
         if not 0.0 <= alpha < 1.0:
             raise ValueError(f"alpha must be in [0, 1), got {alpha}")
-        n = self.require_num_clients()
-        if not 0 <= min_seen <= n:
+        n = self.num_clients  # None: the nodes connected at the first round (the base counts them)
+        if not 0 <= min_seen <= (n if n is not None else min_seen):
             raise ValueError(f"min_seen must be in [0, N={n}] (0 = all clients), got {min_seen}")
         self.alpha = float(alpha)
-        self.min_seen = int(min_seen) or n
+        self._min_seen = int(min_seen)
         self.polish = bool(polish)  # False: plain Frank–Wolfe only, as the official code
         self.momenta: np.ndarray | None = None  # N × d float32
-        self.seen = np.zeros(n, bool)
+        self.seen = np.zeros(n or 0, bool)
+
+    @property
+    def min_seen(self) -> int:
+        """Clients to see before the min-norm direction is used (0 given: all N)."""
+        return self._min_seen or self.require_num_clients()
 
     def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
         n = self.require_num_clients()
+        if self._min_seen > n:
+            raise ValueError(f"min_seen must be in [0, N={n}] (0 = all clients), got {self._min_seen}")
+        if self.seen.size != n:
+            self.seen = np.zeros(n, bool)
         if self.momenta is None or self.momenta.shape[1] != x.size:
             self.momenta = np.zeros((n, x.size), np.float32)
             self.seen[:] = False

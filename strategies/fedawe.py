@@ -65,7 +65,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType
 from flwr.serverapp import Grid
 
 from .base import AvailabilityStrategy, ClientReport, Layout, ReplyRejected, named_arrays, safe_norm
@@ -137,6 +137,7 @@ class FedAWE(AvailabilityStrategy):
 
     name = "fedawe"
     State = FedAWEState
+    needs_num_clients = True  # x̄ is the mean over all N clients' copies
 
     def __init__(self, *, clip: float = 0.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -173,18 +174,20 @@ class FedAWE(AvailabilityStrategy):
             self.xbar = self.layout.flatten(initial).astype(np.float64)
         if not sent:
             return sent
-        content = RecordDict({"arrays": initial, "config": sent[0].content["config"]})
+        content = self.keys.content(initial, sent[0].content[self.keys.configrecord_key])
         self._sent = [Message(content, dst_node_id=m.metadata.dst_node_id, message_type=MessageType.TRAIN)
                       for m in sent]
         return self._sent
 
     def configure_broadcast(self, server_round: int, arrays: ArrayRecord, grid: Grid) -> list[Message]:
-        """x^{t+1} to the round's participants only (the nodes of its valid replies)."""
+        """x^{t+1} to the round's participants only (the nodes of its valid replies), once: the
+        project's ServerApp sends them itself, Flower's ``start`` through ``configure_evaluate``."""
         rnd, nodes = self._adopters
         if rnd != server_round or not nodes:
             return []
+        self._adopters = (0, [])
         config = ConfigRecord({SERVER_ROUND: server_round, **self.client_config()})
-        content = RecordDict({"arrays": arrays, "config": config})
+        content = self.keys.content(arrays, config)
         return [Message(content, dst_node_id=n, message_type=ADOPT) for n in nodes]
 
     # -------------------------------------------------------------------- replies in
@@ -210,7 +213,8 @@ class FedAWE(AvailabilityStrategy):
         if ECHO_FACTOR not in record:
             raise ReplyRejected(
                 f"reply lacks '{ECHO_FACTOR}': this node does not run FedAWE's client rule "
-                f"('{RULE}', client_app.fedawe); a plain ClientApp cannot take part in FedAWE")
+                f"('{RULE}'). A ClientApp takes part with client_app.dropin: "
+                f"ClientApp(mods=[client_rule_mod]) and app.train(\"adopt\")(adopt)")
         value = decode(record[ECHO_FACTOR], ECHO_FACTOR)
         if value.size != 1 or not np.isfinite(value).all() or float(value.flat[0]) != int(value.flat[0]):
             raise ReplyRejected(f"'{ECHO_FACTOR}' must be one integer, got {value.ravel()[:3]}")
@@ -227,7 +231,9 @@ class FedAWE(AvailabilityStrategy):
         update = self.reply_buffer()
         start = 0
         with np.errstate(over="ignore", invalid="ignore"):
-            for key, shape in zip(self.layout.keys, self.layout.shapes, strict=True):
+            for key, shape, floating in zip(self.layout.keys, self.layout.shapes, self.layout.floating, strict=True):
+                if not floating:  # integer arrays are no part of the flat model (strategies.layout)
+                    continue
                 name = UPDATE_PREFIX + key
                 if name not in record:
                     raise ReplyRejected(f"reply lacks '{name}': the server needs the client's echoed update "
@@ -279,7 +285,7 @@ class FedAWE(AvailabilityStrategy):
         """{"xbar": x̄}: the model the official code scores FedAWE on (empty before round 1)."""
         if self.xbar is None or self.layout is None:
             return {}
-        return {"xbar": self.layout.unflatten(self.xbar)}
+        return {"xbar": self.arrays_of(self.xbar)}
 
     def update_norm(self, report: ClientReport) -> float:
         """‖Δ_i‖ = ‖u_i‖ / (t − τ_i), the client's own local change (for the base's sanity bound).

@@ -84,4 +84,4 @@ class FedExP(AvailabilityStrategy):
         """(x^{t+1} + x^t)/2: the model FedExP reports."""
         if self.previous is None or self.layout is None or self.layout.mismatch(arrays) is not None:
             return arrays
-        return self.layout.unflatten((self.layout.flatten(arrays) + self.previous) / 2)
+        return self.arrays_of((self.layout.flatten(arrays) + self.previous) / 2)

@@ -30,7 +30,8 @@ from .weighting import weighted_sum
 
 NEEDS_A_NORM = (
     "FedNova needs the 'a-norm' metric (‖a_i‖_1 of the local solver: the number of local steps "
-    "for plain SGD; see workloads.solvers.a_norm) in every training reply"
+    "for plain SGD; workloads.solvers.a_norm for momentum and FedProx) in every training reply: "
+    "add it to the ClientApp's train reply MetricRecord"
 )
 NEEDS_NUM_STEPS = (
     "FedNova needs the 'num-steps' metric (τ_i, the local steps the client ran) in every training "

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 log = logging.getLogger(__name__)
+flwr_log = logging.getLogger("flwr")
 
 
 class Claim(Protocol):
@@ -86,6 +87,34 @@ class Identities:
                 self.client_of_node.pop(owner, None)
             self.node_of_client[r.client_id] = r.node_id
             self.client_of_node[r.node_id] = r.client_id
+
+    def row(self, node: int, num_clients: int, rows: dict[int, int], rule: str, others_report: bool) -> int:
+        """A client id in [0, N) for a node whose reply reports none: the one it is bound to, else
+        the lowest id bound to no node and not yet in ``rows`` (this round's, updated); the first
+        time, a warning that state is then kept per node. ReplyRejected when every id is bound, or
+        when other replies of the run report theirs (``others_report``: a free id may be theirs)."""
+        from .replies import ReplyRejected
+
+        if others_report:
+            raise ReplyRejected("the reply carries no 'client-id' while other replies of this run do: with "
+                                "per-client state every reply must say which client it is (the partition id)")
+        if node in rows:
+            return rows[node]
+        row = self.client_of_node.get(node)
+        if row is None:
+            taken = set(self.node_of_client) | set(rows.values())
+            row = next((c for c in range(num_clients) if c not in taken), None)
+            if row is None:
+                raise ReplyRejected(
+                    f"the reply carries no 'client-id' and all N={num_clients} client ids are bound to other "
+                    f"nodes: report 'client-id' (the partition id; client_app.dropin.client_rule_mod adds it)")
+            if not self.node_of_client and not rows:
+                flwr_log.warning(
+                    "%s: replies carry no 'client-id': per-client state is kept per node (node %d -> client "
+                    "%d, ...), so a node that restarts with a new node id counts as a new client. Report "
+                    "'client-id' (client_app.dropin.client_rule_mod adds the partition id)", rule, node, row)
+        rows[node] = row
+        return row
 
     def may_claim(self, node: int, client: int) -> bool:
         """Whether ``node`` may say it is ``client`` (the id is free or bound to that node)."""

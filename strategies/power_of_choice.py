@@ -22,20 +22,32 @@ train. Under rpow-d an offline candidate is chosen blindly and simply does not r
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType
 from flwr.serverapp import Grid
 
 from .base import AvailabilityStrategy, ClientReport
-from .protocol import CLIENT_ID, NUM_EXAMPLES, PROBE_BATCHES, SERVER_ROUND
+from .metrics import canonical, names
+from .protocol import (
+    CLIENT_ID,
+    CLIENT_RULE,
+    EVAL_LOSS,
+    NUM_EXAMPLES,
+    PLAIN_RULE,
+    PROBE_BATCHES,
+    SERVER_ROUND,
+    TRAIN_LOSS,
+)
 from .replies import ReplyRejected, count, destinations, finite, source_node
 from .weighting import weighted_sum
 
 VARIANTS = ("pow-d", "cpow-d", "rpow-d")
+flwr_log = logging.getLogger("flwr")
 
 
 @dataclass
@@ -51,6 +63,8 @@ class PowerOfChoice(AvailabilityStrategy):
 
     name = "pow-d"
     State = PowerOfChoiceState
+    fixed_selection = ("power-of-choice chooses its own clients each round (d candidates probed, the m "
+                       "with the largest loss trained): set d and m instead")
 
     def __init__(self, *, d: int = 10, m: int = 5, variant: str = "pow-d", probe_timeout: float = 60.0,
                  **kwargs: Any) -> None:
@@ -80,20 +94,22 @@ class PowerOfChoice(AvailabilityStrategy):
 
     def probe(self, server_round: int, arrays: ArrayRecord, candidates: list[int], grid: Grid) -> dict[int, float]:
         """Node -> local loss of the current model, for the candidates that answered in time."""
-        config = ConfigRecord({SERVER_ROUND: server_round,
+        config = ConfigRecord({SERVER_ROUND: server_round, CLIENT_RULE: PLAIN_RULE,
                                PROBE_BATCHES: 1 if self.variant == "cpow-d" else 0})
-        content = RecordDict({"arrays": arrays, "config": config})
+        content = self.keys.content(arrays, config)
         sent = [Message(content, dst_node_id=n, message_type=MessageType.EVALUATE) for n in candidates]
         replies = list(grid.send_and_receive(sent, timeout=self.probe_timeout))
         node_of_message = destinations(sent)
         losses: dict[int, float] = {}
+        answered = 0
         for msg in replies:
             node = source_node(msg, node_of_message)
             if node not in candidates or msg.has_error() or len(msg.content.metric_records) != 1:
                 continue
-            metrics = next(iter(msg.content.metric_records.values()))
+            answered += 1
+            metrics = canonical(next(iter(msg.content.metric_records.values())), self.keys.weighted_by_key)
             try:  # the same readers as training replies; a bad value is ignored, not trusted
-                loss = finite(metrics, "eval-loss")
+                loss = finite(metrics, EVAL_LOSS)
             except ReplyRejected:
                 continue
             if loss is None:
@@ -104,6 +120,13 @@ class PowerOfChoice(AvailabilityStrategy):
                     read(node, metrics)
                 except ReplyRejected:
                     pass
+        if candidates and not answered:  # unavailability, or a probe_timeout too short for cold clients
+            flwr_log.warning("pow-d, round %d: none of %d candidates answered the probe within "
+                             "probe-timeout=%gs; nobody trains this round", server_round, len(candidates),
+                             self.probe_timeout)
+        if answered and not losses:  # the rule cannot choose: fail the run rather than train nobody
+            self.problems.append(f"power-of-choice's probe got {answered} evaluate replies, none with a "
+                                 f"loss {names(EVAL_LOSS)}: add it to the ClientApp's evaluate reply")
         return losses
 
     def _probe_client(self, node: int, metrics: dict[str, Any]) -> None:
@@ -144,6 +167,9 @@ class PowerOfChoice(AvailabilityStrategy):
             self.size_of[r.client_id] = r.num_examples
             if r.train_loss is not None:
                 self.last_loss[r.client_id] = r.train_loss
+        if self.variant == "rpow-d" and reports and all(r.train_loss is None for r in reports):
+            self.problems.append(f"rpow-d ranks clients by their last train loss, and no reply carries "
+                                 f"{names(TRAIN_LOSS)}: add it to the ClientApp's train reply")
         metrics = dict(self.selection)
         if not reports:
             return x, metrics

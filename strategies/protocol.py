@@ -9,6 +9,7 @@ import re
 SERVER_ROUND = "server-round"  # Flower's 1-based round
 IGNORE_AVAILABILITY = "ignore-availability"  # True: an oracle round that must reach every client
 CLIENT_RULE = "client-rule"  # which client-side behaviour to run (see client_app.rules)
+PLAIN_RULE = "plain"  # the client rule of every strategy but FedAWE: train from the received model
 PROBE_BATCHES = "probe-batches"  # evaluate on this many mini-batches only (0 = all data)
 
 # message type of the round-end broadcast (FedAWE's postponed broadcast)
@@ -22,6 +23,10 @@ A_NORM = "a-norm"
 TRAIN_LOSS = "train-loss"
 LR = "lr"  # the local learning rate the client used this round
 TRAIN_TIME = "train-time"  # seconds of local training (only with node config report-timing=true)
+
+# metrics an evaluate reply carries (Flower's templates say eval_loss, eval_acc: strategies.metrics)
+EVAL_LOSS = "eval-loss"
+EVAL_ACCURACY = "eval-accuracy"
 
 # FedAWE (strategies.fedawe, client_app.fedawe): config and reply keys
 FEDAWE_RULE = "fedawe"  # the client rule's name (config ``client-rule``)

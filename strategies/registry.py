@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import pkgutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -62,9 +62,21 @@ def build_strategy(
     spec: str,
     *,
     probabilities: Callable[[int], np.ndarray] | None = None,
+    run_config: Mapping[str, Any] | None = None,
     **shared: Any,
 ) -> AvailabilityStrategy:
-    """Build the strategy ``spec`` names; only oracles receive ``probabilities``."""
+    """Build the strategy ``spec`` names; only oracles receive ``probabilities``.
+
+    ``shared``: the base's keyword arguments (Flower's ``FedAvg`` arguments among them); any other
+    is a ValueError that lists them. ``run_config`` (a ServerApp's ``context.run_config``): its
+    ``num-clients``, when it has one and ``num_clients`` is not given, is N.
+    """
+    unknown = sorted(set(shared) - SHARED - SPEC_SHARED)
+    if unknown:
+        raise ValueError(f"build_strategy: unknown argument(s) {unknown}; the strategies take "
+                         f"{sorted(SHARED | SPEC_SHARED)} and their spec's own parameters")
+    if run_config is not None and shared.get("num_clients") is None and "num-clients" in run_config:
+        shared["num_clients"] = int(run_config["num-clients"])
     parsed = parse_spec(spec)
     if parsed.name not in STRATEGIES:
         raise ValueError(f"unknown strategy {parsed.name!r}; known: {sorted(STRATEGIES)}")

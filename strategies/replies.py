@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import io
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +21,8 @@ from flwr.app import Array, ArrayRecord, Message, RecordDict
 from flwr.common.constant import SType
 from numpy.lib import format as npy
 
-from .layout import Layout, safe_norm
+from .layout import Layout, as_model_integers, safe_norm
+from .metrics import canonical, names
 from .protocol import A_NORM, CLIENT_ID, NUM_EXAMPLES, NUM_STEPS, TRAIN_LOSS
 
 SUPERLINK_NODE_ID = 1  # src_node_id of errors the SuperLink writes on a node's behalf
@@ -46,6 +47,7 @@ class ClientReport:
     a_norm: float | None = None  # FedNova's ‖a_i‖_1
     train_loss: float | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
+    integers: dict[str, np.ndarray] = field(default_factory=dict)  # the non-floating arrays, exact
     norm: float | None = None  # ‖Δ_i‖₂, computed once while parsing (None: not yet)
 
 
@@ -98,12 +100,13 @@ REAL_KINDS = "fiu"  # floating, signed and unsigned integer: the dtypes a model 
 HEADER_READERS = {(1, 0): npy.read_array_header_1_0, (2, 0): npy.read_array_header_2_0}
 
 
-def decode(array: Array, key: str, shape: tuple[int, ...] | None = None) -> np.ndarray:
+def decode(array: Array, key: str, shape: tuple[int, ...] | None = None, kinds: str = REAL_KINDS) -> np.ndarray:
     """The ndarray an :class:`Array` holds, checked: Flower's ``numpy.ndarray`` serialisation
     (the ``.npy`` format, read with numpy's own header readers and no copy), a real floating or
-    integer dtype (no bools, complex, datetimes, strings or objects), exactly as many bytes as
-    its shape needs, and that shape equal to the declared one (and to ``shape`` when given).
-    Anything else is a ReplyRejected naming the array."""
+    integer dtype (no bools, complex, datetimes, strings or objects; ``kinds`` adds ``"b"`` for a
+    model's own boolean array), exactly as many bytes as its shape needs, and that shape equal to
+    the declared one (and to ``shape`` when given). Anything else is a ReplyRejected naming the
+    array."""
     if array.stype != SType.NUMPY:
         raise ReplyRejected(f"array '{key}' has stype {array.stype!r}, not {SType.NUMPY!r}")
     data = array.data
@@ -115,7 +118,7 @@ def decode(array: Array, key: str, shape: tuple[int, ...] | None = None) -> np.n
         real_shape, fortran, dtype = HEADER_READERS[version](stream)
     except Exception as exc:  # noqa: BLE001 (any decoding error is this reply's problem)
         raise ReplyRejected(f"array '{key}' cannot be decoded: {type(exc).__name__}: {exc}") from None
-    if dtype.kind not in REAL_KINDS or dtype.fields is not None:
+    if dtype.kind not in kinds or dtype.fields is not None:
         raise ReplyRejected(f"array '{key}' has dtype {dtype}, not a real floating or integer type")
     if tuple(real_shape) != tuple(array.shape) or (shape is not None and tuple(real_shape) != shape):
         expected = tuple(array.shape) if shape is None else shape
@@ -131,17 +134,29 @@ def decode(array: Array, key: str, shape: tuple[int, ...] | None = None) -> np.n
 
 
 def model_delta(arrays: ArrayRecord, layout: Layout, current: np.ndarray,
-                out: np.ndarray | None = None) -> tuple[np.ndarray, float]:
-    """(Δ = the reply's model − x^t as one flat float32 vector, ‖Δ‖₂), every array decoded and
-    checked (:func:`decode`), cast to float32 and subtracted in one pass (into ``out`` when
-    given); ReplyRejected when the keys differ from the model's or Δ is not finite after the cast
-    (NaN, Inf, or beyond float32)."""
+                out: np.ndarray | None = None) -> tuple[np.ndarray, float, dict[str, np.ndarray]]:
+    """(Δ = the reply's floating arrays − x^t as one flat float32 vector, ‖Δ‖₂, the non-floating
+    arrays in the model's dtypes), every array decoded and checked (:func:`decode`), the floating
+    ones cast to float32 and subtracted in one pass (into ``out`` when given), the others
+    converted exactly (:func:`strategies.layout.as_model_integers`); ReplyRejected when the keys
+    differ from the model's, Δ is not finite after the cast (NaN, Inf, or beyond float32) or an
+    integer array does not fit the model's dtype."""
     if tuple(arrays.keys()) != layout.keys:
         raise ReplyRejected(f"array keys {list(arrays.keys())[:5]}... differ from the model's")
     delta = np.empty(layout.size, np.float32) if out is None else out
+    integers: dict[str, np.ndarray] = {}
     start = 0
     with np.errstate(over="ignore", invalid="ignore"):
-        for key, shape, array in zip(layout.keys, layout.shapes, arrays.values(), strict=True):
+        for key, shape, dtype, floating, array in zip(layout.keys, layout.shapes, layout.dtypes, layout.floating,
+                                                      arrays.values(), strict=True):
+            if not floating:  # beside the vector, exactly (strategies.layout)
+                boolean = np.dtype(dtype).kind == "b"
+                values = decode(array, key, shape, REAL_KINDS + "b" if boolean else REAL_KINDS)
+                try:
+                    integers[key] = as_model_integers(key, values, dtype)
+                except ValueError as exc:
+                    raise ReplyRejected(str(exc)) from None
+                continue
             values = decode(array, key, shape)
             end = start + values.size
             np.subtract(values.reshape(-1), current[start:end], out=delta[start:end], dtype=np.float32)
@@ -149,7 +164,7 @@ def model_delta(arrays: ArrayRecord, layout: Layout, current: np.ndarray,
     norm = safe_norm(delta)
     if not math.isfinite(norm):
         raise ReplyRejected("arrays contain NaN or Inf (after the cast to float32)")
-    return delta, norm
+    return delta, norm, integers
 
 
 # ------------------------------------------------------------------------ messages
@@ -184,9 +199,14 @@ class ReplyParser:
 
     rule : the rule's name (in reasons).
     required : metrics every reply must carry; ``hints`` gives a missing one's own reason.
-    needs_client_ids : the reply must report ``client-id`` (rules with per-client rows).
+    needs_client_ids : the rule keeps per-client rows 0..N-1 (informational: ``fallback`` decides).
     num_clients : N; a client id must lie in [0, N) (any id >= 0 when None).
     max_num_examples, max_num_steps : replies claiming more are absurd.
+    weighted_by_key : where ``num-examples`` is read (Flower's argument of that name).
+    fallback : the client id of a reply that reports none, given its node (rules with per-client
+        rows: a row of their own, or ReplyRejected); None: the node id.
+
+    Metrics are read under the project's names or Flower's (:func:`strategies.metrics.canonical`).
     """
 
     rule: str
@@ -196,6 +216,8 @@ class ReplyParser:
     num_clients: int | None = None
     max_num_examples: int = 10**9
     max_num_steps: int = 10**7
+    weighted_by_key: str = NUM_EXAMPLES
+    fallback: Callable[[int], int] | None = None
 
     def parse(self, content: RecordDict, node: int, layout: Layout, current: np.ndarray,
               out: np.ndarray | None = None) -> ClientReport:
@@ -207,20 +229,22 @@ class ReplyParser:
                current: np.ndarray, out: np.ndarray | None = None) -> ClientReport:
         """The model ``arrays`` and ``metrics`` of one reply -> ClientReport (or ReplyRejected);
         Δ is written into ``out`` when given."""
+        metrics = canonical(metrics, self.weighted_by_key)
         for key, hint in self.hints.items():
             if key not in metrics:
                 raise ReplyRejected(hint)
         missing = [k for k in self.required if k not in metrics]
         if missing:
-            raise ReplyRejected(f"metrics lack {missing} (strategy '{self.rule}' needs them)")
-        delta, norm = model_delta(arrays, layout, current, out)
-        if self.needs_client_ids and CLIENT_ID not in metrics:
-            raise ReplyRejected(
-                f"strategy '{self.rule}' keeps per-client state: replies must carry metric "
-                f"'{CLIENT_ID}' (the partition id, in [0, N))"
-            )
+            said = ", ".join(f"'{self.weighted_by_key}'" if k == NUM_EXAMPLES else names(k) for k in missing)
+            raise ReplyRejected(f"the train reply lacks metric {said}, which strategy '{self.rule}' "
+                                f"needs: add it to the ClientApp's train reply MetricRecord")
+        delta, norm, integers = model_delta(arrays, layout, current, out)
+        if CLIENT_ID in metrics:
+            client_id = count(metrics, CLIENT_ID, 0, (self.num_clients or 2**63) - 1)
+        else:
+            client_id = node if self.fallback is None else self.fallback(node)
         return ClientReport(
-            client_id=count(metrics, CLIENT_ID, 0, (self.num_clients or 2**63) - 1, default=node),
+            client_id=client_id,
             node_id=node,
             delta=delta,
             num_examples=count(metrics, NUM_EXAMPLES, 1, self.max_num_examples),
@@ -228,5 +252,6 @@ class ReplyParser:
             a_norm=positive(metrics, A_NORM),
             train_loss=finite(metrics, TRAIN_LOSS),
             metrics=metrics,
+            integers=integers,
             norm=norm,
         )

@@ -11,13 +11,19 @@ from strategies import AvailabilityStrategy, named_arrays
 
 
 class Grid1:
-    """The smallest grid configure_train needs: a list of node ids."""
+    """The smallest grid configure_train needs: a list of node ids (messages sent through it, such
+    as FedAWE's round-end broadcast, are recorded and get no reply)."""
 
     def __init__(self, nodes):
         self.nodes = list(nodes)
+        self.sent = []
 
     def get_node_ids(self):
         return self.nodes
+
+    def send_and_receive(self, messages, *, timeout=None):
+        self.sent += list(messages)
+        return []
 
 
 def start_round(strategy: AvailabilityStrategy, rnd: int, x: np.ndarray, nodes) -> dict[int, Message]:

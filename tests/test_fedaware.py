@@ -153,7 +153,8 @@ def test_empty_round_state_and_registry():
     t.load_state_dict(s.state_dict())
     np.testing.assert_array_equal(t.momenta, s.momenta)
     assert t.seen.tolist() == [False, True, False]
+    unknown = FedAWARE()  # N not given: the base takes the nodes connected at the first round
     with pytest.raises(ValueError, match="num_clients"):
-        FedAWARE()
+        unknown.aggregate(0, x, rep)  # called without that round: a clear error, not a wrong N
     with pytest.raises(ValueError, match="min_seen"):
         FedAWARE(num_clients=3, min_seen=4)

@@ -19,6 +19,7 @@ from server_app.config import RunConfig
 from server_app.experiment import run
 from server_app.results import read_matrix, read_metrics
 from strategies import STRATEGIES, AvailabilityStrategy, build_strategy, named_arrays
+from strategies.failures import StrategyFailure
 from strategies.fedawe import (
     ECHO_FACTOR,
     RUN_KEY,
@@ -407,10 +408,16 @@ def test_inprocess_restarting_clients_keep_their_copies_in_the_state_dir(tmp_pat
     assert rows_without_times(kept) == rows_without_times(base)
     files = sorted(p.relative_to(tmp_path / "state").parts[0] for p in (tmp_path / "state").rglob("*.pt"))
     assert files == [f"client-{c}" for c in range(6)]
-    lost, _ = run_grid(quadratic(tmp_path, **{"run-name": "lost"}), client_app=restarting)
-    for row in read_metrics(lost):
-        if row["participants"]:
-            assert row["mean-echo-factor"] == row["round"]  # τ forgotten: factor t + 1 every time
+    # without it, every reply claims factor t + 1: accepted at a client's first appearance, then
+    # beyond the echo cap (issue 20), and once no reply is usable for max_failed_rounds rounds the
+    # run fails naming the reason (issue 17)
+    with pytest.raises(StrategyFailure, match="echo-factor"):
+        run_grid(quadratic(tmp_path, **{"run-name": "lost"}), client_app=restarting)
+    lost = tmp_path / "lost"
+    rows = [row for row in read_metrics(lost) if row["participants"]]
+    assert rows
+    for row in rows:
+        assert row["mean-echo-factor"] == row["round"]  # τ forgotten: factor t + 1 every time
 
 
 # ------------------------------------------------------------------ the counterexample
@@ -573,9 +580,9 @@ def test_xbar_survives_a_checkpoint_and_needs_num_clients():
     b.load_state_dict(a.state_dict())
     np.testing.assert_array_equal(b.xbar, a.xbar)
     assert FedAWE().extra_evaluation_arrays(named_arrays({"w": np.zeros(1, np.float32)})) == {}
-    s = FedAWE()  # N unknown (someone else's app): no x̄, the rule still runs
-    start_round(s, 1, np.zeros(2), [100])
-    assert s.xbar is None and s.extra_evaluation_arrays(named_arrays({"w": np.zeros(2, np.float32)})) == {}
+    s = FedAWE()  # N not given (someone else's app): the nodes connected at the first round
+    start_round(s, 1, np.zeros(2), [100, 101])
+    assert s.num_clients == 2 and s.xbar.tolist() == [0.0, 0.0]
 
 
 def test_update_norm_is_the_clients_own_local_change():

@@ -10,7 +10,7 @@ from experiments.inprocess import run_inprocess
 from server_app.results import read_matrix, read_metrics
 from strategies import build_strategy, named_arrays
 from strategies.power_of_choice import PowerOfChoice
-from strategies.protocol import PROBE_BATCHES, SERVER_ROUND
+from strategies.protocol import CLIENT_RULE, PROBE_BATCHES, SERVER_ROUND
 
 
 class FakeGrid:
@@ -72,7 +72,7 @@ def test_picks_the_largest_losses_and_aggregates_them_as_fedavg():
     assert metrics["chosen-clients"] == [1, 3, 5] and metrics["chosen-losses"] == [5.0, 4.0, 3.0]
     assert metrics["candidates"] == 8 and metrics["probe-replies"] == 8
     assert grid.timeouts[0] == 7.5  # the probe waits probe_timeout
-    assert grid.probe_configs[0] == {SERVER_ROUND: 1, PROBE_BATCHES: 0}
+    assert grid.probe_configs[0] == {SERVER_ROUND: 1, CLIENT_RULE: "plain", PROBE_BATCHES: 0}
     assert s.round_log.participants == [1, 3, 5]
 
 
@@ -139,7 +139,8 @@ def test_cpow_d_probes_one_batch_and_rpow_d_probes_nobody():
     s = build_strategy("pow-d:d=4,m=2,variant=cpow-d,probe-timeout=3.0", num_clients=4)
     grid = FakeGrid([1.0, 2.0, 3.0, 4.0])
     play(s, grid, 5)
-    assert grid.probe_configs[0] == {SERVER_ROUND: 5, PROBE_BATCHES: 1} and grid.timeouts[0] == 3.0
+    assert grid.probe_configs[0] == {SERVER_ROUND: 5, CLIENT_RULE: "plain", PROBE_BATCHES: 1}
+    assert grid.timeouts[0] == 3.0
 
     r = PowerOfChoice(num_clients=4, d=4, m=2, variant="rpow-d", seed=0)
     grid = FakeGrid([9.0, 9.0, 9.0, 9.0], train_losses={0: 0.5, 1: 7.0, 2: 3.0, 3: 0.1})

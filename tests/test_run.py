@@ -220,7 +220,7 @@ def test_extra_models_are_evaluated_whenever_the_global_model_is(tmp_path, monke
 
 
 @pytest.mark.parametrize(("strategy", "weighting", "used"), [
-    ("fedavg-active", "auto", "equal"), ("fednova", "auto", "num-examples"), ("fednova", "equal", "equal")])
+    ("fedavg-active", "auto", "num-examples"), ("fedau", "auto", "equal"), ("fednova", "equal", "equal")])
 def test_config_json_records_the_weighting_the_rule_used(tmp_path, strategy, weighting, used):
     run_dir = run_inprocess(small(tmp_path, strategy=strategy, weighting=weighting, **{"num-server-rounds": 1}))
     config = json.loads((run_dir / "config.json").read_text())

@@ -8,14 +8,22 @@ from strategies import STRATEGIES, FedAvgActive, FedAvgAll, FedAvgKnownP, Layout
 
 
 def test_layout_round_trip_keeps_names_shapes_dtypes():
-    rec = named_arrays({"a": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.array([7], np.int64)})
+    big = 2**40 + 1  # float32 would round it
+    rec = named_arrays({"a": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.array([big], np.int64),
+                        "s": np.array(1.5, np.float64), "n": np.array(3)})
     layout = Layout.of(rec)
-    flat = layout.flatten(rec)
-    assert flat.dtype == np.float32 and flat.tolist() == [0, 1, 2, 3, 4, 5, 7]
-    back = layout.unflatten(flat * 2)
-    assert list(back.keys()) == ["a", "b"]
-    assert back["b"].numpy().dtype == np.int64 and back["b"].numpy().tolist() == [14]
+    flat = layout.flatten(rec)  # the floating arrays only
+    assert flat.dtype == np.float32 and flat.tolist() == [0, 1, 2, 3, 4, 5, 1.5] and layout.size == 7
+    integers = layout.integers(rec)  # the others, exact
+    assert integers["b"].tolist() == [big] and integers["n"].shape == ()
+    back = layout.unflatten(flat * 2, integers)
+    assert list(back.keys()) == ["a", "b", "s", "n"]
+    assert back["b"].numpy().dtype == np.int64 and back["b"].numpy().tolist() == [big]
     assert back["a"].numpy().shape == (2, 3)
+    assert back["s"].numpy().shape == () and back["s"].numpy().dtype == np.float64 and float(back["s"].numpy()) == 3.0
+    assert back["n"].numpy().shape == () and int(back["n"].numpy()) == 3
+    with pytest.raises(ValueError, match="'b'"):
+        layout.unflatten(flat)
 
 
 def test_fedavg_active_equal_and_data_size_weights():
@@ -146,17 +154,21 @@ def test_registry_errors_name_the_choices():
 
 
 @pytest.mark.parametrize("name", sorted(n for n, c in STRATEGIES.items() if c.needs_client_ids))
-def test_rules_with_per_client_state_reject_replies_without_a_client_id(name):
-    s = build_strategy(name, num_clients=3, probabilities=lambda t: np.ones(3))
+def test_rules_with_per_client_state_key_replies_without_a_client_id_by_node(name):
+    s = build_strategy(name, num_clients=1, probabilities=lambda t: np.ones(1))
     sent = start_round(s, 1, np.zeros(1), [100])
-    s.aggregate_train(1, [reply(sent[100], [1.0])])  # no client-id: a node id is not a row
-    assert s.round_log.participants == [] and "client-id" in s.round_log.rejected[0][1]
+    s.aggregate_train(1, [reply(sent[100], [1.0])])  # no client-id: the node gets a row of its own
+    assert s.round_log.participants == [0] and s.node_of_client == {0: 100}
+    sent = start_round(s, 2, np.zeros(1), [100, 101])
+    s.aggregate_train(2, [reply(sent[100], [1.0]), reply(sent[101], [1.0])])
+    assert s.round_log.participants == [0]  # the same row again; no row left for a new node
+    assert [node for node, _ in s.round_log.rejected] == [101] and "client-id" in s.round_log.rejected[0][1]
 
 
 @pytest.mark.parametrize("name", sorted(STRATEGIES))
 def test_auto_weighting_resolves_to_the_papers_weighting(name):
     cls = STRATEGIES[name]
-    paper = "num-examples" if name == "fednova" else "equal"  # FedNova: p_i = n_i / n
+    paper = "num-examples" if name in ("fednova", "fedavg-active") else "equal"  # p_i = n_i / n
     assert cls.paper_weighting == paper
     for given in ({"weighting": "auto"}, {}):  # "auto" is the default
         s = build_strategy(name, num_clients=3, probabilities=lambda t: np.ones(3), **given)

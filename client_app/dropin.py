@@ -1,0 +1,113 @@
+"""The client side of flchurn's strategies for a plain Flower ClientApp: one mod, one handler.
+
+Most rules need nothing from the client beyond Flower's usual train reply (the trained arrays
+and ``num-examples``). Two things need the client's help, and this module gives both to any
+ClientApp whose train function reads the received model from the message's ArrayRecord and
+replies with the trained one in a single ArrayRecord (Flower's templates do)::
+
+    from client_app.dropin import adopt, client_rule_mod
+
+    app = ClientApp(mods=[client_rule_mod])   # was: ClientApp()
+    app.train("adopt")(adopt)                 # FedAWE's round-end broadcast
+
+- **Client rules** (``client_app.rules``; the strategy names one in the train config key
+  ``client-rule``). For FedAWE (Xiang et al., NeurIPS 2024, Alg. 1) the mod hands the train
+  function the client's OWN copy x_i in place of the received model, turns the trained model in
+  the reply into the echo x_i^† (plus the echo factor and u_i the server needs), and ``adopt``
+  keeps the server's round-end model as the new copy. The other rules' client rule is ``plain``:
+  the train function runs as it is.
+- **A stable client id.** Train and evaluate replies that carry no ``client-id`` get the node's
+  ``partition-id`` (node config) as their ``client-id``, so rules that keep per-client state key
+  it by the partition, which survives a SuperNode restart, rather than by Flower's node id.
+
+Messages from a strategy that is not flchurn's (no ``client-rule`` in their config, e.g. Flower's
+own ``FedAvg``) pass through unchanged.
+
+The client copy lives in ``context.state`` (and in a file under a configured ``state-dir``),
+as for the project's own ClientApp (``client_app.fedawe``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flwr.app import ArrayRecord, Context, Message, MessageType, MetricRecord, RecordDict
+from flwr.clientapp.typing import ClientAppCallable
+
+from strategies.protocol import ADOPT, CLIENT_ID, CLIENT_RULE, PLAIN_RULE, SERVER_ROUND
+
+
+def client_id_of(context: Context) -> int | None:
+    """The node's ``partition-id`` (node config), or None where the node config has none."""
+    pid = context.node_config.get("partition-id")
+    return None if pid is None else int(pid)
+
+
+def _config(msg: Message) -> Any:
+    """The message's one ConfigRecord (empty when it has none; several is an error)."""
+    records = msg.content.config_records
+    if len(records) > 1:
+        raise ValueError(f"client_rule_mod: expected one ConfigRecord in the message, got {list(records)}")
+    return next(iter(records.values()), {})
+
+
+def _single_arrays(msg: Message, what: str) -> tuple[str, ArrayRecord]:
+    records = msg.content.array_records
+    if len(records) != 1:
+        raise ValueError(f"client_rule_mod: the {what} must hold one ArrayRecord, got {list(records)}")
+    return next(iter(records.items()))
+
+
+def _rule_and_round(msg: Message, context: Context) -> tuple[Any, Any, int, int]:
+    """(client rule, config, client id, 0-based round) of a train or broadcast message."""
+    from .rules import client_rule  # torch: only where a client rule runs
+
+    config = _config(msg)
+    rule = client_rule(str(config.get(CLIENT_RULE, PLAIN_RULE)))
+    client = client_id_of(context)
+    client = context.node_id if client is None else client
+    return rule, config, client, int(config.get(SERVER_ROUND, 1)) - 1
+
+
+def _add_client_id(reply: Message, context: Context) -> None:
+    client = client_id_of(context)
+    if client is None or reply.has_error() or len(reply.content.metric_records) != 1:
+        return
+    metrics = next(iter(reply.content.metric_records.values()))
+    if CLIENT_ID not in metrics:
+        metrics[CLIENT_ID] = client
+
+
+def client_rule_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """A Flower mod: runs the strategy's client rule around the train function (see the module)."""
+    config = _config(msg)
+    if CLIENT_RULE not in config:  # not one of flchurn's strategies (Flower's own): change nothing
+        return call_next(msg, context)
+    if msg.metadata.message_type != MessageType.TRAIN or config[CLIENT_RULE] == PLAIN_RULE:
+        reply = call_next(msg, context)
+        _add_client_id(reply, context)
+        return reply
+    rule, config, client, t = _rule_and_round(msg, context)
+    key, received = _single_arrays(msg, "train message")
+    start = rule.start(received.to_torch_state_dict(), context, client, t, config)
+    # a new RecordDict: the received one may be shared with other nodes' messages (in-process grids)
+    msg.content = RecordDict({**dict(msg.content.items()), key: ArrayRecord(start)})
+    reply = call_next(msg, context)
+    if reply.has_error():
+        return reply
+    reply_key, trained = _single_arrays(reply, "train reply")
+    reply.content[reply_key] = ArrayRecord(rule.reply(start, trained.to_torch_state_dict(), context, client,
+                                                      t, config))
+    _add_client_id(reply, context)
+    return reply
+
+
+def adopt(msg: Message, context: Context) -> Message:
+    """The handler of the strategy's round-end broadcast (``train.adopt``; FedAWE's x^{t+1})."""
+    rule, config, client, t = _rule_and_round(msg, context)
+    _, received = _single_arrays(msg, "broadcast")
+    rule.adopt(received.to_torch_state_dict(), context, client, t, config)
+    return Message(RecordDict({"metrics": MetricRecord({CLIENT_ID: client})}), reply_to=msg)
+
+
+assert ADOPT == f"{MessageType.TRAIN}.adopt"  # the handler is registered as app.train("adopt")

@@ -1,0 +1,103 @@
+"""No silent failure: one log line per reason and round, and a run that stops when nothing it
+receives can be used.
+
+Rejected replies are logged through Flower's logger (``flwr``, so they appear where Flower's own
+lines do), once per distinct reason per round with the number of replies and a few node ids, not
+once per reply. :class:`FailurePolicy` counts the rounds in which replies arrived but none could
+be used (every one rejected, or the rule said it cannot run on what it got, e.g. power-of-choice's
+probe without a loss) and raises :class:`StrategyFailure` after ``max_failed_rounds`` such rounds
+in a row, with one message naming the reasons, so a misconfigured ClientApp fails the run instead
+of "completing" with the initial model. Rounds in which nobody replied are not failures: under
+churn that is what unavailability looks like.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+
+from flwr.app import Message
+
+from .protocol import ADOPT
+
+log = logging.getLogger("flwr")
+SHOWN_NODES = 3  # node ids named per log line
+NO_HANDLER = "No train function registered with name 'adopt'"  # Flower's ClientApp, in the error reason
+
+
+class StrategyFailure(RuntimeError):
+    """The run cannot go on usefully; the message says why and what to change."""
+
+
+def group(rejected: list[tuple[int, str]]) -> dict[str, list[int]]:
+    """reason -> the nodes rejected for it, in first-seen order."""
+    out: dict[str, list[int]] = {}
+    for node, reason in rejected:
+        out.setdefault(reason, []).append(node)
+    return out
+
+
+def log_round(rule: str, server_round: int, rejected: list[tuple[int, str]], unavailable: list[int]) -> None:
+    """One WARNING per rejection reason and one INFO for the unavailable nodes, with counts."""
+    for reason, nodes in group(rejected).items():
+        more = f", +{len(nodes) - SHOWN_NODES} more" if len(nodes) > SHOWN_NODES else ""
+        log.warning("%s, round %d: %d %s rejected: %s (node%s %s%s)", rule, server_round, len(nodes),
+                    "reply" if len(nodes) == 1 else "replies", reason, "" if len(nodes) == 1 else "s",
+                    ", ".join(str(n) for n in nodes[:SHOWN_NODES]), more)
+    if unavailable:
+        log.info("%s, round %d: %d node(s) unavailable (error reply or no reply)", rule, server_round,
+                 len(unavailable))
+
+
+@dataclass
+class FailurePolicy:
+    """Fail the run after ``max_failed_rounds`` consecutive rounds with no usable reply (0: never)."""
+
+    rule: str
+    max_failed_rounds: int = 3
+    failed_rounds: list[int] = field(default_factory=list)  # the current run of failed rounds
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_failed_rounds, bool) or not isinstance(self.max_failed_rounds, int) \
+                or self.max_failed_rounds < 0:
+            raise ValueError(f"max_failed_rounds must be an integer >= 0 (0: never fail), "
+                             f"got {self.max_failed_rounds!r}")
+
+    def end_round(self, server_round: int, received: int, accepted: int,
+                  rejected: list[tuple[int, str]], problems: list[str]) -> None:
+        """Count this round; raise StrategyFailure when the limit is reached.
+
+        received: replies that arrived without an error; accepted: those the rule used;
+        problems: reasons the rule could not run on what it got (each names what is missing).
+        """
+        if not problems and (received == 0 or accepted > 0):
+            self.failed_rounds = []
+            return
+        self.failed_rounds.append(server_round)
+        if not self.max_failed_rounds or len(self.failed_rounds) < self.max_failed_rounds:
+            return
+        reasons = [f"{reason} ({len(nodes)} {'reply' if len(nodes) == 1 else 'replies'})"
+                   for reason, nodes in group(rejected).items()]
+        reasons += [f"{why} ({n} {'time' if n == 1 else 'times'})" for why, n in Counter(problems).items()]
+        rounds = self.failed_rounds
+        raise StrategyFailure(
+            f"strategy '{self.rule}' could use no reply in {len(rounds)} rounds in a row (rounds "
+            f"{rounds[0]}-{rounds[-1]}; max_failed_rounds={self.max_failed_rounds}, 0 never stops). "
+            f"Round {rounds[-1]}: " + "; ".join(reasons))
+
+
+def check_broadcast(rule: str, server_round: int, sent: list[Message], replies: list[Message]) -> None:
+    """The replies to a round-end broadcast (FedAWE's ``train.adopt``): a ClientApp without its
+    handler fails the run with the fix; nodes that did not take it are logged, with their count."""
+    errors = [m for m in replies if m.has_error()]
+    for m in errors:
+        if NO_HANDLER in (m.error.reason or ""):
+            raise StrategyFailure(
+                f"strategy '{rule}': node {m.metadata.src_node_id}'s ClientApp has no handler for the "
+                f"round-end broadcast '{ADOPT}', so its clients never adopt the new model. Register "
+                f"it: `from client_app.dropin import adopt` and `app.train(\"adopt\")(adopt)`")
+    missed = len(sent) - (len(replies) - len(errors))
+    if missed > 0:
+        log.warning("%s, round %d: %d of %d node(s) did not take the round-end broadcast (error or no "
+                    "reply); they keep their older model", rule, server_round, missed, len(sent))

@@ -1,0 +1,96 @@
+"""What a rule declares and overrides: the interface between the math and the Flower adapter.
+
+:class:`Rule` holds a rule's class attributes (its name, the metrics it needs, whether it keeps
+per-client rows, its paper's weighting, its declared ``State``) and the hooks the adapter
+(:class:`strategies.base.AvailabilityStrategy`) calls, with their defaults. A rule module
+subclasses ``AvailabilityStrategy`` and overrides :meth:`Rule.aggregate`, and the hooks it needs.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+from flwr.app import ArrayRecord, Message
+from flwr.serverapp import Grid
+
+from . import state as rule_state
+from .layout import safe_norm
+from .protocol import NUM_EXAMPLES
+from .replies import ClientReport
+
+
+class Rule:
+    """A rule's declarations and hooks (defaults: FedAvg's needs, no extra messages)."""
+
+    name: ClassVar[str] = ""
+    required_metrics: ClassVar[tuple[str, ...]] = (NUM_EXAMPLES,)
+    # a missing metric's own reason (FedNova: what a-norm is)
+    metric_hints: ClassVar[dict[str, str]] = {}
+    # rules that keep per-client state in rows 0..N-1 need a client id in [0, N): the reported one,
+    # else a row bound to the node for the run (logged once: a restarted node is a new client)
+    needs_client_ids: ClassVar[bool] = False
+    # rules whose math needs N
+    needs_num_clients: ClassVar[bool] = False
+    # why this rule cannot address a sampled fraction of the nodes ("" = it can)
+    fixed_selection: ClassVar[str] = ""
+    # rules whose paper weights every client 1/N refuse data-size weighting
+    equal_weights_only: ClassVar[bool] = False
+    # the weighting of the rule's paper, what weighting="auto" resolves to
+    paper_weighting: ClassVar[str] = "equal"
+    # the rule's state (a dataclass whose fields name the attributes a resumed run needs)
+    State: ClassVar[type] = rule_state.NoState
+    # format-1 checkpoints kept this rule's state in a dict under this key (None: at the top)
+    legacy_key: ClassVar[str | None] = None
+
+    # ----------------------------------------------------------------- the rule (override)
+    def aggregate(
+        self, t: int, x: np.ndarray, reports: list[ClientReport]
+    ) -> tuple[np.ndarray, dict[str, float]]:
+        """Return x^{t+1} and the rule's metrics; t is 0-based (Flower round − 1)."""
+        raise NotImplementedError
+
+    def train_config(self, t: int, node_ids: list[int]) -> dict[str, Any]:
+        """Extra config entries sent with round t's train messages (hook)."""
+        return {}
+
+    def configure_broadcast(self, server_round: int, arrays: ArrayRecord, grid: Grid) -> list[Message]:
+        """Messages to deliver right after aggregation (hook; FedAWE's postponed broadcast)."""
+        return []
+
+    def evaluation_arrays(self, arrays: ArrayRecord) -> ArrayRecord:
+        """The model to evaluate after a round (hook; FedExP evaluates an average)."""
+        return arrays
+
+    def extra_evaluation_arrays(self, arrays: ArrayRecord) -> dict[str, ArrayRecord]:
+        """Other models this rule's paper scores, name -> arrays (hook; FedAWE: the mean of the
+        clients' copies). The ServerApp evaluates each and records test-<metric>-<name>."""
+        return {}
+
+    def select_nodes(self, server_round: int, arrays: ArrayRecord, connected: list[int],
+                     grid: Grid) -> list[int]:
+        """The connected nodes to train this round (hook; power-of-choice probes and picks)."""
+        return connected
+
+    def update_norm(self, report: ClientReport) -> float:
+        """The norm the sanity bounds compare (hook): ‖Δ_i‖₂ (:func:`safe_norm`: it cannot
+        overflow). A rule whose replies are not updates of x^t (FedAWE's echoed models) may
+        return a norm that means "how big is this client's own step"."""
+        return report.norm if report.norm is not None else safe_norm(report.delta)
+
+    def check_report(self, report: ClientReport) -> None:
+        """Rule-specific checks of one parsed reply (hook): raise ReplyRejected to reject it."""
+
+    # -------------------------------------------------------------------- state
+    def get_state(self) -> Any:
+        """The rule's state (``State``): copies of the attributes its fields name (hook)."""
+        return rule_state.capture(self, self.State)
+
+    def set_state(self, state: Any) -> None:
+        """Take ``state`` (a ``State``) as the rule's state (hook)."""
+        rule_state.restore(self, state)
+
+    @classmethod
+    def read_state(cls, saved: dict[str, Any]) -> Any:
+        """The rule's ``State`` in a checkpoint (``state_dict()``, any format), for reports."""
+        return rule_state.unpack(saved, cls.name, cls.State, cls.legacy_key)[3]
