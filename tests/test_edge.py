@@ -529,23 +529,12 @@ def test_ctrl_c_during_a_run_removes_every_limit(tmp_path):
     leaves no cgroup, namespace, interface or process behind."""
     import signal
     import subprocess
-    import sys
-    import time
 
-    devices = tmp_path / "devices.toml"
-    devices.write_text("[slow]\ncount = 1\ncpus = 0.5\nup_kbps = 2000\ndown_kbps = 2000\n\n[fast]\ncount = 1\n")
+    from launching import launch_until_submitted
+
     before = _ours()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "deploy", "launch", "--num-nodes", "2", "--devices", str(devices),
-         "--work-dir", str(tmp_path / "work"), "--run-config",
-         f"num-server-rounds=50 dataset='digits' model='logreg' local-steps='steps:n=2' checkpoint-every=0 "
-         f"results-dir='{tmp_path / 'results'}' progress=false"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    seen = ""
-    deadline = time.monotonic() + 600
-    while "submitted run" not in seen and time.monotonic() < deadline and proc.poll() is None:
-        seen += proc.stdout.readline()
-    assert "submitted run" in seen, seen
+    proc, seen = launch_until_submitted(
+        tmp_path, "[slow]\ncount = 1\ncpus = 0.5\nup_kbps = 2000\ndown_kbps = 2000\n\n[fast]\ncount = 1\n")
     assert _ours() - before, "the limits should exist while the run goes on"
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=180)

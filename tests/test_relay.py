@@ -13,6 +13,7 @@ import threading
 import time
 
 import pytest
+from launching import launch_until_submitted
 
 from deploy.procs import free_port, port_open
 from deploy.relay import Impairment, Relay, argv
@@ -274,20 +275,9 @@ def test_ctrl_c_stops_the_relays_with_the_launcher(tmp_path):
         out = subprocess.run(["pgrep", "-f", "deploy.relay --listen"], capture_output=True, text=True).stdout
         return set(out.split())
 
-    devices = tmp_path / "devices.toml"
-    devices.write_text("[far]\ncount = 1\nrtt_ms = 60\n\n[near]\ncount = 1\n")
     before = relays()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "deploy", "launch", "--num-nodes", "2", "--devices", str(devices),
-         "--work-dir", str(tmp_path / "work"), "--run-config",
-         f"num-server-rounds=50 dataset='digits' model='logreg' local-steps='steps:n=2' checkpoint-every=0 "
-         f"results-dir='{tmp_path / 'results'}' progress=false"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    seen = ""
-    deadline = time.monotonic() + 600
-    while "submitted run" not in seen and time.monotonic() < deadline and proc.poll() is None:
-        seen += proc.stdout.readline()
-    assert "submitted run" in seen and "relay on" in seen, seen
+    proc, seen = launch_until_submitted(tmp_path, "[far]\ncount = 1\nrtt_ms = 60\n\n[near]\ncount = 1\n")
+    assert "relay on" in seen, seen
     during = relays() - before
     assert len(during) == 1, during
     proc.send_signal(signal.SIGINT)
