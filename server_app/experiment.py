@@ -58,6 +58,7 @@ def prepare(cfg: RunConfig) -> Setup:
     strategy = build_strategy(
         strategy_spec(s), num_clients=n, server_lr=s.server_lr, weighting=s.weighting,
         seed=cfg.workload.train_seed, fraction_evaluate=float(s.federated_evaluation), probabilities=schedule.prob,
+        min_available_nodes=0,  # run() waits for min-nodes itself (wait-for-nodes); churn leaves rounds short
     )
     arrays = ArrayRecord(workload.new_model().state_dict())
     start_round = 1

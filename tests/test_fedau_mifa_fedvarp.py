@@ -108,7 +108,7 @@ def test_mifa_wait_for_all_is_fedavg_until_every_client_was_seen():
 
 
 def test_mifa_gradient_units_rescale_by_the_current_lr_and_reject_replies_without_lr():
-    s = MIFA(num_clients=2, gradient_units=True)
+    s = MIFA(num_clients=2, gradient_units=True, min_available_nodes=1)
     x = run_round(s, 1, np.zeros(1), {0: np.array([2.0])}, lr=0.5)  # Y0 = 4; u = 0.5 * 4/2 = 1
     x = run_round(s, 2, x, {1: np.array([1.0])}, lr=0.25)  # Y1 = 4; u = 0.25 * (4+4)/2 = 1
     x = run_round(s, 3, x, {}, nodes=[100, 101])  # empty: last lr 0.25 -> 1

@@ -587,7 +587,7 @@ def test_xbar_survives_a_checkpoint_and_needs_num_clients():
 
 def test_update_norm_is_the_clients_own_local_change():
     """‖u_i‖ / (t − τ_i) = ‖Δ_i‖, whatever the copy's staleness (x_i^† − x^t) or the echo factor."""
-    s = FedAWE(num_clients=3)
+    s = FedAWE(num_clients=3, min_available_nodes=1)
     sent = start_round(s, 5, np.zeros(2), [100])
     report = s.parse_reply(awe_reply(sent[100], [30.0, 40.0], 4, [6.0, 8.0], **{"client-id": 0}), 100)
     assert s.update_norm(report) == pytest.approx(2.5)

@@ -53,7 +53,7 @@ def test_fedavg_all_divides_by_n_and_known_p_reweights():
 
 def test_known_p_reads_the_round_it_aggregates():
     seen = []
-    oracle = FedAvgKnownP(num_clients=2, probabilities=lambda t: seen.append(t) or np.ones(2))
+    oracle = FedAvgKnownP(num_clients=2, min_available_nodes=1, probabilities=lambda t: seen.append(t) or np.ones(2))
     run_round(oracle, 7, np.zeros(1), {0: np.ones(1)})
     assert seen == [6]  # 0-based round t = server round - 1
 
@@ -61,7 +61,7 @@ def test_known_p_reads_the_round_it_aggregates():
 @pytest.mark.parametrize("name", sorted(STRATEGIES))
 def test_empty_round_keeps_the_model(name):
     spec = "pow-d:variant=rpow-d" if name == "pow-d" else name  # rpow-d: no probe round to fake
-    s = build_strategy(spec, num_clients=3, probabilities=lambda t: np.ones(3))
+    s = build_strategy(spec, num_clients=3, min_available_nodes=1, probabilities=lambda t: np.ones(3))
     x = np.array([1.0, -2.0])
     sent = start_round(s, 1, x, [100, 101])
     arrays, metrics = s.aggregate_train(1, [error(sent[100])])

@@ -18,7 +18,7 @@ N = 4
 
 def build(name):
     extra = {"probabilities": lambda t: np.full(N, 0.5)} if name in ORACLES else {}
-    return build_strategy(name, num_clients=N, **extra)
+    return build_strategy(name, num_clients=N, min_available_nodes=1, **extra)
 
 
 @pytest.mark.parametrize("name", sorted(STRATEGIES))

@@ -45,7 +45,8 @@ def train(msg: Message, context: Context):
     metrics = {
         "train_loss": train_loss,
         "num-examples": len(trainloader.dataset),
-        # FedNova: ‖a_i‖_1 of this client's local SGD with momentum 0.9 (see task.train)
+        # FedNova: the local steps and ‖a_i‖_1 of this client's SGD with momentum 0.9 (see task.train)
+        "num-steps": context.run_config["local-epochs"] * len(trainloader),
         "a-norm": a_norm("momentum", context.run_config["local-epochs"] * len(trainloader),
                          msg.content["config"]["lr"], momentum=0.9),
     }
