@@ -49,7 +49,7 @@ in_root() {
     if ! grep -q " $ROOT/$m " /proc/mounts; then mount --bind "/$m" "$ROOT/$m"; mounted+=("$ROOT/$m"); fi
   done
   cp /etc/resolv.conf "$ROOT/etc/resolv.conf"
-  chroot "$ROOT" /usr/bin/env -i PATH=/opt/venv/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 \
+  nice -n 10 chroot "$ROOT" /usr/bin/env -i PATH=/opt/venv/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 \
     PIP_CERT="$CA_BUNDLE" PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 "$@"
 }
 
@@ -64,7 +64,7 @@ if [[ -n "${FORCE_ROOT:-}" || ! -x "$ROOT/opt/venv/bin/python" ]]; then
   in_root python3 -m venv /opt/venv
   echo "== pip install the client requirements (torch==2.10.0 aarch64 CPU) under emulation"
   cp docker/client-requirements.txt "$ROOT/tmp/client-requirements.txt"
-  nice -n 10 in_root pip install --index-url "$PIP_INDEX_URL" torch==2.10.0 -r /tmp/client-requirements.txt
+  in_root pip install --index-url "$PIP_INDEX_URL" torch==2.10.0 -r /tmp/client-requirements.txt
   in_root apt-get clean
   rm -rf "$ROOT"/var/lib/apt/lists/* "$ROOT"/usr/share/doc/* "$ROOT"/usr/share/man/* "$ROOT"/usr/share/locale/*
 else
