@@ -55,7 +55,8 @@ in_root() {
 
 mkdir -p "$CACHE"
 t0=$(date +%s)
-if [[ -n "${FORCE_ROOT:-}" || ! -x "$ROOT/opt/venv/bin/python" ]]; then
+DONE="$ROOT/.flchurn-deps-installed"  # written last: a root cut short is redone, never reused
+if [[ -n "${FORCE_ROOT:-}" || ! -e "$DONE" ]]; then
   rm -rf "$ROOT"
   echo "== debootstrap --arch=arm64 bookworm -> $ROOT ($DEBIAN_MIRROR)"
   nice -n 10 debootstrap --arch=arm64 --variant=minbase \
@@ -67,6 +68,7 @@ if [[ -n "${FORCE_ROOT:-}" || ! -x "$ROOT/opt/venv/bin/python" ]]; then
   in_root pip install --index-url "$PIP_INDEX_URL" torch==2.10.0 -r /tmp/client-requirements.txt
   in_root apt-get clean
   rm -rf "$ROOT"/var/lib/apt/lists/* "$ROOT"/usr/share/doc/* "$ROOT"/usr/share/man/* "$ROOT"/usr/share/locale/*
+  touch "$DONE"
 else
   echo "== $ROOT exists (FORCE_ROOT=1 rebuilds it)"
 fi
