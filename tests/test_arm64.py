@@ -38,8 +38,8 @@ def _why_skip() -> str | None:
         return "no qemu-aarch64 binfmt handler (apt-get install qemu-user-static binfmt-support)"
     if os.geteuid() != 0:
         return "chroot into the arm64 root needs root"
-    if not (ROOT / "opt/venv/bin/python").exists():
-        return f"no arm64 root at {ROOT}: run sudo docker/build-arm64.sh"
+    if not (ROOT / ".flchurn-deps-installed").exists():
+        return f"no finished arm64 root at {ROOT} (marker .flchurn-deps-installed): run sudo docker/build-arm64.sh"
     return None
 
 
