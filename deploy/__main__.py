@@ -7,6 +7,7 @@ import argparse
 import sys
 
 from .compose import add_churn_args, compose_main
+from .composedevices import add_compose_devices_args, compose_devices_main
 from .launch import add_devices_args, add_launch_args, devices_main, launch_main
 
 
@@ -20,6 +21,8 @@ def main(argv: list[str] | None = None) -> int:
     add_churn_args(churn)
     devices = sub.add_parser("devices", help="a devices file (TOML) from a FedScale-style device trace")
     add_devices_args(devices)
+    cdev = sub.add_parser("compose-devices", help="a compose override that applies a devices file to the stack's nodes")
+    add_compose_devices_args(cdev)
     args = parser.parse_args(argv)
     if args.command == "launch":
         return launch_main(args)
@@ -27,6 +30,8 @@ def main(argv: list[str] | None = None) -> int:
         return compose_main(args)
     if args.command == "devices":
         return devices_main(args)
+    if args.command == "compose-devices":
+        return compose_devices_main(args)
     return 2
 
 

@@ -3,9 +3,10 @@
 # (only a Debian mirror and a Python package index are reached):
 #   1. `debootstrap --arch=arm64 --foreign`-style bootstrap through qemu-aarch64-static (binfmt):
 #      Debian bookworm minbase with python3 and a venv at /opt/venv;
-#   2. in that root (chroot, under emulation): pip install docker/client-requirements.txt with
-#      torch==2.10.0 (PyPI's last CPU-only aarch64 wheel) and the project's client packages
-#      (what docker/Dockerfile.client copies, plus runconfig), `pip install --no-deps .`;
+#   2. natively on the host, uv resolves docker/client-requirements.txt for aarch64 with
+#      torch==2.10.0 (PyPI's last CPU-only aarch64 wheel) and pip downloads those wheels; the
+#      root's pip (under emulation) only installs them: offline, --no-deps, no byte-compiling and the project's client packages
+#      (what docker/Dockerfile.client copies, plus runconfig) on the venv's path through a .pth file;
 #   3. a tarball of the root, and `docker import --platform linux/arm64` as flchurn-client:arm64
 #      when a Docker engine answers (otherwise the root and the tarball stay, and it says so).
 # The root is cached outside the repository (ARM64_CACHE, default /var/cache/flchurn-arm64):
@@ -21,6 +22,7 @@ cd "$(dirname "$0")/.."
 CACHE="${ARM64_CACHE:-/var/cache/flchurn-arm64}"
 ROOT="$CACHE/rootfs"
 TARBALL="$CACHE/flchurn-client-arm64.tar"
+WHEELS="$CACHE/wheels"
 IMAGE="${FLCHURN_ARM64_IMAGE:-flchurn-client:arm64}"
 DEBIAN_MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt
@@ -63,9 +65,26 @@ if [[ -n "${FORCE_ROOT:-}" || ! -e "$DONE" ]]; then
     --include=python3,python3-venv,python3-pip,ca-certificates bookworm "$ROOT" "$DEBIAN_MIRROR"
   [[ -r "$CA_BUNDLE" ]] && cp "$CA_BUNDLE" "$ROOT$CA_BUNDLE"
   in_root python3 -m venv /opt/venv
-  echo "== pip install the client requirements (torch==2.10.0 aarch64 CPU) under emulation"
-  cp docker/client-requirements.txt "$ROOT/tmp/client-requirements.txt"
-  in_root pip install --index-url "$PIP_INDEX_URL" torch==2.10.0 -r /tmp/client-requirements.txt
+  # pip under emulation is ~8x slower at resolving and byte-compiling: the host's own pip picks and
+  # downloads the aarch64 wheels natively, the emulated pip only unpacks them (offline, no .pyc).
+  echo "== resolve the client requirements for aarch64 / CPython 3.11 (natively, uv)"
+  # pip on the host would evaluate markers for x86-64 (torch's CUDA wheels); uv resolves for the
+  # target platform. The torch lines of client-requirements.txt go: 2.10.0 is named instead.
+  [[ -x "$CACHE/uv-venv/bin/uv" ]] || { python3 -m venv "$CACHE/uv-venv" && "$CACHE/uv-venv/bin/pip" install --quiet uv; }
+  { echo "torch==2.10.0"; grep -v '^torch' docker/client-requirements.txt; } > "$CACHE/requirements-aarch64.in"
+  "$CACHE/uv-venv/bin/uv" pip compile --quiet --index-url "$PIP_INDEX_URL" --python-platform aarch64-manylinux_2_28 \
+    --python-version 3.11 --no-header --no-annotate "$CACHE/requirements-aarch64.in" -o "$CACHE/requirements-aarch64.txt"
+  echo "== download those aarch64 wheels (natively)"
+  rm -rf "$WHEELS" && mkdir -p "$WHEELS"
+  python3 -m pip download --quiet --no-deps --index-url "$PIP_INDEX_URL" --only-binary=:all: \
+    --platform manylinux_2_28_aarch64 --platform manylinux2014_aarch64 --platform linux_aarch64 \
+    --python-version 3.11 --implementation cp --abi cp311 --abi abi3 --abi none \
+    -d "$WHEELS" -r "$CACHE/requirements-aarch64.txt"
+  echo "== pip install $(ls "$WHEELS" | wc -l) wheels ($(du -sh "$WHEELS" | cut -f1)) under emulation: offline, no .pyc"
+  cp "$CACHE/requirements-aarch64.txt" "$ROOT/tmp/client-requirements.txt"
+  mkdir -p "$ROOT/tmp/wheels" && cp "$WHEELS"/* "$ROOT/tmp/wheels/"
+  in_root pip install --no-index --no-deps --find-links /tmp/wheels --no-compile -r /tmp/client-requirements.txt
+  rm -rf "$ROOT/tmp/wheels"
   in_root apt-get clean
   rm -rf "$ROOT"/var/lib/apt/lists/* "$ROOT"/usr/share/doc/* "$ROOT"/usr/share/man/* "$ROOT"/usr/share/locale/*
   touch "$DONE"
@@ -78,7 +97,8 @@ echo "== the project's client packages -> $ROOT/app"
 rm -rf "$ROOT/app" && mkdir -p "$ROOT/app" "$ROOT/state" "$ROOT/data"
 tar -c --exclude=__pycache__ --exclude='*.pyc' pyproject.toml README.md runconfig availability workloads \
   strategies client_app server_app experiments deploy | tar -x -C "$ROOT/app"
-in_root sh -c 'cd /app && pip install --no-deps .'
+# a .pth line, not `pip install .`: a build under emulation would fetch setuptools and compile
+echo /app > "$ROOT/opt/venv/lib/python3.11/site-packages/flchurn-app.pth"
 in_root python -c 'import torch, flwr, client_app.app; print("aarch64 root:", torch.__version__, flwr.__version__)'
 cleanup; mounted=()
 grep -q " $ROOT/" /proc/mounts && fail "mounts under $ROOT are still there (see /proc/mounts)"

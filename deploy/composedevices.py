@@ -1,0 +1,106 @@
+"""``python -m deploy compose-devices``: the device classes of a devices file (:mod:`deploy.devices`)
+as a compose override for the stack's SuperNode containers (``docker/compose.yml``).
+
+Per node ``supernode-I`` of a limited class:
+
+- ``cpus`` and ``mem_limit`` / ``memswap_limit`` (no swap beyond the cap): Docker's CFS quota and
+  memory cgroup, what the process launcher sets with its own cgroups; one compute thread per
+  whole CPU of the quota (``OMP_NUM_THREADS``..., as :meth:`deploy.edge.EdgeLimits.env`);
+- bandwidth, latency and loss: the container shapes its own link at every start
+  (:mod:`deploy.edgenode` as the entrypoint, ``cap_add: [NET_ADMIN]``, started as root and
+  dropping to the image's ``app`` user before the SuperNode starts).
+
+Caps that add up to more than the host has are refused, as by the launcher
+(:func:`deploy.devices.check_host`). Unlimited nodes keep the base file's settings.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+from .devices import DevicePlan, check_host, load_devices
+from .edgenode import ENV_LIMITS
+from .errors import DeployError
+
+SERVICE = "supernode-{i}"
+APP_USER = "1000:1000"  # the images' `app` user (docker/Dockerfile, docker/Dockerfile.client)
+
+
+def node_override(plan: DevicePlan, i: int) -> dict:
+    """The compose settings of node ``i`` (empty for an unlimited class)."""
+    dc = plan.of(i)
+    if not dc.limits:
+        return {}
+    out: dict = {}
+    env = {"FLCHURN_DEVICE_CLASS": dc.name}
+    if dc.cpus is not None:
+        out["cpus"] = dc.cpus
+        threads = str(max(1, math.ceil(dc.cpus)))
+        env.update({"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "OPENBLAS_NUM_THREADS": threads})
+    if dc.mem_mb is not None:
+        out["mem_limit"] = out["memswap_limit"] = f"{dc.mem_mb}m"
+    if dc.shaped:
+        env.update({var: f"{getattr(dc, key):g}" for key, var in ENV_LIMITS.items() if getattr(dc, key) is not None})
+        env["FLCHURN_RUN_AS"] = APP_USER
+        out.update({"user": "root", "cap_add": ["NET_ADMIN"], "entrypoint": ["python", "-m", "deploy.edgenode"]})
+    out["environment"] = env
+    return out
+
+
+def _yaml_scalar(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return f"{value:g}"
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _yaml(value: object, indent: int) -> list[str]:
+    pad = " " * indent
+    lines: list[str] = []
+    for key, item in value.items():  # type: ignore[attr-defined]
+        if isinstance(item, dict):
+            lines += [f"{pad}{key}:", *_yaml(item, indent + 2)]
+        elif isinstance(item, list):
+            lines.append(f"{pad}{key}: [{', '.join(_yaml_scalar(x) for x in item)}]")
+        else:
+            lines.append(f"{pad}{key}: {_yaml_scalar(item)}")
+    return lines
+
+
+def compose_override(plan: DevicePlan, source: str = "") -> str:
+    """The override file's text (YAML) for every limited node of ``plan``."""
+    services = {SERVICE.format(i=i): node for i in range(plan.num_nodes) if (node := node_override(plan, i))}
+    head = [f"# Device classes{f' from {source}' if source else ''}: python -m deploy compose-devices "
+            "(deploy/composedevices.py). Use as",
+            "#   docker compose -f docker/compose.yml -f THIS_FILE up -d ...",
+            *[f"#   {line}" for line in plan.describe().split("; ")]]
+    if not services:
+        return "\n".join([*head, "services: {}", ""])
+    return "\n".join([*head, "services:", *_yaml(services, 2), ""])
+
+
+def add_compose_devices_args(p) -> None:
+    p.add_argument("--devices", required=True, help="the devices file (TOML), as for python -m deploy launch")
+    p.add_argument("--num-nodes", type=int, required=True, help="SuperNodes in the stack (supernode-0..N-1)")
+    p.add_argument("--output", "-o", default=None, help="write the override here (default: print it)")
+    p.add_argument("--no-host-check", action="store_true",
+                   help="skip the caps-exceed-this-host check (the stack runs on another Docker host)")
+
+
+def compose_devices_main(args) -> int:
+    try:
+        plan = load_devices(args.devices, args.num_nodes)
+        if not args.no_host_check:
+            check_host(plan)
+        text = compose_override(plan, source=str(args.devices))
+    except (DeployError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if args.output:
+        Path(args.output).write_text(text)
+    else:
+        print(text, end="")
+    return 0
