@@ -3,9 +3,12 @@ as a compose override for the stack's SuperNode containers (``docker/compose.yml
 
 Per node ``supernode-I`` of a limited class:
 
-- ``cpus`` and ``mem_limit`` / ``memswap_limit`` (no swap beyond the cap): Docker's CFS quota and
-  memory cgroup, what the process launcher sets with its own cgroups; one compute thread per
-  whole CPU of the quota (``OMP_NUM_THREADS``..., as :meth:`deploy.edge.EdgeLimits.env`);
+- ``cpu_period`` / ``cpu_quota`` with the launcher's short CFS period
+  (:data:`deploy.cgroups.PERIOD_US`, 10 ms: Docker's ``cpus`` uses 100 ms, in which a short burst
+  of local training runs at full speed), and ``cpus: 0`` to clear the base file's ``cpus``
+  (Docker refuses both at once); one compute thread per whole CPU of the quota
+  (``OMP_NUM_THREADS``..., as :meth:`deploy.edge.EdgeLimits.env`);
+- ``mem_limit`` = ``memswap_limit`` (no swap beyond the cap);
 - bandwidth, latency and loss: the container shapes its own link at every start
   (:mod:`deploy.edgenode` as the entrypoint, ``cap_add: [NET_ADMIN]``, started as root and
   dropping to the image's ``app`` user before the SuperNode starts).
@@ -20,6 +23,7 @@ import math
 import sys
 from pathlib import Path
 
+from .cgroups import PERIOD_US
 from .devices import DevicePlan, check_host, load_devices
 from .edgenode import ENV_LIMITS
 from .errors import DeployError
@@ -36,7 +40,7 @@ def node_override(plan: DevicePlan, i: int) -> dict:
     out: dict = {}
     env = {"FLCHURN_DEVICE_CLASS": dc.name}
     if dc.cpus is not None:
-        out["cpus"] = dc.cpus
+        out.update({"cpus": 0, "cpu_period": PERIOD_US, "cpu_quota": max(1000, int(dc.cpus * PERIOD_US))})
         threads = str(max(1, math.ceil(dc.cpus)))
         env.update({"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "OPENBLAS_NUM_THREADS": threads})
     if dc.mem_mb is not None:
@@ -52,8 +56,10 @@ def node_override(plan: DevicePlan, i: int) -> dict:
 def _yaml_scalar(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return f"{value:g}"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return f"{value:.12g}"
     return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 

@@ -14,7 +14,9 @@
 # Variables (defaults): FLCHURN_IMAGE (flchurn:latest), BASE_IMAGE (flchurn-base:bookworm),
 #   DEBIAN_MIRROR (http://deb.debian.org/debian), PIP_INDEX_URL (the host pip's index-url, else
 #   https://pypi.org/simple), TORCH_INDEX_URL (https://download.pytorch.org/whl/cpu if it answers,
-#   else PIP_INDEX_URL: PyPI's default torch is the CUDA build, several GB).
+#   else PIP_INDEX_URL: PyPI's default torch is the CUDA build, several GB), LOCAL_TORCH_WHEEL
+#   (TARGET=client without the CPU index: a CPU torch wheel for CPython 3.11; default the newest
+#   /opt/wheels/torch-*+cpu-cp311-*.whl).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 IMAGE="${FLCHURN_IMAGE:-flchurn:latest}"
@@ -74,7 +76,17 @@ if [[ "${TARGET:-}" == client ]]; then
 fi
 sources=(pyproject.toml README.md "$DOCKERFILE" docker/client-requirements.txt runconfig availability workloads
          strategies client_app server_app experiments deploy)
-tar -c --exclude=__pycache__ --exclude='*.pyc' "${sources[@]}" |
+wheel=()  # the client image without the CPU index: a local CPU torch wheel (LOCAL_TORCH_WHEEL)
+if [[ "${TARGET:-}" == client && "$TORCH_INDEX_URL" != "$CPU_TORCH_INDEX" ]]; then
+  LOCAL_TORCH_WHEEL="${LOCAL_TORCH_WHEEL:-$(ls /opt/wheels/torch-*+cpu-cp311-*.whl 2>/dev/null | tail -1)}"
+  if [[ -n "$LOCAL_TORCH_WHEEL" ]]; then
+    echo "== CPU torch from $LOCAL_TORCH_WHEEL (the requirements' torch line is skipped)"
+    wheel=(-C "$(dirname "$LOCAL_TORCH_WHEEL")" --transform 's,^torch-,wheels/torch-,' "$(basename "$LOCAL_TORCH_WHEEL")")
+  else
+    echo "build-local.sh: no CPU torch: the client image gets PyPI's CUDA build (set LOCAL_TORCH_WHEEL)" >&2
+  fi
+fi
+tar -c --exclude=__pycache__ --exclude='*.pyc' "${sources[@]}" "${wheel[@]}" |
   DOCKER_BUILDKIT=0 nice -n 10 docker build --network host -f "$DOCKERFILE" -t "$IMAGE" \
     --build-arg BASE_IMAGE="$BASE_IMAGE" --build-arg PIP_INDEX_URL="$PIP_INDEX_URL" \
     --build-arg TORCH_INDEX_URL="$TORCH_INDEX_URL" -

@@ -54,7 +54,8 @@ class Stack:
     """One compose project. ``workdir`` gets ``results/`` (bind-mounted at /results), ``data/``
     (at /data) and, with ``tls``, ``certs/`` (docker/gen-certs.sh)."""
 
-    def __init__(self, workdir: Path, *, tls: bool = False, project: str = "flchurn-test") -> None:
+    def __init__(self, workdir: Path, *, tls: bool = False, project: str = "flchurn-test",
+                 overrides: tuple[Path, ...] = ()) -> None:
         self.tls = tls
         self.results = Path(workdir) / "results"
         self.data = Path(workdir) / "data"
@@ -62,9 +63,8 @@ class Stack:
         for d in (self.results, self.data):
             d.mkdir(parents=True, exist_ok=True)
         self.results.chmod(0o777)  # the containers run as uid 1000
-        files = ["compose.yml"] + (["compose.tls.yml"] if tls else [])
-        self.cmd = (compose_command() or ["docker-compose"]) + [
-            a for f in files for a in ("-f", str(DOCKER_DIR / f))]
+        files = [DOCKER_DIR / "compose.yml"] + ([DOCKER_DIR / "compose.tls.yml"] if tls else []) + list(overrides)
+        self.cmd = (compose_command() or ["docker-compose"]) + [a for f in files for a in ("-f", str(f))]
         self.env = {**os.environ, "COMPOSE_PROJECT_NAME": project, "FLCHURN_IMAGE": IMAGE,
                     "RESULTS_VOLUME": str(self.results), "DATA_DIR": str(self.data),
                     "CERTS_DIR": str(self.certs)}
@@ -135,3 +135,13 @@ def node_states() -> dict[int, str]:
                          capture_output=True, text=True, timeout=30).stdout
     names = {NODE_CONTAINER.format(i=i): i for i in range(NUM_NODES)}
     return {names[n]: s for n, s in (line.split() for line in out.splitlines()) if n in names}
+
+
+def node_exit_codes() -> dict[int, int]:
+    """Node -> the exit code of its container's last run (``docker inspect``; 0 while running)."""
+    names = [NODE_CONTAINER.format(i=i) for i in range(NUM_NODES)]
+    out = subprocess.run(["docker", "inspect", "--format", "{{.Name}} {{.State.ExitCode}}", *names],
+                         capture_output=True, text=True, timeout=30).stdout
+    index = {n: i for i, n in enumerate(names)}
+    return {index[n.lstrip("/")]: int(c) for n, c in (line.split() for line in out.splitlines())
+            if n.lstrip("/") in index}

@@ -23,7 +23,8 @@ def test_override_sets_each_limited_node_and_leaves_the_rest_alone():
     doc = yaml.safe_load(compose_override(plan))
     assert set(doc["services"]) == {"supernode-0", "supernode-2"}
     board = doc["services"]["supernode-0"]
-    assert board["cpus"] == 0.2 and board["mem_limit"] == "256m" and board["memswap_limit"] == "256m"
+    assert board["cpu_quota"] == 2000 and board["cpu_period"] == 10000 and board["cpus"] == 0  # 0.2 CPU
+    assert board["mem_limit"] == "256m" and board["memswap_limit"] == "256m"
     assert board["cap_add"] == ["NET_ADMIN"] and board["user"] == "root"
     assert board["entrypoint"] == ["python", "-m", "deploy.edgenode"]
     env = board["environment"]
@@ -32,7 +33,7 @@ def test_override_sets_each_limited_node_and_leaves_the_rest_alone():
     assert env["FLCHURN_RUN_AS"] == "1000:1000" and env["OMP_NUM_THREADS"] == "1"
     # a CPU-only class: no capability, no root, no wrapper; threads = whole CPUs of the quota
     phone = doc["services"]["supernode-2"]
-    assert phone["cpus"] == 1.5 and phone["environment"]["OMP_NUM_THREADS"] == "2"
+    assert phone["cpu_quota"] == 15000 and phone["environment"]["OMP_NUM_THREADS"] == "2"
     assert "cap_add" not in phone and "user" not in phone and "entrypoint" not in phone
     assert node_override(plan, 1) == {} and node_override(plan, 3) == {}
 
@@ -54,6 +55,7 @@ def test_docker_compose_accepts_the_override(tmp_path):
     assert merged["supernode-0"]["cap_add"] == ["NET_ADMIN"]
     assert merged["supernode-0"]["command"][:3] == ["python", "-m", "deploy.tuning"]  # the base command stays
     assert merged["supernode-1"].get("cap_add") is None
+    assert merged["supernode-0"]["cpu_quota"] == 2000 and not merged["supernode-0"].get("cpus")
 
 
 def test_cli_refuses_caps_beyond_the_host(tmp_path):
@@ -64,7 +66,7 @@ def test_cli_refuses_caps_beyond_the_host(tmp_path):
     assert res.returncode == 2 and "CPU caps add up to 16384" in res.stderr
     ok = subprocess.run([sys.executable, "-m", "deploy", "compose-devices", "--devices", str(devices),
                          "--num-nodes", "4", "--no-host-check"], capture_output=True, text=True, timeout=60)
-    assert ok.returncode == 0 and "cpus: 4096" in ok.stdout
+    assert ok.returncode == 0 and "cpu_quota: 40960000" in ok.stdout
 
 
 @pytest.mark.parametrize("env, problem", [({"FLCHURN_UP_KBPS": "fast"}, "not a number"),

@@ -81,9 +81,12 @@ def run_with_churn(s: stack.Stack, run_name: str) -> None:
             assert "exited" in sampler.seen[i], (i, sampler.seen[i])
     last_on = set(np.flatnonzero(schedule[len(rows) - 1]).tolist())
     states = stack.node_states()
+    codes = stack.node_exit_codes()
     for i in range(stack.NUM_NODES):
         if i not in last_on:
             assert states[i] == "exited", states
+            # docker stop = SIGTERM: Flower's graceful exit (0), not death by the signal (143)
+            assert codes[i] == 0, f"node {i} exited {codes[i]} after docker stop: {codes}"
 
 
 def test_compose_stack_with_churn(tmp_path: Path) -> None:
