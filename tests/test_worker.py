@@ -1,6 +1,7 @@
 """The thin ClientApp over a per-SuperNode worker (client_app.worker) and the fast reply pull
 (server_app.network.PollingGrid). Worker tests start real processes (Linux only)."""
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -198,6 +199,29 @@ def test_the_client_app_module_does_not_import_torch():
 
 
 # ---------------------------------------------------------------------- deploy.tuning.SUPERNODE
+@pytest.mark.parametrize("after_s", [0.3, 6.0])
+def test_a_supernode_stopped_while_it_starts_or_runs_exits_cleanly(tmp_path, after_s):
+    """SIGTERM right after the start (before Flower's own handlers: a `docker stop` of a node
+    that is off in round 1) and once it runs (Flower's graceful exit) both give exit 0, not 143."""
+    from deploy.procs import free_port
+
+    env = {**os.environ, "FLWR_HOME": str(tmp_path), "FLWR_TELEMETRY_ENABLED": "0"}
+    log = tmp_path / "supernode.log"
+    with log.open("w") as out:  # a file, not a pipe: Flower's SuperExec child may outlive the node
+        proc = subprocess.Popen([sys.executable, "-m", "deploy.tuning", "supernode", "--insecure",
+                                 "--superlink", "127.0.0.1:9", "--port", str(free_port())], cwd=ROOT, env=env,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        time.sleep(after_s)
+        assert proc.poll() is None, log.read_text()[-2000:]
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+        assert proc.returncode == 0, (proc.returncode, log.read_text()[-2000:])
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # the SuperExec it started, if still there
+
+
 def test_supernode_command_caps_the_pull_loops_sleeps_and_flower_still_has_them(monkeypatch):
     import inspect
     import time as time_module
