@@ -8,6 +8,7 @@
 #      root's pip (under emulation) only installs them: offline, --no-deps, no byte-compiling and the project's client packages
 #      (what docker/Dockerfile.client copies, plus runconfig) on the venv's path through a .pth file;
 #   3. a tarball of the root, and `docker import --platform linux/arm64` as flchurn-client:arm64
+#      (relabelled through docker save/load where the engine ignores --platform)
 #      when a Docker engine answers (otherwise the root and the tarball stay, and it says so).
 # The root is cached outside the repository (ARM64_CACHE, default /var/cache/flchurn-arm64):
 # a rerun skips step 1 (FORCE_ROOT=1 redoes it) and reinstalls only the project's code.
@@ -113,6 +114,15 @@ if command -v docker >/dev/null && docker info >/dev/null 2>&1; then
     -c "ENV PIP_CERT=$CA_BUNDLE" -c 'ENV LANG=C.UTF-8' -c 'ENV FLWR_TELEMETRY_ENABLED=0' \
     -c 'ENV FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1' -c 'WORKDIR /app' -c 'EXPOSE 9094' \
     -c 'CMD ["flower-supernode", "--help"]' "$TARBALL" "$IMAGE" >/dev/null
+  if [[ "$(docker image inspect -f '{{.Architecture}}' "$IMAGE")" != arm64 ]]; then
+    # Docker 20.10 without the experimental daemon ignores import's --platform: relabel the config
+    echo "== relabel $IMAGE as linux/arm64/v8 (docker save, docker/relabel_image.py, docker load)"
+    saved="$(mktemp -d "$CACHE/saved.XXXXXX")"
+    docker save "$IMAGE" | tar -x -C "$saved"
+    python3 docker/relabel_image.py "$saved" linux/arm64/v8 >/dev/null
+    tar -c -C "$saved" . | docker load >/dev/null
+    rm -rf "$saved"
+  fi
   echo "== $IMAGE: $(docker image inspect -f '{{.Os}}/{{.Architecture}} {{.Size}} bytes' "$IMAGE")"
 else
   echo "build-arm64.sh: no Docker engine answers: no image; the root $ROOT and $TARBALL stay (docker import later)" >&2
