@@ -148,7 +148,9 @@ def main() -> None:
                  for s in RULES}
         trace = first["realised"].read_text()
         figures = plot(runs, plan, read_matrix(first["run_dir"] / "availability.csv"),
-                       read_matrix(first["realised"]), Path(a.out))
+                       read_matrix(first["run_dir"] / "participation.csv"), Path(a.out))
+        # the realised trace stays next to the report: replay it (availability=trace-matrix:path=...)
+        Path(a.out).with_name(Path(a.out).stem + "-realised-trace.csv").write_text(trace)
     load1 = os.getloadavg()
     md = [
         "# Edge emulation: device classes, a round deadline, three rules",
