@@ -98,3 +98,45 @@ def test_image_runs_as_linux_arm64():
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "aarch64"
+
+
+@pytest.mark.skipif(shutil.which("docker") is None, reason="no docker CLI")
+def test_the_arm64_supernode_registers_with_a_superlink_on_this_host(tmp_path):
+    """`flower-supernode` really starts in the arm64 image (under qemu) and registers with an x86-64
+    SuperLink on this host, as a board would with a laptop's."""
+    import sys
+    import time
+
+    from deploy.nodes import NODE_ID_RE
+    from deploy.procs import free_port, port_open
+
+    if subprocess.run(["docker", "image", "inspect", IMAGE], capture_output=True).returncode != 0:
+        pytest.skip(f"no image {IMAGE} (or no Docker engine): docker/build-arm64.sh imports it when one answers")
+    port = free_port()
+    env = {**os.environ, "FLWR_HOME": str(tmp_path), "FLWR_TELEMETRY_ENABLED": "0"}
+    link = subprocess.Popen([str(Path(sys.executable).parent / "flower-superlink"), "--insecure",
+                             "--host", "127.0.0.1", "--port", str(port)], cwd=tmp_path, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    name = f"flchurn-arm64-smoke-{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while not port_open(port):
+            assert link.poll() is None and time.monotonic() < deadline, "flower-superlink did not start"
+            time.sleep(0.2)
+        subprocess.run(["docker", "run", "-d", "--name", name, "--platform", "linux/arm64", "--network", "host",
+                        IMAGE, "flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{port}",
+                        "--port", str(free_port()), "--node-config", "partition-id=0 num-partitions=1"],
+                       check=True, capture_output=True, timeout=120)
+        t0 = time.monotonic()
+        log = ""
+        while not NODE_ID_RE.search(log):
+            assert time.monotonic() - t0 < 600, f"the arm64 SuperNode did not register in 600 s:\n{log[-3000:]}"
+            time.sleep(2)
+            res = subprocess.run(["docker", "logs", name], capture_output=True, text=True, timeout=60)
+            log = res.stdout + res.stderr
+        print(f"arm64 SuperNode registered as node {NODE_ID_RE.search(log).group(1)} "
+              f"{time.monotonic() - t0:.0f} s after docker run (under qemu)")
+    finally:
+        subprocess.run(["docker", "rm", "-f", name], capture_output=True, timeout=120)
+        link.terminate()
+        link.wait(timeout=60)
