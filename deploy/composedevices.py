@@ -27,6 +27,7 @@ from .cgroups import PERIOD_US
 from .devices import DevicePlan, check_host, load_devices
 from .edgenode import ENV_LIMITS
 from .errors import DeployError
+from .tuning import compute_threads_env
 
 SERVICE = "supernode-{i}"
 APP_USER = "1000:1000"  # the images' `app` user (docker/Dockerfile, docker/Dockerfile.client)
@@ -41,8 +42,7 @@ def node_override(plan: DevicePlan, i: int) -> dict:
     env = {"FLCHURN_DEVICE_CLASS": dc.name}
     if dc.cpus is not None:
         out.update({"cpus": 0, "cpu_period": PERIOD_US, "cpu_quota": max(1000, int(dc.cpus * PERIOD_US))})
-        threads = str(max(1, math.ceil(dc.cpus)))
-        env.update({"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "OPENBLAS_NUM_THREADS": threads})
+        env.update(compute_threads_env(math.ceil(dc.cpus)))
     if dc.mem_mb is not None:
         out["mem_limit"] = out["memswap_limit"] = f"{dc.mem_mb}m"
     if dc.shaped:

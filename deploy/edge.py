@@ -25,6 +25,7 @@ from .errors import DeployError
 from .netns import NodeNet, leftover_net, netem_available, subnet_free
 from .procs import Proc, free_port, port_open
 from .relay import Impairment, argv as relay_argv
+from .tuning import compute_threads_env
 
 
 def requirements(plan: DevicePlan) -> str | None:
@@ -112,8 +113,7 @@ class EdgeLimits:
         gets only spin and wait (OpenMP busy-waiting burns a CFS quota, and on a shared host:
         measured 20-70x slower local steps with torch's default threads)."""
         cpus = self.plan.of(i).cpus
-        n = str(max(1, math.ceil(cpus)) if cpus is not None else 1)
-        return {"OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n, "OPENBLAS_NUM_THREADS": n}
+        return compute_threads_env(math.ceil(cpus) if cpus is not None else 1)
 
     def superlink_host(self, i: int) -> str:
         """The host node ``i`` reaches the SuperLink at."""

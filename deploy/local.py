@@ -46,6 +46,8 @@ from .tuning import (  # round-latency settings: env, node config, the SuperNode
     ENV as TUNING_ENV,
     NODE_CONFIG as TUNING_NODE_CONFIG,
     SUPERNODE as TUNING_SUPERNODE,
+    compute_threads_env,
+    host_share,
 )
 
 _LIVE: weakref.WeakSet[Deployment] = weakref.WeakSet()
@@ -92,6 +94,8 @@ class Deployment:
         if num_nodes < 1:
             raise DeployError("num_nodes must be >= 1")
         self.num_nodes = num_nodes
+        # the nodes share this host: its CPUs split among them (torch's default spins: tuning.host_share)
+        self.threads_env = compute_threads_env(host_share(num_nodes))
         # a temp work dir we made is removed by close() unless keep_workdir; a given one is kept
         self.remove_workdir = work_dir is None and not keep_workdir
         self.work_dir = Path(work_dir or tempfile.mkdtemp(prefix="flchurn-deploy-")).resolve()
@@ -181,7 +185,8 @@ class Deployment:
             f"node-{i}.{node.incarnations}",
             [*TUNING_SUPERNODE, "--insecure", "--superlink", link,
              "--host", "127.0.0.1", "--port", str(node.port), "--node-config", self.node_config(i)],
-            home, home, {**(self.edge.env(i) if self.edge is not None else {}), **self.node_env.get(i, {})},
+            home, home, {**(self.edge.env(i) if self.edge is not None else self.threads_env),
+                         **self.node_env.get(i, {})},
             self.edge.preexec(i) if self.edge is not None else None,
         )
         self.log(f"node {i}: started (incarnation {node.incarnations}, pid {node.proc.popen.pid})")

@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -110,3 +111,74 @@ def test_compose_tls_and_node_auth_with_churn(tmp_path: Path) -> None:
             check=False, timeout=120)
         assert res.returncode != 0, res.stdout + res.stderr
         assert "SuperNode ID" not in res.stdout + res.stderr
+
+
+# ---------------------------------------------------------------------- device classes in the stack
+DEVICES = {"board": {"count": 1, "cpus": 0.2, "up_kbps": 1000, "down_kbps": 1000, "rtt_ms": 100},
+           "small": {"count": 1, "mem_mb": 3000}}
+PROC_USERS = ("import os\n"
+              "for p in sorted(os.listdir('/proc')):\n"
+              "    if p.isdigit():\n"
+              "        try:\n"
+              "            uid = open(f'/proc/{p}/status').read().split('Uid:')[1].split()[0]\n"
+              "            print(uid, open(f'/proc/{p}/cmdline').read().replace(chr(0), ' ')[:100])\n"
+              "        except OSError:\n"
+              "            pass\n")
+SINK = ("import socket, sys, time\n"  # on the superlink container: count the bytes of one upload
+        "s = socket.create_server(('0.0.0.0', int(sys.argv[1])))\n"
+        "c, _ = s.accept(); n = 0\n"
+        "while (b := c.recv(65536)): n += len(b)\n"
+        "c.sendall(str(n).encode()); c.close()\n")
+UPLOAD = ("import socket, sys, time\n"  # on the node: push N bytes, wait for the sink's count
+          "n = int(sys.argv[2]); c = socket.create_connection(('superlink', int(sys.argv[1])), timeout=120)\n"
+          "t0 = time.monotonic(); c.sendall(b'x' * n); c.shutdown(socket.SHUT_WR)\n"
+          "got = int(c.recv(64)); print(got, time.monotonic() - t0)\n")
+DOWNLOAD = ("import sys, time, urllib.request\n"
+            "t0 = time.monotonic(); n = len(urllib.request.urlopen(sys.argv[1], timeout=120).read())\n"
+            "print(n, time.monotonic() - t0)\n")
+
+
+def test_device_classes_apply_to_the_node_containers(tmp_path: Path) -> None:
+    """python -m deploy compose-devices: node 0 gets a 0.2-CPU quota (10 ms period), 1 mbit/s each
+    way and a 100 ms relay, runs its SuperNode as the app user; node 1 a memory cap; a churned run
+    completes on the shaped stack."""
+    from deploy.composedevices import compose_override
+    from deploy.devices import parse_devices
+
+    override = tmp_path / "devices.yml"
+    override.write_text(compose_override(parse_devices(DEVICES, stack.NUM_NODES)))
+    with stack.Stack(tmp_path, overrides=(override,)) as s:
+        node0, node1 = (stack.NODE_CONTAINER.format(i=i) for i in (0, 1))
+        s.wait_log("supernode-0", "SuperNode ID", timeout=120)
+
+        def inspect(name: str, fmt: str) -> str:
+            return subprocess.run(["docker", "inspect", "-f", fmt, name], capture_output=True, text=True,
+                                  check=True).stdout.strip()
+
+        assert inspect(node0, "{{.HostConfig.CpuQuota}} {{.HostConfig.CpuPeriod}}") == "2000 10000"
+        assert inspect(node1, "{{.HostConfig.Memory}}") == str(3000 * 2**20)
+        qdiscs = subprocess.run(["docker", "exec", node0, "tc", "qdisc", "show"], capture_output=True,
+                                text=True, check=True).stdout
+        assert "tbf" in qdiscs and "rate 1Mbit" in qdiscs and "flcifb0" in qdiscs, qdiscs
+        users = subprocess.run(["docker", "exec", node0, "python", "-c", PROC_USERS], capture_output=True,
+                               text=True, check=True).stdout.splitlines()
+        supernode = [u for u in users if "deploy.tuning supernode" in u]
+        relay = [u for u in users if "deploy.relay" in u]
+        assert supernode and all(u.split()[0] == "1000" for u in supernode), users  # not root
+        assert relay and "127.0.0.1:9099" in " ".join(supernode), users  # --superlink points at the relay
+
+        # 1 mbit/s each way, measured with 400 kB against the superlink container (within 15%)
+        s.compose("exec", "-T", "-d", "superlink", "python", "-c", SINK, "8766")
+        s.compose("exec", "-T", "-d", "superlink", "sh", "-c",
+                  "cd /tmp && head -c 400000 /dev/zero > blob && python -m http.server 8765")
+        time.sleep(2)
+        up = subprocess.run(["docker", "exec", node0, "python", "-c", UPLOAD, "8766", "400000"],
+                            capture_output=True, text=True, check=True, timeout=180).stdout.split()
+        down = subprocess.run(["docker", "exec", node0, "python", "-c", DOWNLOAD, "http://superlink:8765/blob"],
+                              capture_output=True, text=True, check=True, timeout=180).stdout.split()
+        kbps = {name: int(n) * 8 / 1000 / float(t) for name, (n, t) in (("up", up), ("down", down))}
+        print(f"\n[compose devices] node 0 measured {kbps} kbit/s (set 1000)")
+        for name, rate in kbps.items():
+            assert 850 <= rate <= 1150, (name, rate)
+
+        run_with_churn(s, "compose-devices")

@@ -199,6 +199,17 @@ def test_the_client_app_module_does_not_import_torch():
 
 
 # ---------------------------------------------------------------------- deploy.tuning.SUPERNODE
+def test_nodes_sharing_a_host_split_its_cpus_into_compute_threads(monkeypatch, tmp_path):
+    from deploy import tuning
+    from deploy.local import Deployment
+
+    monkeypatch.setattr(tuning.os, "sched_getaffinity", lambda _pid: set(range(8)))
+    assert [tuning.host_share(n) for n in (1, 2, 3, 8, 20)] == [8, 4, 2, 1, 1]
+    assert tuning.compute_threads_env(0) == {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+                                             "OPENBLAS_NUM_THREADS": "1"}
+    assert Deployment(4, tmp_path / "w").threads_env["OMP_NUM_THREADS"] == "2"  # what every node process gets
+
+
 @pytest.mark.parametrize("after_s", [0.3, 6.0])
 def test_a_supernode_stopped_while_it_starts_or_runs_exits_cleanly(tmp_path, after_s):
     """SIGTERM right after the start (before Flower's own handlers: a `docker stop` of a node
