@@ -103,12 +103,12 @@ def deployment_class(variant: str):
     k = len(tuning.SUPERNODE)
 
     class Bench(local.Deployment):
-        def _spawn(self, name, argv, flwr_home, cwd, extra_env=None):
+        def _spawn(self, name, argv, flwr_home, cwd, extra_env=None, preexec=None):
             if variant == "defaults" and argv[:k] == tuning.SUPERNODE:
                 argv = ["flower-supernode", *argv[k:]]
             if variant == "defaults" and argv[0] == "flower-superlink":
                 extra_env = {**(extra_env or {}), PULL_INTERVAL_VAR: "3"}
-            return super()._spawn(name, argv, flwr_home, cwd, extra_env)
+            return super()._spawn(name, argv, flwr_home, cwd, extra_env, preexec)
 
     return Bench
 
