@@ -162,8 +162,9 @@ def test_device_classes_apply_to_the_node_containers(tmp_path: Path) -> None:
         assert "tbf" in qdiscs and "rate 1Mbit" in qdiscs and "flcifb0" in qdiscs, qdiscs
         users = subprocess.run(["docker", "exec", node0, "python", "-c", PROC_USERS], capture_output=True,
                                text=True, check=True).stdout.splitlines()
-        supernode = [u for u in users if "deploy.tuning supernode" in u]
-        relay = [u for u in users if "deploy.relay" in u]
+        procs = [u.split(" ", 1) for u in users if u[:1].isdigit() and " " in u]  # (uid, cmdline)
+        supernode = [" ".join(u) for u in procs if u[1].startswith("python -m deploy.tuning supernode")]
+        relay = [" ".join(u) for u in procs if "deploy.relay" in u[1]]  # tini (root) only wraps them
         assert supernode and all(u.split()[0] == "1000" for u in supernode), users  # not root
         assert relay and "127.0.0.1:9099" in " ".join(supernode), users  # --superlink points at the relay
 
