@@ -20,13 +20,10 @@ Caps that add up to more than the host has are refused, as by the launcher
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
 from .cgroups import PERIOD_US
-from .devices import DevicePlan, check_host, load_devices
+from .devices import DevicePlan, check_host, emit_text, load_devices
 from .edgenode import ENV_LIMITS
-from .errors import DeployError
 from .tuning import compute_threads_env
 
 SERVICE = "supernode-{i}"
@@ -43,6 +40,9 @@ def node_override(plan: DevicePlan, i: int) -> dict:
     if dc.cpus is not None:
         out.update({"cpus": 0, "cpu_period": PERIOD_US, "cpu_quota": max(1000, int(dc.cpus * PERIOD_US))})
         env.update(compute_threads_env(math.ceil(dc.cpus)))
+        # a graceful exit (Flower's handlers, the ClientApp's last message) runs at the capped speed:
+        # docker stop's SIGKILL comes after 10 s / cpus, not the base file's 10 s
+        out["stop_grace_period"] = f"{max(10, math.ceil(10 / dc.cpus))}s"
     if dc.mem_mb is not None:
         out["mem_limit"] = out["memswap_limit"] = f"{dc.mem_mb}m"
     if dc.shaped:
@@ -97,16 +97,10 @@ def add_compose_devices_args(p) -> None:
 
 
 def compose_devices_main(args) -> int:
-    try:
+    def make() -> str:
         plan = load_devices(args.devices, args.num_nodes)
         if not args.no_host_check:
             check_host(plan)
-        text = compose_override(plan, source=str(args.devices))
-    except (DeployError, OSError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    if args.output:
-        Path(args.output).write_text(text)
-    else:
-        print(text, end="")
-    return 0
+        return compose_override(plan, source=str(args.devices))
+
+    return emit_text(make, args.output)

@@ -88,11 +88,15 @@ class DockerNodes:
         if status not in (204, 304, 409):
             raise DeployError(f"docker kill --signal {name} {self._name(i)}: {status} {body[:200]!r}")
 
-    def stop_node(self, i: int, mode: str = "term", timeout: float = 10.0) -> None:
+    def stop_node(self, i: int, mode: str = "term", timeout: float | None = None) -> None:
+        """``term``: ``docker stop``, SIGKILL after ``timeout`` s or, by default, after the
+        container's own stop grace (``stop_grace_period``: compose-devices lengthens it for a
+        CPU-capped node, whose graceful exit is as slow as its CPU); ``kill``: ``docker kill``."""
         self.registered_id(i)
-        path = (f"/containers/{self._name(i)}/stop?t={int(timeout)}" if mode == "term"
+        grace = f"?t={int(timeout)}" if timeout is not None else ""
+        path = (f"/containers/{self._name(i)}/stop{grace}" if mode == "term"
                 else f"/containers/{self._name(i)}/kill?signal=SIGKILL")
-        status, body = self._api("POST", path, timeout=timeout + 30)
+        status, body = self._api("POST", path, timeout=(timeout if timeout is not None else 300) + 30)
         if status not in (204, 304, 409):
             raise DeployError(f"docker {mode} {self._name(i)}: {status} {body[:200]!r}")
         self.log(f"node {i}: stopped ({mode})")

@@ -32,8 +32,9 @@ import difflib
 import json
 import math
 import os
+import sys
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -279,3 +280,18 @@ def classes_from_trace(trace: Mapping[str, tuple[float, float]], num_nodes: int,
         lines += [f"up_kbps = {kbps}", f"down_kbps = {kbps}"]
         out.append("\n".join(lines) + "\n")
     return "\n".join(out)
+
+
+def emit_text(make: Callable[[], str], output: str | None) -> int:
+    """The devices CLIs' ending: ``make()`` the text, then write it to ``output`` or print it;
+    a bad file or value prints ``error: ...`` and gives exit code 2."""
+    try:
+        text = make()
+    except (DeployError, OSError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if output:
+        Path(output).write_text(text)
+    else:
+        print(text, end="")
+    return 0

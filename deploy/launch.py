@@ -5,7 +5,6 @@ schedule up to the timing slack. SIGINT/SIGTERM/SIGHUP stop everything."""
 
 from __future__ import annotations
 
-import sys
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from .devices import classes_from_trace, load_devices, parse_devices, read_trace
+from .devices import classes_from_trace, emit_text, load_devices, parse_devices, read_trace
 from .edgerun import run_recorded, summary
 from .errors import DeployError
 from .local import Deployment
@@ -62,17 +61,12 @@ def add_devices_args(p) -> None:
 
 def devices_main(args) -> int:
     """``python -m deploy devices``: a devices file from a FedScale-style trace."""
-    try:
+    def make() -> str:
         text = classes_from_trace(read_trace(args.from_trace), args.num_nodes, args.classes, args.seed)
         parse_devices(tomllib.loads(text), args.num_nodes)  # what the launcher will read
-    except (DeployError, OSError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    if args.output:
-        Path(args.output).write_text(text)
-    else:
-        print(text, end="")
-    return 0
+        return text
+
+    return emit_text(make, args.output)
 
 
 def launch_main(args) -> int:

@@ -25,6 +25,7 @@ def test_override_sets_each_limited_node_and_leaves_the_rest_alone():
     board = doc["services"]["supernode-0"]
     assert board["cpu_quota"] == 2000 and board["cpu_period"] == 10000 and board["cpus"] == 0  # 0.2 CPU
     assert board["mem_limit"] == "256m" and board["memswap_limit"] == "256m"
+    assert board["stop_grace_period"] == "50s"  # 10 s at full speed, 5x longer at 0.2 CPU
     assert board["cap_add"] == ["NET_ADMIN"] and board["user"] == "root"
     assert board["entrypoint"] == ["python", "-m", "deploy.edgenode"]
     env = board["environment"]
@@ -34,6 +35,7 @@ def test_override_sets_each_limited_node_and_leaves_the_rest_alone():
     # a CPU-only class: no capability, no root, no wrapper; threads = whole CPUs of the quota
     phone = doc["services"]["supernode-2"]
     assert phone["cpu_quota"] == 15000 and phone["environment"]["OMP_NUM_THREADS"] == "2"
+    assert phone["stop_grace_period"] == "10s"
     assert "cap_add" not in phone and "user" not in phone and "entrypoint" not in phone
     assert node_override(plan, 1) == {} and node_override(plan, 3) == {}
 
