@@ -48,6 +48,7 @@ class DockerNodes:
         self.node_ids: dict[int, list[int]] = {i: [] for i in range(num_nodes)}
         self.incarnations = dict.fromkeys(range(num_nodes), 0)
         self.since = dict.fromkeys(range(num_nodes), 0)  # log lines from this time on are the incarnation's
+        self.term_sent: set[int] = set()  # nodes sent SIGTERM by signal_node, not yet stopped
 
     def _api(self, method: str, path: str, timeout: float = 30.0) -> tuple[int, bytes]:
         c = _UnixConnection(self.socket_path, timeout)
@@ -79,6 +80,7 @@ class DockerNodes:
         if status not in (204, 304):
             raise DeployError(f"docker start {self._name(i)}: {status} {body[:200]!r}")
         self.incarnations[i] += 1
+        self.term_sent.discard(i)
         self.log(f"node {i}: started ({self._name(i)})")
 
     def signal_node(self, i: int, sig: int = signal.SIGTERM) -> None:
@@ -87,12 +89,33 @@ class DockerNodes:
         status, body = self._api("POST", f"/containers/{self._name(i)}/kill?signal={name}")
         if status not in (204, 304, 409):
             raise DeployError(f"docker kill --signal {name} {self._name(i)}: {status} {body[:200]!r}")
+        if sig == signal.SIGTERM:
+            self.term_sent.add(i)
+
+    def _stop_grace(self, i: int) -> float:
+        """The container's own stop grace (compose's ``stop_grace_period``; Docker's default 10 s)."""
+        status, body = self._api("GET", f"/containers/{self._name(i)}/json")
+        grace = json.loads(body)["Config"].get("StopTimeout") if status == 200 else None
+        return float(grace) if grace is not None else 10.0
 
     def stop_node(self, i: int, mode: str = "term", timeout: float | None = None) -> None:
         """``term``: ``docker stop``, SIGKILL after ``timeout`` s or, by default, after the
         container's own stop grace (``stop_grace_period``: compose-devices lengthens it for a
         CPU-capped node, whose graceful exit is as slow as its CPU); ``kill``: ``docker kill``."""
         self.registered_id(i)
+        if mode == "term" and i in self.term_sent:
+            # SIGTERM already went (signal_node, all leaving nodes at once): a second one would land
+            # after Flower has put the default handler back, and kill the node mid-exit (exit 143).
+            # Wait for the exit, SIGKILL only after the grace, as docker stop would.
+            wait = timeout if timeout is not None else self._stop_grace(i)
+            deadline = time.monotonic() + wait
+            while self._running(i) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            mode = "kill" if self._running(i) else "done"
+        self.term_sent.discard(i)
+        if mode == "done":
+            self.log(f"node {i}: stopped (term)")
+            return
         grace = f"?t={int(timeout)}" if timeout is not None else ""
         path = (f"/containers/{self._name(i)}/stop{grace}" if mode == "term"
                 else f"/containers/{self._name(i)}/kill?signal=SIGKILL")
