@@ -100,9 +100,10 @@ def plot(runs: list[dict], plan, schedule: np.ndarray, realised: np.ndarray, out
     fig, axes = plt.subplots(1, len(runs), figsize=(3.2 * len(runs), 3.2), sharey=True, squeeze=False)
     for ax, run in zip(axes[0], runs, strict=True):
         bottom = np.zeros(len(names))
-        for status in STATUSES:
-            n = np.array([run["counts"].get(c, {}).get(status, 0) for c in names], dtype=float)
-            total = np.array([max(1, sum(run["counts"].get(c, {}).get(s, 0) for s in STATUSES)) for c in names])
+        counts = np.array([[run["counts"].get(c, {}).get(s, 0) for s in STATUSES] for c in names], dtype=float)
+        total = np.maximum(1, counts.sum(axis=1))
+        for k, status in enumerate(STATUSES):
+            n = counts[:, k]
             ax.bar(names, n / total, bottom=bottom, label=status)
             bottom += n / total
         ax.set_title(run["strategy"])

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import math
 
+import yaml
+
 from .cgroups import PERIOD_US
 from .devices import DevicePlan, check_host, emit_text, load_devices
 from .edgenode import ENV_LIMITS
@@ -53,29 +55,6 @@ def node_override(plan: DevicePlan, i: int) -> dict:
     return out
 
 
-def _yaml_scalar(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        return f"{value:.12g}"
-    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def _yaml(value: object, indent: int) -> list[str]:
-    pad = " " * indent
-    lines: list[str] = []
-    for key, item in value.items():  # type: ignore[attr-defined]
-        if isinstance(item, dict):
-            lines += [f"{pad}{key}:", *_yaml(item, indent + 2)]
-        elif isinstance(item, list):
-            lines.append(f"{pad}{key}: [{', '.join(_yaml_scalar(x) for x in item)}]")
-        else:
-            lines.append(f"{pad}{key}: {_yaml_scalar(item)}")
-    return lines
-
-
 def compose_override(plan: DevicePlan, source: str = "") -> str:
     """The override file's text (YAML) for every limited node of ``plan``."""
     services = {SERVICE.format(i=i): node for i in range(plan.num_nodes) if (node := node_override(plan, i))}
@@ -83,9 +62,7 @@ def compose_override(plan: DevicePlan, source: str = "") -> str:
             "(deploy/composedevices.py). Use as",
             "#   docker compose -f docker/compose.yml -f THIS_FILE up -d ...",
             *[f"#   {line}" for line in plan.describe().split("; ")]]
-    if not services:
-        return "\n".join([*head, "services: {}", ""])
-    return "\n".join([*head, "services:", *_yaml(services, 2), ""])
+    return "\n".join(head) + "\n" + yaml.safe_dump({"services": services}, sort_keys=False)
 
 
 def add_compose_devices_args(p) -> None:

@@ -107,15 +107,15 @@ class DockerNodes:
             # SIGTERM already went (signal_node, all leaving nodes at once): a second one would land
             # after Flower has put the default handler back, and kill the node mid-exit (exit 143).
             # Wait for the exit, SIGKILL only after the grace, as docker stop would.
-            wait = timeout if timeout is not None else self._stop_grace(i)
-            deadline = time.monotonic() + wait
+            deadline = time.monotonic() + (timeout if timeout is not None else self._stop_grace(i))
             while self._running(i) and time.monotonic() < deadline:
                 time.sleep(0.2)
-            mode = "kill" if self._running(i) else "done"
+            self.term_sent.discard(i)
+            if not self._running(i):
+                self.log(f"node {i}: stopped (term)")
+                return
+            mode = "kill"
         self.term_sent.discard(i)
-        if mode == "done":
-            self.log(f"node {i}: stopped (term)")
-            return
         grace = f"?t={int(timeout)}" if timeout is not None else ""
         path = (f"/containers/{self._name(i)}/stop{grace}" if mode == "term"
                 else f"/containers/{self._name(i)}/kill?signal=SIGKILL")

@@ -24,7 +24,6 @@ round after the first. ``SUPERNODE`` caps both hard-coded sleeps of that loop at
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 import time
@@ -47,6 +46,7 @@ NODE_CONFIG: dict = {
     CLIENT_WORKER: True,
 }
 
+
 def compute_threads_env(threads: int) -> dict[str, str]:
     """Environment that gives a node's torch / BLAS ``threads`` compute threads (at least one)."""
     n = str(max(1, threads))
@@ -58,8 +58,9 @@ def host_share(num_nodes: int) -> int:
     at least one. torch's default (a thread per CPU in every node) makes the nodes' OpenMP threads
     spin against each other: measured here, 4 nodes on 2 CPUs took 0.7-3.2 s for 10 local CNN
     steps that take 0.03 s alone."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cpus // max(1, num_nodes))
+    from .devices import host_capacity
+
+    return max(1, int(host_capacity()[0]) // max(1, num_nodes))
 
 
 IDLE_SLEEP = 0.2  # seconds: what SUPERNODE sleeps when it has nothing to pull (flower-supernode: 3)

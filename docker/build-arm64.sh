@@ -5,8 +5,9 @@
 #      Debian bookworm minbase with python3 and a venv at /opt/venv;
 #   2. natively on the host, uv resolves docker/client-requirements.txt for aarch64 with
 #      torch==2.10.0 (PyPI's last CPU-only aarch64 wheel) and pip downloads those wheels; the
-#      root's pip (under emulation) only installs them: offline, --no-deps, no byte-compiling and the project's client packages
-#      (what docker/Dockerfile.client copies, plus runconfig) on the venv's path through a .pth file;
+#      root's pip (under emulation) only installs them: offline, --no-deps, no byte-compiling; the
+#      project's client packages (what docker/Dockerfile.client copies) go to /app, on the venv's
+#      path through a .pth file;
 #   3. a tarball of the root, and `docker import --platform linux/arm64` as flchurn-client:arm64
 #      (relabelled through docker save/load where the engine ignores --platform)
 #      when a Docker engine answers (otherwise the root and the tarball stay, and it says so).

@@ -203,7 +203,7 @@ def test_nodes_sharing_a_host_split_its_cpus_into_compute_threads(monkeypatch, t
     from deploy import tuning
     from deploy.local import Deployment
 
-    monkeypatch.setattr(tuning.os, "sched_getaffinity", lambda _pid: set(range(8)))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(range(8)))
     assert [tuning.host_share(n) for n in (1, 2, 3, 8, 20)] == [8, 4, 2, 1, 1]
     assert tuning.compute_threads_env(0) == {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
                                              "OPENBLAS_NUM_THREADS": "1"}
