@@ -11,13 +11,14 @@ import logging
 import random
 import shutil
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -25,7 +26,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from availability import Schedule, parse_spec, schedule_for
 from runconfig import ConfigError
 from strategies import AvailabilityStrategy, build_strategy, named_arrays
-from strategies.protocol import CLIENT_ID, TRAIN_TIME
+from strategies.protocol import TRAIN_TIME
+from strategies.replies import brief, finite
 from workloads.workload import Workload, get_workload
 
 from . import checkpoint
@@ -150,16 +152,40 @@ def train_timeout(s: ServerConfig, rnd: int, start_round: int) -> float:
     return s.round_deadline if s.round_deadline and rnd > start_round else s.round_timeout
 
 
-def client_train_times(replies: list, participants: list[int]) -> dict[str, dict[str, float]]:
+MAX_TRAIN_TIME = 1e7  # seconds (116 days): a longer ``train-time`` is not a measurement
+
+
+def client_train_times(replies: list[Message], sent: list[Message], participants: list[int],
+                       node_of_client: Mapping[int, int]) -> dict[str, dict[str, float]]:
     """``client-train-time``: participant -> seconds of local training, from replies that carry
-    ``train-time`` (clients with node config ``report-timing=true``; {} otherwise)."""
-    times = {}
+    ``train-time`` (clients with node config ``report-timing=true``; {} otherwise).
+
+    Only a reply that answers one of this round's messages (``sent``), from the node the strategy
+    accepted for that client id (``node_of_client``), counts; a ``train-time`` that is not a
+    number in [0, MAX_TRAIN_TIME] is left out (the strategy judged the reply; the time is only a
+    record). Never raises on what a reply holds.
+    """
+    answers = {m.metadata.message_id: m.metadata.dst_node_id for m in sent if m.metadata.message_id}
+    by_node: dict[int, Message] = {}
     for msg in replies:
-        if msg.has_error() or not msg.content.metric_records:
+        try:
+            node = answers.get(msg.metadata.reply_to_message_id)
+            if node is not None and node == msg.metadata.src_node_id and not msg.has_error():
+                by_node.setdefault(node, msg)
+        except Exception:  # noqa: BLE001 (a reply that cannot even say what it answers is not timed)
             continue
-        m = next(iter(msg.content.metric_records.values()))
-        if TRAIN_TIME in m and CLIENT_ID in m and int(m[CLIENT_ID]) in participants:
-            times[str(int(m[CLIENT_ID]))] = round(float(m[TRAIN_TIME]), 4)
+    times = {}
+    for client in participants:
+        reply = by_node.get(node_of_client.get(client, -1))
+        if reply is None:
+            continue
+        try:
+            records = list(reply.content.metric_records.values())
+            seconds = finite(records[0], TRAIN_TIME) if len(records) == 1 else None
+        except Exception:  # noqa: BLE001 (ReplyRejected, or a record no reader foresaw)
+            seconds = None
+        if seconds is not None and 0 <= seconds <= MAX_TRAIN_TIME:
+            times[str(client)] = round(seconds, 4)
     return {"client-train-time": dict(sorted(times.items(), key=lambda kv: int(kv[0])))} if times else {}
 
 
@@ -172,7 +198,7 @@ def evaluate_models(workload: Workload, strategy: AvailabilityStrategy, arrays: 
     """The strategy's evaluation model as ``test-<metric>``, its extra models as ``test-<metric>-<name>``
     (e.g. FedAWE's ``test-accuracy-xbar``)."""
     out = evaluate(workload, strategy.evaluation_arrays(arrays))
-    extras = getattr(strategy, "extra_evaluation_arrays", lambda _: {})(arrays)
+    extras: dict[str, ArrayRecord] = getattr(strategy, "extra_evaluation_arrays", lambda _: {})(arrays)
     for name, extra in extras.items():
         out.update({f"{k}-{name}": v for k, v in evaluate(workload, extra).items()})
     return out
@@ -218,8 +244,8 @@ def _run_rounds(grid: Grid, setup: Setup, client_of_node: dict[int, int], consol
         for rnd in range(setup.start_round, s.num_server_rounds + 1):
             wait_round_start(s, rnd)  # lets a churn driver bring the round's nodes up
             t0 = time.monotonic()
-            replies = list(net.send_and_receive(strategy.configure_train(rnd, arrays, ConfigRecord(), net),
-                                                timeout=train_timeout(s, rnd, setup.start_round)))
+            sent = list(strategy.configure_train(rnd, arrays, ConfigRecord(), net))
+            replies = list(net.send_and_receive(sent, timeout=train_timeout(s, rnd, setup.start_round)))
             new_arrays, metrics = strategy.aggregate_train(rnd, replies)
             arrays = new_arrays if new_arrays is not None else arrays
             if broadcast := strategy.configure_broadcast(rnd, arrays, net):
@@ -229,9 +255,9 @@ def _run_rounds(grid: Grid, setup: Setup, client_of_node: dict[int, int], consol
                 "round": rnd,
                 "participants": rlog.participants,
                 "unavailable-nodes": len(rlog.unavailable),
-                "rejected": [[node, why] for node, why in rlog.rejected],
+                "rejected": [[node, brief(why)] for node, why in rlog.rejected],
                 **(dict(metrics) if metrics else {}),
-                **client_train_times(replies, rlog.participants),
+                **client_train_times(replies, sent, rlog.participants, strategy.node_of_client),
             }
             if s.federated_evaluation:
                 fed = strategy.aggregate_evaluate(rnd, net.send_and_receive(

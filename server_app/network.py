@@ -16,13 +16,14 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from flwr.app import Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
 from availability import Schedule
-from strategies.protocol import IGNORE_AVAILABILITY, SERVER_ROUND
+from strategies.protocol import CLIENT_ID, IGNORE_AVAILABILITY, SERVER_ROUND
+from strategies.replies import ReplyRejected, count
 
 log = logging.getLogger(__name__)
 
@@ -47,17 +48,53 @@ def wait_for_nodes(grid: Grid, expected: int, timeout: float, poll: float = 0.2)
         time.sleep(poll)
 
 
-def discover_clients(grid: Grid, known: dict[int, int], timeout: float) -> dict[int, int]:
-    """Update ``known`` (node id -> client id) for connected nodes not in it yet."""
-    unknown = [n for n in sorted(grid.get_node_ids()) if n not in known]
+IDENTITY = "identity"  # the record of a QUERY reply (client_app.app: client-id, num-partitions)
+
+
+def identity(reply: Message) -> int:
+    """The client id a QUERY reply states: ``identity["client-id"]``, an integer >= 0;
+    ReplyRejected (naming the problem, the value summarised) for anything else."""
+    if reply.has_error():
+        raise ReplyRejected(f"error reply (code {reply.error.code})")
+    if IDENTITY not in reply.content:
+        raise ReplyRejected(f"no '{IDENTITY}' record")
+    record = reply.content[IDENTITY]
+    if not isinstance(record, Mapping):
+        raise ReplyRejected(f"'{IDENTITY}' is a {type(record).__name__}, not a record of values")
+    value: int = count(record, CLIENT_ID, 0, 2**63 - 1)
+    return value
+
+
+def discover_clients(grid: Grid, known: dict[int, int], timeout: float,
+                     refused: set[int] | None = None) -> dict[int, int]:
+    """Update ``known`` (node id -> client id) for connected nodes not in it yet (nor in
+    ``refused``).
+
+    A reply counts only when it answers one of these queries, from the node asked. A node whose
+    reply states no usable client id (:func:`identity`) is logged and added to ``refused`` (not
+    asked again); a node that did not reply is asked again next time. Never raises on a reply.
+    """
+    refused = set() if refused is None else refused
+    unknown = [n for n in sorted(grid.get_node_ids()) if n not in known and n not in refused]
     if not unknown:
         return known
     queries = [Message(RecordDict(), dst_node_id=n, message_type=MessageType.QUERY) for n in unknown]
-    for reply in grid.send_and_receive(queries, timeout=timeout):
-        if reply.has_error() or "identity" not in reply.content:
-            log.warning("node %d did not say who it is", reply.metadata.src_node_id)
+    replies = list(grid.send_and_receive(queries, timeout=timeout))
+    asked = {q.metadata.message_id: q.metadata.dst_node_id for q in queries}
+    for reply in replies:
+        node = asked.get(reply.metadata.reply_to_message_id)
+        if "" in asked:  # a grid that gives messages no ids (a test double): trust the sender
+            node = reply.metadata.src_node_id if reply.metadata.src_node_id in unknown else None
+        if node is None or (node != reply.metadata.src_node_id and not reply.has_error()):
+            log.warning("a QUERY reply from node %s answers no query of this discovery: ignored",
+                        reply.metadata.src_node_id)
             continue
-        known[reply.metadata.src_node_id] = int(reply.content["identity"]["client-id"])
+        try:
+            known[node] = identity(reply)
+        except ReplyRejected as exc:
+            log.warning("node %d did not say who it is: %s", node, exc)
+            if not reply.has_error():  # an error (node gone) may answer next time
+                refused.add(node)
     return known
 
 
@@ -140,6 +177,8 @@ class AvailabilityGrid(DelegatingGrid):
         self.schedule = schedule
         self.client_of_node = client_of_node
         self.discovery_timeout = discovery_timeout
+        self.refused: set[int] = set()  # nodes whose QUERY reply stated no usable client id
+        self.out_of_range: set[int] = set()  # nodes that stated a client id the schedule lacks (logged once)
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:  # noqa: D102
         return self.grid.push_messages(self.reachable(list(messages)))
@@ -150,8 +189,9 @@ class AvailabilityGrid(DelegatingGrid):
 
     def reachable(self, messages: list[Message]) -> list[Message]:
         """The messages whose destination is online in the message's round."""
-        if any(m.metadata.dst_node_id not in self.client_of_node for m in messages):
-            discover_clients(self.grid, self.client_of_node, self.discovery_timeout)
+        if any(m.metadata.dst_node_id not in self.client_of_node and m.metadata.dst_node_id not in self.refused
+               for m in messages):
+            discover_clients(self.grid, self.client_of_node, self.discovery_timeout, self.refused)
         keep, online = [], {}  # online: 0-based round -> A(·, t), computed once per round
         for m in messages:
             client = self.client_of_node.get(m.metadata.dst_node_id)
@@ -161,11 +201,20 @@ class AvailabilityGrid(DelegatingGrid):
             elif config.get(IGNORE_AVAILABILITY, False):
                 keep.append(m)  # an oracle round (e.g. FL-FDMS's round 0, the Full baseline)
             else:
-                t = int(config[SERVER_ROUND]) - 1
+                t = int(config[SERVER_ROUND]) - 1  # type: ignore[arg-type]
                 if t not in online:
                     online[t] = self.schedule.available(t)
                 if not 0 <= client < len(online[t]):
-                    self.schedule.is_available(client, t)  # raises, naming the bad client id
-                if online[t][client]:
+                    self.unscheduled(m.metadata.dst_node_id, client, len(online[t]))
+                    keep.append(m)  # as a node that never said who it is: the strategy judges its replies
+                elif online[t][client]:
                     keep.append(m)
         return keep
+
+    def unscheduled(self, node: int, client: int, n: int) -> None:
+        """Log once that ``node`` states a client id outside the schedule's [0, n)."""
+        if node not in self.out_of_range:
+            self.out_of_range.add(node)
+            log.warning("node %d says it hosts client %d, outside the schedule's clients [0, %d): its "
+                        "messages are delivered regardless of availability, and the strategy judges its "
+                        "replies", node, client, n)

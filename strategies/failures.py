@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from flwr.app import Message
 
 from .protocol import ADOPT
+from .replies import brief
 
 log = logging.getLogger("flwr")
 SHOWN_NODES = 3  # node ids named per log line
@@ -43,7 +44,7 @@ def log_round(rule: str, server_round: int, rejected: list[tuple[int, str]], una
     for reason, nodes in group(rejected).items():
         more = f", +{len(nodes) - SHOWN_NODES} more" if len(nodes) > SHOWN_NODES else ""
         log.warning("%s, round %d: %d %s rejected: %s (node%s %s%s)", rule, server_round, len(nodes),
-                    "reply" if len(nodes) == 1 else "replies", reason, "" if len(nodes) == 1 else "s",
+                    "reply" if len(nodes) == 1 else "replies", brief(reason), "" if len(nodes) == 1 else "s",
                     ", ".join(str(n) for n in nodes[:SHOWN_NODES]), more)
     if unavailable:
         log.info("%s, round %d: %d node(s) unavailable (error reply or no reply)", rule, server_round,
@@ -77,7 +78,7 @@ class FailurePolicy:
         self.failed_rounds.append(server_round)
         if not self.max_failed_rounds or len(self.failed_rounds) < self.max_failed_rounds:
             return
-        reasons = [f"{reason} ({len(nodes)} {'reply' if len(nodes) == 1 else 'replies'})"
+        reasons = [f"{brief(reason)} ({len(nodes)} {'reply' if len(nodes) == 1 else 'replies'})"
                    for reason, nodes in group(rejected).items()]
         reasons += [f"{why} ({n} {'time' if n == 1 else 'times'})" for why, n in Counter(problems).items()]
         rounds = self.failed_rounds

@@ -11,6 +11,7 @@ MIFA's lr). :func:`source_node` traces a SuperLink-relayed error back to its nod
 from __future__ import annotations
 
 import io
+import itertools
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -61,6 +62,36 @@ class RoundLog:
     rejected: list[tuple[int, str]] = field(default_factory=list)  # (node id, reason)
 
 
+# -------------------------------------------------------------- what a reason may show
+SHOWN_CHARS = 60  # of a value a reply sent, in a reason
+REASON_CHARS = 300  # of one rejection reason, in logs and metrics.jsonl
+
+
+def shown(value: Any, limit: int = SHOWN_CHARS) -> str:
+    """A value a reply sent, for a reason: its repr when short, else its start and its size (a
+    1e6-element list becomes ``list of 1000000 items [1, 2, 3, 4]...``). Never builds the repr
+    of a whole long container or string."""
+    if isinstance(value, (str, bytes)):
+        if len(value) <= limit:
+            return repr(value)
+        return f"{type(value).__name__} of {len(value)} chars {repr(value[:limit])}..."
+    if isinstance(value, (list, tuple, set, frozenset, dict)):
+        text = "[" + ", ".join(shown(v, 12) for v in itertools.islice(value, 4)) + "]"
+        if len(value) <= 4 and len(text) <= limit:
+            return text
+        return f"{type(value).__name__} of {len(value)} items {text[:limit]}..."
+    size = getattr(value, "size", None)
+    if isinstance(size, int) and size > 4:  # an ndarray
+        return f"{type(value).__name__} of {size} items"
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def brief(reason: str, limit: int = REASON_CHARS) -> str:
+    """A reason cut to ``limit`` characters (its length said), for logs and results files."""
+    return reason if len(reason) <= limit else f"{reason[:limit]}... ({len(reason)} chars)"
+
+
 # ----------------------------------------------------------------------- metric readers
 def count(metrics: Mapping[str, Any], key: str, low: int, high: int, default: Any = ReplyRejected) -> Any:
     """``metrics[key]`` as an integer in [low, high] (an integral float is accepted); ``default``
@@ -73,7 +104,7 @@ def count(metrics: Mapping[str, Any], key: str, low: int, high: int, default: An
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-        raise ReplyRejected(f"metric '{key}'={value!r} is not an integer in [{low}, {high}]")
+        raise ReplyRejected(f"metric '{key}'={shown(value)} is not an integer in [{low}, {high}]")
     return value
 
 
@@ -83,7 +114,7 @@ def finite(metrics: Mapping[str, Any], key: str) -> float | None:
         return None
     value = metrics[key]
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ReplyRejected(f"metric '{key}'={value!r} is not a finite number")
+        raise ReplyRejected(f"metric '{key}'={shown(value)} is not a finite number")
     return float(value)
 
 
@@ -108,7 +139,7 @@ def decode(array: Array, key: str, shape: tuple[int, ...] | None = None, kinds: 
     the declared one (and to ``shape`` when given). Anything else is a ReplyRejected naming the
     array."""
     if array.stype != SType.NUMPY:
-        raise ReplyRejected(f"array '{key}' has stype {array.stype!r}, not {SType.NUMPY!r}")
+        raise ReplyRejected(f"array '{key}' has stype {shown(array.stype)}, not {SType.NUMPY!r}")
     data = array.data
     try:
         stream = io.BytesIO(data)
@@ -117,9 +148,9 @@ def decode(array: Array, key: str, shape: tuple[int, ...] | None = None, kinds: 
             raise ValueError(f".npy format version {version}")
         real_shape, fortran, dtype = HEADER_READERS[version](stream)
     except Exception as exc:  # noqa: BLE001 (any decoding error is this reply's problem)
-        raise ReplyRejected(f"array '{key}' cannot be decoded: {type(exc).__name__}: {exc}") from None
+        raise ReplyRejected(f"array '{key}' cannot be decoded: {type(exc).__name__}: {brief(str(exc), 120)}") from None
     if dtype.kind not in kinds or dtype.fields is not None:
-        raise ReplyRejected(f"array '{key}' has dtype {dtype}, not a real floating or integer type")
+        raise ReplyRejected(f"array '{key}' has dtype {shown(str(dtype))}, not a real floating or integer type")
     if tuple(real_shape) != tuple(array.shape) or (shape is not None and tuple(real_shape) != shape):
         expected = tuple(array.shape) if shape is None else shape
         raise ReplyRejected(f"array '{key}' holds shape {tuple(real_shape)}, declared {tuple(array.shape)}, "
@@ -142,7 +173,7 @@ def model_delta(arrays: ArrayRecord, layout: Layout, current: np.ndarray,
     differ from the model's, Δ is not finite after the cast (NaN, Inf, or beyond float32) or an
     integer array does not fit the model's dtype."""
     if tuple(arrays.keys()) != layout.keys:
-        raise ReplyRejected(f"array keys {list(arrays.keys())[:5]}... differ from the model's")
+        raise ReplyRejected(f"array keys {shown(list(arrays.keys()))} differ from the model's")
     delta = np.empty(layout.size, np.float32) if out is None else out
     integers: dict[str, np.ndarray] = {}
     start = 0
@@ -187,7 +218,7 @@ def split(content: RecordDict) -> tuple[str, ArrayRecord, dict[str, Any]]:
     if len(content.array_records) != 1 or len(content.metric_records) != 1:
         raise ReplyRejected(
             f"expected one ArrayRecord and one MetricRecord, got "
-            f"{list(content.array_records)} and {list(content.metric_records)}"
+            f"{shown(list(content.array_records))} and {shown(list(content.metric_records))}"
         )
     name, arrays = next(iter(content.array_records.items()))
     return name, arrays, dict(next(iter(content.metric_records.values())))
