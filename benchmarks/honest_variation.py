@@ -41,7 +41,7 @@ import numpy as np
 from experiments.inprocess import run_inprocess
 from strategies import bounds as bounds_module
 
-DIGITS = {"dataset": "digits", "model": "cnn", "num-clients": 20, "batch-size": 32, "lr": 0.05}
+DIGITS = {"dataset": "digits", "model": "mlp", "num-clients": 20, "batch-size": 32, "lr": 0.05}
 SYNTHETIC = {"dataset": "synthetic", "model": "logreg", "num-clients": 16, "partition": "natural",
              "batch-size": 16, "lr": 0.01, "weighting": "num-examples"}
 # rules whose checked quantity or trajectory differ (fedavg-all, fedau, fedvarp and stale train the
@@ -50,7 +50,9 @@ ALL_RULES = ("fedavg-active", "mifa", "fl-fdms", "fedexp", "fedaware", "fednova"
 # name -> (run config, rules): each workload one kind of honest heterogeneity
 WORKLOADS: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
     "digits-dir0.5": ({**DIGITS, "partition": "dirichlet:alpha=0.5", "local-steps": "steps:n=10",
-                       "availability": "sine:gamma=0.3,period=20"}, ALL_RULES),
+                       "availability": "bernoulli:p=0.5"}, ALL_RULES),
+    "digits-cnn-dir0.5": ({**DIGITS, "model": "cnn", "partition": "dirichlet:alpha=0.5", "local-steps": "steps:n=10",
+                           "availability": "bernoulli:p=0.5"}, ("fedavg-active", "fednova")),
     "digits-dir0.1-hetero-steps": ({**DIGITS, "partition": "dirichlet:alpha=0.1", "local-steps": "epochs:min=1,max=5",
                                     "availability": "bernoulli:p=0.5"},
                                    ("fedavg-active", "fednova", "fedawe", "mifa", "fedvarp", "fedexp")),
@@ -193,7 +195,7 @@ def top(group: list[dict[str, Any]], key: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--quick", action="store_true", help=f"only {QUICK}, 8 rounds")
     parser.add_argument("--workloads", nargs="*", default=None, choices=sorted(WORKLOADS))
     args = parser.parse_args()

@@ -19,31 +19,68 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import numpy as np
-
 R = TypeVar("R")
 
+MAX_UPDATE_NORM = 1e6  # absolute: what breaks float32 rules is far beyond (module docstring)
+MAX_NORM_RATIO = 10.0  # x the lower median of recent norms (benchmarks/honest_variation.py)
+MAX_MODEL_RATIO = 10.0  # x ‖x^t‖ (benchmarks/honest_variation.py)
 
-HISTORY = 64  # accepted norms the running median remembers (across rounds)
+
+HISTORY = 64  # accepted values the running median remembers (across rounds)
+MIN_POOL = 3  # values below which a median says nothing about which one is wrong
+
+
+def lower_median(values: list[float]) -> float:
+    """The lower median (the ⌈n/2⌉-th smallest): with half the values hostile and huge, it is
+    still an honest one."""
+    ordered = sorted(values)
+    return float(ordered[(len(ordered) - 1) // 2])
+
+
+@dataclass
+class RatioBound:
+    """``value <= ratio x reference`` for one reply quantity (a norm, num-steps, num-examples),
+    the reference being the lower median of the last ``HISTORY`` accepted values and this round's
+    (at least ``MIN_POOL`` of them, else no reference). ``ratio = 0``: off."""
+
+    ratio: float
+    history: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY), compare=False, repr=False)
+
+    def reference(self, values: list[float]) -> float:
+        """The reference for this round's ``values`` (0.0: none)."""
+        pool = [*self.history, *values]
+        return lower_median(pool) if len(pool) >= MIN_POOL else 0.0
+
+    def limit(self, values: list[float]) -> float:
+        """The bound this round (inf: none)."""
+        ref = self.reference(values)
+        return self.ratio * ref if self.ratio and ref > 0 else math.inf
+
+    def commit(self, values: list[float]) -> None:
+        self.history.extend(values)
 
 
 @dataclass
 class NormBounds:
-    """The absolute cap and the ratio test on update norms, with a running median.
+    """The absolute cap, the ratio test and the model-relative cap on update norms.
 
     max_update_norm : a reply whose update norm exceeds this is rejected; 0 = no absolute cap.
         Spec key ``max-update-norm``.
-    max_norm_ratio : a reply whose update norm exceeds this multiple of the reference median is
-        rejected; 0 = off. Spec key ``max-norm-ratio`` (e.g. ``mifa:max-norm-ratio=50``). The
-        reference is the median of the last ``HISTORY`` accepted norms (earlier rounds) together
-        with this round's norms under the cap, once there are at least 3 of them; so a round with
-        1 or 2 replies is bounded by the history, and the first round is checked against its own
-        median (3+ replies) or by the absolute cap alone (1-2 replies, no history yet).
+    max_norm_ratio : a reply whose update norm exceeds this multiple of the reference is rejected;
+        0 = off. Spec key ``max-norm-ratio`` (e.g. ``mifa:max-norm-ratio=50``). The reference is
+        the lower median of the last ``HISTORY`` accepted norms (earlier rounds) together with
+        this round's norms under the caps, once there are at least 3 of them; so a round with 1
+        or 2 replies is bounded by the history, and the first round by its own replies (3+).
+        The lower median stays an honest norm while at most half the pool is hostile.
+    max_model_ratio : a reply whose update norm exceeds this multiple of ‖x^t‖ (the ``scale``
+        passed to :meth:`check`, when > 0) is rejected; 0 = off. Spec key ``max-model-ratio``.
+        It bounds round 1 with 1-2 replies, and a hostile majority, relative to the model.
     """
 
-    max_update_norm: float = 1e6
-    max_norm_ratio: float = 1e3
-    history: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY), compare=False, repr=False)
+    max_update_norm: float = MAX_UPDATE_NORM
+    max_norm_ratio: float = MAX_NORM_RATIO
+    max_model_ratio: float = MAX_MODEL_RATIO
+    ratio: RatioBound = field(init=False, compare=False, repr=False)
     _pending: dict[int, float] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -53,17 +90,25 @@ class NormBounds:
         if not (math.isfinite(self.max_norm_ratio) and (self.max_norm_ratio == 0 or self.max_norm_ratio > 1)):
             raise ValueError(f"max_norm_ratio (spec key max-norm-ratio) must be a finite number > 1 "
                              f"(0 = off), got {self.max_norm_ratio}")
+        if not (math.isfinite(self.max_model_ratio) and self.max_model_ratio >= 0):
+            raise ValueError(f"max_model_ratio (spec key max-model-ratio) must be a finite number > 0 "
+                             f"(0 = off), got {self.max_model_ratio}")
+        self.ratio = RatioBound(self.max_norm_ratio)
+
+    @property
+    def history(self) -> deque[float]:
+        return self.ratio.history
 
     def check(self, reports: list[R], norm_of: Callable[[R], float], node_of: Callable[[R], int],
-              reject: Callable[[int, str], None]) -> list[R]:
+              reject: Callable[[int, str], None], scale: float = 0.0) -> list[R]:
         """The reports within the bounds; the others go to ``reject`` with the reason.
 
         First the absolute cap ``max_update_norm`` (and a norm that is not a finite number, or
-        whose computation raised); then ``max_norm_ratio`` × the median of the recently accepted
-        norms and this round's norms under the cap, when there are at least 3 of them (a median of
-        1 or 2 norms says nothing about which one is wrong; a zero median gives no scale, so no
-        ratio test). The accepted norms join the history.
+        whose computation raised), and ``max_model_ratio`` × ``scale`` (‖x^t‖; 0: no model cap);
+        then ``max_norm_ratio`` × the reference (:class:`RatioBound`; a zero reference gives no
+        scale, so no ratio test). The accepted norms join the history at :meth:`commit`.
         """
+        model_cap = self.max_model_ratio * scale if self.max_model_ratio and scale > 0 else math.inf
         under = []
         for r in reports:
             try:
@@ -75,15 +120,17 @@ class NormBounds:
                 reject(node_of(r), f"update norm {norm:.2g} > max-update-norm {self.max_update_norm:.2g}")
             elif not math.isfinite(norm):
                 reject(node_of(r), f"update norm {norm} is not finite")
+            elif norm > model_cap:
+                reject(node_of(r), f"update norm {norm:.2g} > max-model-ratio {self.max_model_ratio:g} x the "
+                                   f"model's norm {scale:.2g}")
             else:
                 under.append((r, norm))
-        pool = [*self.history, *(n for _, n in under)]
-        median = float(np.median(pool)) if len(pool) >= 3 else 0.0
+        reference = self.ratio.reference([n for _, n in under])
         kept = []
         for r, norm in under:
-            if self.max_norm_ratio and median > 0 and norm > self.max_norm_ratio * median:
+            if self.max_norm_ratio and reference > 0 and norm > self.max_norm_ratio * reference:
                 reject(node_of(r), f"update norm {norm:.2g} > max-norm-ratio {self.max_norm_ratio:g} "
-                                   f"x the median of recent norms {median:.2g}")
+                                   f"x the median of recent norms {reference:.2g}")
             else:
                 kept.append(r)
                 self._pending[id(r)] = norm
@@ -92,11 +139,11 @@ class NormBounds:
     def commit(self, accepted: list[Any]) -> None:
         """The reports finally accepted this round (among those :meth:`check` kept): their norms
         join the history of the running median."""
-        self.history.extend(self._pending[id(r)] for r in accepted if id(r) in self._pending)
+        self.ratio.commit([self._pending[id(r)] for r in accepted if id(r) in self._pending])
         self._pending.clear()
 
     def state_dict(self) -> dict[str, Any]:
         return {"history": list(self.history)}
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
-        self.history = deque((state or {}).get("history", ()), maxlen=HISTORY)
+        self.ratio.history = deque((state or {}).get("history", ()), maxlen=HISTORY)

@@ -7,20 +7,22 @@ once per reply. :class:`FailurePolicy` counts the rounds in which replies arrive
 be used (every one rejected, or the rule said it cannot run on what it got, e.g. power-of-choice's
 probe without a loss) and raises :class:`StrategyFailure` after ``max_failed_rounds`` such rounds
 in a row, with one message naming the reasons, so a misconfigured ClientApp fails the run instead
-of "completing" with the initial model. Rounds in which nobody replied are not failures: under
-churn that is what unavailability looks like.
+of "completing" with the initial model, unless the nodes rejected in those rounds are a minority
+of the run's nodes: those are quarantined, so no minority can end a run. Rounds in which nobody
+replied are not failures: under churn that is what unavailability looks like.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from flwr.app import Message
 
 from .protocol import ADOPT
-from .replies import brief
+from .replies import brief, shown
 
 log = logging.getLogger("flwr")
 SHOWN_NODES = 3  # node ids named per log line
@@ -53,11 +55,25 @@ def log_round(rule: str, server_round: int, rejected: list[tuple[int, str]], una
 
 @dataclass
 class FailurePolicy:
-    """Fail the run after ``max_failed_rounds`` consecutive rounds with no usable reply (0: never)."""
+    """Fail the run after ``max_failed_rounds`` consecutive rounds with no usable reply (0: never),
+    unless the nodes whose replies were rejected in those rounds are a minority of the federation.
+
+    A round fails when replies arrived but none could be used, or the rule reported a problem.
+    After ``max_failed_rounds`` failed rounds in a row the run fails (:class:`StrategyFailure`)
+    when the rule reported a problem, or when the distinct nodes rejected in those rounds are
+    more than half of the federation (every node the run has addressed or heard from): a
+    misconfigured ClientApp fails the run, one node (or a minority) sending junk while everyone
+    else is offline does not. Such nodes are quarantined: logged once; the streak goes on, so a
+    federation that keeps producing nothing fails as soon as the nodes rejected in the streak are
+    a majority.
+    """
 
     rule: str
     max_failed_rounds: int = 3
     failed_rounds: list[int] = field(default_factory=list)  # the current run of failed rounds
+    federation: set[int] = field(default_factory=set)  # nodes addressed or heard from, this run
+    junk: set[int] = field(default_factory=set)  # nodes rejected in the current run of failed rounds
+    quarantined: set[int] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         if isinstance(self.max_failed_rounds, bool) or not isinstance(self.max_failed_rounds, int) \
@@ -66,17 +82,30 @@ class FailurePolicy:
                              f"got {self.max_failed_rounds!r}")
 
     def end_round(self, server_round: int, received: int, accepted: int,
-                  rejected: list[tuple[int, str]], problems: list[str]) -> None:
+                  rejected: list[tuple[int, str]], problems: list[str], nodes: Iterable[int] = ()) -> None:
         """Count this round; raise StrategyFailure when the limit is reached.
 
         received: replies that arrived without an error; accepted: those the rule used;
-        problems: reasons the rule could not run on what it got (each names what is missing).
+        problems: reasons the rule could not run on what it got (each names what is missing);
+        nodes: the nodes addressed this round or heard from (the federation grows by them).
         """
+        rejected_nodes = {node for node, _ in rejected}
+        self.federation |= set(nodes) | rejected_nodes
         if not problems and (received == 0 or accepted > 0):
-            self.failed_rounds = []
+            self.failed_rounds, self.junk = [], set()
             return
         self.failed_rounds.append(server_round)
+        self.junk |= rejected_nodes
         if not self.max_failed_rounds or len(self.failed_rounds) < self.max_failed_rounds:
+            return
+        if not problems and 2 * len(self.junk) <= len(self.federation):
+            if new := self.junk - self.quarantined:
+                log.warning("%s, round %d: node(s) %s sent only rejected replies while no usable reply "
+                            "arrived for %d rounds; the %d such nodes are a minority of the %d nodes of the "
+                            "run: quarantined, the run goes on (their replies are still judged one by one)",
+                            self.rule, server_round, shown(sorted(new)), len(self.failed_rounds),
+                            len(self.junk), len(self.federation))
+                self.quarantined |= new
             return
         reasons = [f"{brief(reason)} ({len(nodes)} {'reply' if len(nodes) == 1 else 'replies'})"
                    for reason, nodes in group(rejected).items()]

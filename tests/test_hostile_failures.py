@@ -1,0 +1,74 @@
+"""No minority can end a run (issue 27, item 6); the federation producing nothing still fails.
+
+:class:`FailurePolicy` counts distinct nodes: after ``max_failed_rounds`` rounds in a row with no
+usable reply, the run fails only when the nodes rejected in them are more than half of the
+run's nodes (or the rule reported a problem); a junk-only minority is quarantined.
+"""
+
+import logging
+
+import pytest
+
+from strategies.failures import FailurePolicy, StrategyFailure
+
+JUNK = "array 'w' cannot be decoded"
+
+
+def play(policy, rounds, nodes=range(20), rejected_nodes=(0,), problems=()):
+    for rnd in rounds:
+        policy.end_round(rnd, received=len(rejected_nodes), accepted=0,
+                         rejected=[(n, JUNK) for n in rejected_nodes], problems=list(problems), nodes=nodes)
+
+
+def test_one_junk_node_while_everyone_else_is_offline_is_quarantined_not_fatal(caplog):
+    policy = FailurePolicy("fedavg-active", 3)
+    policy.end_round(1, received=19, accepted=19, rejected=[], problems=[], nodes=range(20))  # everyone, once
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        play(policy, range(2, 12))  # node 0 alone, junk, for 10 rounds
+    assert policy.quarantined == {0}
+    assert caplog.text.count("quarantined") == 1  # logged once
+
+
+def test_a_junk_minority_of_several_nodes_is_quarantined_too():
+    policy = FailurePolicy("mifa", 3)
+    play(policy, range(1, 7), rejected_nodes=(0, 1, 2, 3, 4, 5, 6, 7, 8, 9))  # 10 of 20: not a majority
+    assert policy.quarantined == set(range(10))
+
+
+def test_a_junk_majority_ends_the_run_with_the_reasons():
+    policy = FailurePolicy("mifa", 3)
+    with pytest.raises(StrategyFailure, match=r"could use no reply in 3 rounds in a row \(rounds 1-3.*cannot be decoded \(11 replies\)"):
+        play(policy, range(1, 4), rejected_nodes=range(11))
+
+
+def test_a_misconfigured_federation_fails_even_when_its_nodes_come_one_at_a_time():
+    """Every node sends junk, a few per round (churn): the rejected nodes add up to a majority."""
+    policy = FailurePolicy("fedavg-active", 3)
+    with pytest.raises(StrategyFailure) as err:
+        for rnd in range(1, 40):
+            play(policy, [rnd], rejected_nodes=[(2 * rnd) % 20, (2 * rnd + 1) % 20])
+    assert "rounds 1-" in str(err.value)
+    assert 5 <= len(policy.failed_rounds) <= 11  # fails once 11 of 20 nodes have shown junk
+
+
+def test_a_single_node_federation_that_sends_junk_fails():
+    policy = FailurePolicy("fedavg-active", 3)
+    with pytest.raises(StrategyFailure):
+        play(policy, range(1, 4), nodes=[0])
+
+
+def test_a_problem_of_the_rule_still_fails_and_a_usable_round_resets():
+    policy = FailurePolicy("pow-d", 2)
+    play(policy, [1], problems=["no reply carries a train loss"])
+    policy.end_round(2, received=3, accepted=1, rejected=[], problems=[], nodes=range(20))
+    play(policy, [3], problems=["no reply carries a train loss"])
+    with pytest.raises(StrategyFailure, match="train loss"):
+        play(policy, [4], problems=["no reply carries a train loss"])
+
+
+def test_silent_rounds_are_not_failures_and_zero_never_fails():
+    policy = FailurePolicy("fedavg-active", 3)
+    for rnd in range(1, 10):
+        policy.end_round(rnd, received=0, accepted=0, rejected=[], problems=[], nodes=range(20))
+    assert policy.failed_rounds == []
+    play(FailurePolicy("fedavg-active", 0), range(1, 10), nodes=[0])  # 0: never stops
