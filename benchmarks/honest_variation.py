@@ -22,18 +22,21 @@ honest replies above the bound) at candidate bounds.
 
     python benchmarks/honest_variation.py              # every workload (a few minutes on 2 cores)
     python benchmarks/honest_variation.py --quick      # two workloads, fewer rounds
-    python benchmarks/honest_variation.py --rounds 30 --workloads digits-dir0.1-momentum
+    python benchmarks/honest_variation.py --rounds 30 --workloads digits-dir0.2-momentum --save rows.json
+    python benchmarks/honest_variation.py --load rows.json other.json   # the report of saved rows
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import math
 import os
 import tempfile
 import time
 from collections import defaultdict, deque
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -53,10 +56,10 @@ WORKLOADS: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
                        "availability": "bernoulli:p=0.5"}, ALL_RULES),
     "digits-cnn-dir0.5": ({**DIGITS, "model": "cnn", "partition": "dirichlet:alpha=0.5", "local-steps": "steps:n=10",
                            "availability": "bernoulli:p=0.5"}, ("fedavg-active", "fednova")),
-    "digits-dir0.1-hetero-steps": ({**DIGITS, "partition": "dirichlet:alpha=0.1", "local-steps": "epochs:min=1,max=5",
+    "digits-dir0.2-hetero-steps": ({**DIGITS, "partition": "dirichlet:alpha=0.2", "local-steps": "epochs:min=1,max=5",
                                     "availability": "bernoulli:p=0.5"},
                                    ("fedavg-active", "fednova", "fedawe", "mifa", "fedvarp", "fedexp")),
-    "digits-dir0.1-momentum": ({**DIGITS, "partition": "dirichlet:alpha=0.1", "local-steps": "epochs:min=1,max=3",
+    "digits-dir0.2-momentum": ({**DIGITS, "partition": "dirichlet:alpha=0.2", "local-steps": "epochs:min=1,max=3",
                                 "solver": "momentum", "momentum": 0.9, "lr": 0.01, "availability": "bernoulli:p=0.5"},
                                ("fedavg-active", "fednova", "fedawe", "mifa")),
     "synthetic-hetero-sizes": ({**SYNTHETIC, "local-steps": "epochs:min=2,max=5", "availability": "always"},
@@ -141,16 +144,23 @@ def model_norm_hook(recorder: Recorder) -> Any:
     return lambda: setattr(AvailabilityStrategy, "set_global", original)
 
 
-def measure(names: list[str], rounds: int, recorder: Recorder, results_dir: str) -> list[dict[str, Any]]:
+def measure(names: list[str], rounds: int, recorder: Recorder, results_dir: str,
+            save: str = "", only: list[str] | None = None) -> list[dict[str, Any]]:
     rejected: list[dict[str, Any]] = []
     for workload in names:
         config, rules = WORKLOADS[workload]
         for rule in rules:
+            if only and rule not in only:
+                continue
             recorder.new_run(workload, rule)
             t0 = time.monotonic()
-            run_dir = run_inprocess({**config, "strategy": rule, "num-server-rounds": rounds, "eval-every": 0,
-                                     "checkpoint-every": 0, "progress": False, "engine": "cohort",
-                                     "results-dir": results_dir, "run-name": f"{workload}-{rule}".replace(":", "_")})
+            try:
+                run_dir = run_inprocess({**config, "strategy": rule, "num-server-rounds": rounds, "eval-every": 0,
+                                         "checkpoint-every": 0, "progress": False, "engine": "cohort",
+                                         "results-dir": results_dir, "run-name": f"{workload}-{rule}".replace(":", "_")})
+            except Exception as exc:  # noqa: BLE001 (a benchmark reports what it could measure)
+                print(f"  {workload:28s} {rule:26s} FAILED: {type(exc).__name__}: {exc}", flush=True)
+                continue
             from server_app.results import read_metrics
 
             rows = read_metrics(run_dir)
@@ -159,6 +169,8 @@ def measure(names: list[str], rounds: int, recorder: Recorder, results_dir: str)
             rejected.append({"workload": workload, "rule": rule, "accepted": n_acc, "rejected": n_rej})
             print(f"  {workload:28s} {rule:26s} {n_acc:4d} replies, {n_rej} rejected by the current defaults "
                   f"({time.monotonic() - t0:.1f} s)", flush=True)
+            if save:
+                Path(save).write_text(json.dumps(recorder.rows))
     return rejected
 
 
@@ -198,18 +210,24 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--quick", action="store_true", help=f"only {QUICK}, 8 rounds")
     parser.add_argument("--workloads", nargs="*", default=None, choices=sorted(WORKLOADS))
+    parser.add_argument("--rules", nargs="*", default=None, help="only these rules (of each workload's)")
+    parser.add_argument("--save", default="", help="write the per-reply rows to this JSON file after each run")
+    parser.add_argument("--load", nargs="*", default=(), help="report rows saved by --save (no runs)")
     args = parser.parse_args()
     names = list(args.workloads or (QUICK if args.quick else WORKLOADS))
     rounds = 8 if args.quick else args.rounds
     logging.getLogger("flwr").setLevel(logging.ERROR)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     recorder = Recorder()
+    if args.load:
+        report([row for path in args.load for row in json.loads(Path(path).read_text())])
+        return
     recorder.install()
     restore = model_norm_hook(recorder)
     try:
         with tempfile.TemporaryDirectory() as tmp:
             print(f"honest runs: {rounds} rounds each, workloads {names}")
-            measure(names, rounds, recorder, tmp)
+            measure(names, rounds, recorder, tmp, args.save, args.rules)
     finally:
         recorder.uninstall()
         restore()

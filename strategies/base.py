@@ -35,7 +35,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from . import state as rule_state
-from .bounds import NormBounds
+from .bounds import MAX_EXAMPLES_RATIO, MAX_MODEL_RATIO, MAX_NORM_RATIO, MAX_UPDATE_NORM, NormBounds
 from .failures import FailurePolicy, StrategyFailure, log_round
 from .identity import Identities
 from .layout import Layout, Scratch, aggregate_integers, named_arrays, safe_norm
@@ -48,6 +48,7 @@ from .replies import (
     ReplyParser,
     ReplyRejected,
     RoundLog,
+    brief,
     destinations,
     source_node,
 )
@@ -120,12 +121,15 @@ class AvailabilityStrategy(EvaluateRound, Rule, Strategy):
         integer_arrays: str = "mean",
         max_num_examples: int = 10**9,
         max_num_steps: int = 10**7,
-        max_update_norm: float = 1e6,
-        max_norm_ratio: float = 1e3,
+        max_update_norm: float = MAX_UPDATE_NORM,
+        max_norm_ratio: float = MAX_NORM_RATIO,
         max_weight_share: float = 0.0,
+        max_model_ratio: float = MAX_MODEL_RATIO,
+        max_examples_ratio: float = MAX_EXAMPLES_RATIO,
     ) -> None:
         weighting = resolve_weighting(weighting, self.paper_weighting)
-        self.bounds = NormBounds(float(max_update_norm), float(max_norm_ratio))
+        self.bounds = NormBounds(float(max_update_norm), float(max_norm_ratio), float(max_model_ratio),
+                                 float(max_examples_ratio))
         self.sampling = Sampling(fraction_train, fraction_evaluate, min_train_nodes, min_evaluate_nodes,
                                  min_available_nodes, node_wait)
         self.failures = FailurePolicy(self.name, max_failed_rounds)
@@ -169,6 +173,7 @@ class AvailabilityStrategy(EvaluateRound, Rule, Strategy):
         self._waited = False  # the first round's wait for nodes is done
         self._ids_reported = False  # some reply of this run named its client id
         self._scratch = Scratch()  # the replies' vectors, reused across rounds
+        self.examples_clipped = 0  # this round's num-examples cut to the bound
 
     @property
     def parser(self) -> ReplyParser:
@@ -303,6 +308,7 @@ class AvailabilityStrategy(EvaluateRound, Rule, Strategy):
             "num-participants": len(reports),
             "num-unavailable": len(self.round_log.unavailable),
             "num-rejected": len(self.round_log.rejected),
+            **({"num-examples-clipped": self.examples_clipped} if self.examples_clipped else {}),
             "update-norm": step,
             **metrics,
         }
@@ -311,7 +317,8 @@ class AvailabilityStrategy(EvaluateRound, Rule, Strategy):
             metrics["train-loss"] = float(np.mean(losses))
         log_round(self.name, server_round, self.round_log.rejected, self.round_log.unavailable)
         received = sum(1 for m in replies if not m.has_error())
-        self.failures.end_round(server_round, received, len(reports), self.round_log.rejected, self.problems)
+        self.failures.end_round(server_round, received, len(reports), self.round_log.rejected, self.problems,
+                                nodes=[*self.round_log.sent, *self.round_log.unavailable])
         integers = aggregate_integers(self.integer_arrays, self.current_integers, [r.integers for r in reports],
                                       self.weights(reports) if reports else np.zeros(0))
         return self.layout.unflatten(new, integers), MetricRecord(metrics)
@@ -343,6 +350,8 @@ class AvailabilityStrategy(EvaluateRound, Rule, Strategy):
             try:  # one reply, one verdict: whatever goes wrong with it rejects it, never the round
                 if sent is not None and node not in sent:
                     raise ReplyRejected("reply from a node this round did not address")
+                if sent is not None and msg.metadata.reply_to_message_id not in node_of_message:
+                    raise ReplyRejected("reply to a message this round did not send")
                 parsed.append(self.parse_reply(msg, node))
             except ReplyRejected as exc:
                 self.reject(node, str(exc))
@@ -351,6 +360,7 @@ class AvailabilityStrategy(EvaluateRound, Rule, Strategy):
                 log.exception("round of %s: reading the reply of node %d raised (a bug, or a reply no check "
                               "foresaw)", self.name, node)
         reports = self.check_norms(self.check_identities(parsed))
+        self.examples_clipped = self.bounds.clip_examples(reports) if self.weighting == "num-examples" else 0
         self.accepted(reports)
         if sent is not None:
             self.round_log.unavailable += sorted(sent - answered)
@@ -367,7 +377,7 @@ class AvailabilityStrategy(EvaluateRound, Rule, Strategy):
 
     def reject(self, node: int, reason: str) -> None:
         """Record a rejected reply (``round_log.rejected``; logged once per reason and round)."""
-        self.round_log.rejected.append((node, reason))
+        self.round_log.rejected.append((node, brief(reason)))
 
     def check_identities(self, reports: list[ClientReport]) -> list[ClientReport]:
         """One report per client id, from the node allowed to claim it (:meth:`Identities.check`)."""
@@ -375,7 +385,8 @@ class AvailabilityStrategy(EvaluateRound, Rule, Strategy):
 
     def check_norms(self, reports: list[ClientReport]) -> list[ClientReport]:
         """Reject reports whose :meth:`update_norm` is beyond the bounds (:meth:`NormBounds.check`)."""
-        return self.bounds.check(reports, self.update_norm, lambda r: r.node_id, self.reject)
+        scale = safe_norm(self.current) if self.current is not None and self.bounds.max_model_ratio else 0.0
+        return self.bounds.check(reports, self.update_norm, lambda r: r.node_id, self.reject, scale)
 
     def summary(self) -> None:
         log.info("%s: N=%s, server_lr=%s, weighting=%s, max-weight-share=%g, %s, %s, %s, max_failed_rounds=%d, "

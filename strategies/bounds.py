@@ -24,6 +24,8 @@ R = TypeVar("R")
 MAX_UPDATE_NORM = 1e6  # absolute: what breaks float32 rules is far beyond (module docstring)
 MAX_NORM_RATIO = 10.0  # x the lower median of recent norms (benchmarks/honest_variation.py)
 MAX_MODEL_RATIO = 10.0  # x ‖x^t‖ (benchmarks/honest_variation.py)
+MAX_EXAMPLES_RATIO = 30.0  # num-examples clipped to this x the lower median of recent ones
+MAX_STEPS_RATIO = 30.0  # FedNova: num-steps above this x the lower median of recent ones is rejected
 
 
 HISTORY = 64  # accepted values the running median remembers (across rounds)
@@ -72,15 +74,19 @@ class NormBounds:
         this round's norms under the caps, once there are at least 3 of them; so a round with 1
         or 2 replies is bounded by the history, and the first round by its own replies (3+).
         The lower median stays an honest norm while at most half the pool is hostile.
-    max_model_ratio : a reply whose update norm exceeds this multiple of ‖x^t‖ (the ``scale``
-        passed to :meth:`check`, when > 0) is rejected; 0 = off. Spec key ``max-model-ratio``.
-        It bounds round 1 with 1-2 replies, and a hostile majority, relative to the model.
+    max_model_ratio : when there is no median to compare with (fewer than 3 norms in the history
+        and this round together: the first round with 1-2 replies), a reply whose update norm
+        exceeds this multiple of ‖x^t‖ (the ``scale`` passed to :meth:`check`, when > 0) is
+        rejected; 0 = off. Spec key ``max-model-ratio``. Only then: a model near zero (a
+        zero-initialised one in its first rounds) makes a model-relative bound meaningless.
     """
 
     max_update_norm: float = MAX_UPDATE_NORM
     max_norm_ratio: float = MAX_NORM_RATIO
     max_model_ratio: float = MAX_MODEL_RATIO
+    max_examples_ratio: float = MAX_EXAMPLES_RATIO
     ratio: RatioBound = field(init=False, compare=False, repr=False)
+    examples: RatioBound = field(init=False, compare=False, repr=False)
     _pending: dict[int, float] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -93,7 +99,11 @@ class NormBounds:
         if not (math.isfinite(self.max_model_ratio) and self.max_model_ratio >= 0):
             raise ValueError(f"max_model_ratio (spec key max-model-ratio) must be a finite number > 0 "
                              f"(0 = off), got {self.max_model_ratio}")
+        if not (math.isfinite(self.max_examples_ratio) and (self.max_examples_ratio == 0 or self.max_examples_ratio >= 1)):
+            raise ValueError(f"max_examples_ratio (spec key max-examples-ratio) must be a finite number >= 1 "
+                             f"(0 = off), got {self.max_examples_ratio}")
         self.ratio = RatioBound(self.max_norm_ratio)
+        self.examples = RatioBound(self.max_examples_ratio)
 
     @property
     def history(self) -> deque[float]:
@@ -104,11 +114,13 @@ class NormBounds:
         """The reports within the bounds; the others go to ``reject`` with the reason.
 
         First the absolute cap ``max_update_norm`` (and a norm that is not a finite number, or
-        whose computation raised), and ``max_model_ratio`` × ``scale`` (‖x^t‖; 0: no model cap);
+        whose computation raised), and without a median to compare with ``max_model_ratio`` ×
+        ``scale`` (‖x^t‖; 0: no model cap);
         then ``max_norm_ratio`` × the reference (:class:`RatioBound`; a zero reference gives no
         scale, so no ratio test). The accepted norms join the history at :meth:`commit`.
         """
-        model_cap = self.max_model_ratio * scale if self.max_model_ratio and scale > 0 else math.inf
+        no_reference = len(self.history) + len(reports) < MIN_POOL  # no median to compare with
+        model_cap = self.max_model_ratio * scale if no_reference and self.max_model_ratio and scale > 0 else math.inf
         under = []
         for r in reports:
             try:
@@ -136,14 +148,27 @@ class NormBounds:
                 self._pending[id(r)] = norm
         return kept
 
+    def clip_examples(self, reports: list[Any]) -> int:
+        """Cut ``num_examples`` above ``max_examples_ratio`` × the lower median of recent ones to that
+        bound (a data-size weight, not a verdict: the reply's work is kept); returns how many were
+        cut. Runs after the verdicts, on the reports to be accepted."""
+        limit = self.examples.limit([r.num_examples for r in reports])
+        cut = 0
+        for r in reports:
+            if r.num_examples > limit:
+                r.num_examples, cut = max(1, int(limit)), cut + 1
+        return cut
+
     def commit(self, accepted: list[Any]) -> None:
         """The reports finally accepted this round (among those :meth:`check` kept): their norms
-        join the history of the running median."""
+        (and data sizes) join the histories of the running medians."""
         self.ratio.commit([self._pending[id(r)] for r in accepted if id(r) in self._pending])
+        self.examples.commit([float(r.num_examples) for r in accepted if hasattr(r, "num_examples")])
         self._pending.clear()
 
     def state_dict(self) -> dict[str, Any]:
-        return {"history": list(self.history)}
+        return {"history": list(self.history), "examples": list(self.examples.history)}
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
         self.ratio.history = deque((state or {}).get("history", ()), maxlen=HISTORY)
+        self.examples.history = deque((state or {}).get("examples", ()), maxlen=HISTORY)

@@ -17,11 +17,12 @@ from .base import AvailabilityStrategy, ClientReport
 
 @dataclass
 class FedAUState:
-    """c_i, and the sum and number of each client's recorded participation intervals."""
+    """c_i, the sum and number of each client's recorded participation intervals, and who was seen."""
 
     count: np.ndarray | None = None
     interval_sum: np.ndarray | None = None
     interval_num: np.ndarray | None = None
+    seen: np.ndarray | None = None  # whether a reply of the client was ever accepted
 
 
 class FedAU(AvailabilityStrategy):
@@ -36,7 +37,9 @@ class FedAU(AvailabilityStrategy):
       ``cutoff``; 0 or negative disables it, as the official code's default does in effect).
 
     The absent clients' bookkeeping runs in every round, empty rounds included (an empty round
-    leaves the model as it is). For Bernoulli(p_i) participation ω_i → 1/p_i (K = ∞).
+    leaves the model as it is). For Bernoulli(p_i) participation ω_i → 1/p_i (K = ∞). A client's
+    first accepted reply gets at most the largest ω of the clients seen before
+    (:meth:`cap_newcomers`), so a squatter on an id silent for K rounds gains no weight of K.
     Metric ``mean-omega``: the mean ω_i of the round's participants.
     """
 
@@ -52,6 +55,7 @@ class FedAU(AvailabilityStrategy):
         self.count: np.ndarray | None = None  # c_i
         self.interval_sum: np.ndarray | None = None  # Σ of recorded intervals
         self.interval_num: np.ndarray | None = None  # number of recorded intervals
+        self.seen: np.ndarray | None = None  # clients with an accepted reply (cap_newcomers)
         if self.num_clients is not None:
             self._init_state(self.num_clients)
 
@@ -59,11 +63,27 @@ class FedAU(AvailabilityStrategy):
         self.count = np.zeros(n, np.int64)
         self.interval_sum = np.zeros(n, np.int64)
         self.interval_num = np.zeros(n, np.int64)
+        self.seen = np.zeros(n, bool)
 
     def omega(self) -> np.ndarray:
         """The current ω_i of every client (mean of past intervals, 1 if none)."""
         assert self.interval_sum is not None and self.interval_num is not None
         return np.where(self.interval_num > 0, self.interval_sum / np.maximum(self.interval_num, 1), 1.0)
+
+    def cap_newcomers(self, ids: np.ndarray, omega: np.ndarray) -> np.ndarray:
+        """ω of a client never accepted before (its intervals only the cutoff's, from absence) capped
+        at the largest ω of the clients that have been (1 when none has): a new or long-silent id
+        (a squatter's) gains no more weight than a returning client. Unchanged from the paper
+        while no newcomer's absence outweighs every returning client's."""
+        assert self.interval_sum is not None and self.interval_num is not None
+        if self.seen is None:  # a checkpoint from before: every client with intervals counts as seen
+            self.seen = self.interval_num > 0
+        returning = self.seen
+        new = ~returning[ids]
+        if not new.any():
+            return omega
+        cap = float(self.omega()[returning].max()) if returning.any() else 1.0
+        return np.where(new, np.minimum(omega, cap), omega)
 
     def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
         n = self.require_num_clients()
@@ -72,9 +92,12 @@ class FedAU(AvailabilityStrategy):
         assert self.count is not None and self.interval_sum is not None and self.interval_num is not None
         ids = np.array([r.client_id for r in reports], np.int64)
         omega = self.omega()[ids]  # before this round's interval is recorded (causal)
+        omega = self.cap_newcomers(ids, omega)
 
         present = np.zeros(n, bool)
         present[ids] = True
+        assert self.seen is not None
+        self.seen |= present
         self.interval_sum[present] += self.count[present] + 1
         self.interval_num[present] += 1
         self.count[present] = 0

@@ -86,6 +86,8 @@ from .protocol import (  # noqa: F401  (re-exported: FedAWE's wire format)
 from .replies import decode, split
 from .state import capture, restore
 
+DISTANCE_RATIO = 1e3  # x the median of recent ‖x_i^† − x^t‖ (bounds.py: honest up to 157)
+
 log = logging.getLogger(__name__)
 
 
@@ -150,7 +152,8 @@ class FedAWE(AvailabilityStrategy):
         self._t = 0  # 0-based round being collected (bounds the echo factor)
         self._adopters: tuple[int, list[int]] = (0, [])  # (server round, node ids of A_t)
         self.last_accepted: dict[int, int] = {}  # client id -> last round its reply was accepted
-        self.distance_bounds = NormBounds(self.max_update_norm, self.max_norm_ratio)  # ‖x_i^† − x^t‖
+        # ‖x_i^† − x^t‖: how stale a client's copy is, legitimately up to 157 x the median (bounds.py)
+        self.distance_bounds = NormBounds(self.max_update_norm, DISTANCE_RATIO, 0.0, 0.0)
 
     # ------------------------------------------------------------------ messages out
     def client_config(self) -> dict[str, Any]:

@@ -19,13 +19,16 @@ normalised update above (v starts at 0, so the first step is u).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from .base import AvailabilityStrategy, ClientReport, ReplyRejected
+from .bounds import HISTORY, MAX_STEPS_RATIO, RatioBound
 from .protocol import A_NORM, NUM_EXAMPLES, NUM_STEPS
+from .state import capture, restore
 from .weighting import weighted_sum
 
 NEEDS_A_NORM = (
@@ -41,9 +44,12 @@ NEEDS_NUM_STEPS = (
 
 @dataclass
 class FedNovaState:
-    """The server momentum buffer v (None before the first round or without momentum)."""
+    """The server momentum buffer v (None before the first round or without momentum) and the
+    recent accepted τ_i and ‖a_i‖_1 (the references of ``max_steps_ratio``)."""
 
     buffer: np.ndarray | None = None
+    steps_history: list[float] = field(default_factory=list)
+    a_norm_history: list[float] = field(default_factory=list)
 
 
 class FedNova(AvailabilityStrategy):
@@ -69,8 +75,14 @@ class FedNova(AvailabilityStrategy):
     paper_weighting = "num-examples"  # p_i = n_i / n (Wang et al. 2020, Eq. 7)
     State = FedNovaState
 
-    def __init__(self, *, server_momentum: float = 0.0, max_a_norm_ratio: float = 10.0, **kwargs: Any) -> None:
+    def __init__(self, *, server_momentum: float = 0.0, max_a_norm_ratio: float = 10.0,
+                 max_steps_ratio: float = MAX_STEPS_RATIO, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        if not (math.isfinite(max_steps_ratio) and (max_steps_ratio == 0 or max_steps_ratio > 1)):
+            raise ValueError(f"max_steps_ratio (spec key max-steps-ratio) must be a finite number > 1 (0 = off), "
+                             f"got {max_steps_ratio}")
+        self.steps_bound = RatioBound(float(max_steps_ratio))  # τ_i against the lower median of recent τ
+        self.a_norm_bound = RatioBound(float(max_steps_ratio))  # ‖a_i‖_1 likewise
         if not 0.0 <= server_momentum < 1.0:
             raise ValueError(f"server_momentum must be in [0, 1), got {server_momentum}")
         if not (math.isfinite(max_a_norm_ratio) and max_a_norm_ratio >= 1):
@@ -88,6 +100,24 @@ class FedNova(AvailabilityStrategy):
             raise ReplyRejected(f"metric '{A_NORM}'={a:.3g} is outside [1, max-a-norm-ratio {self.max_a_norm_ratio:g} "
                                 f"x num-steps {tau}]: no local solver gives it")
 
+    def check_norms(self, reports: list[ClientReport]) -> list[ClientReport]:
+        """τ_i and ‖a_i‖_1 within ``max_steps_ratio`` × the lower median of recent accepted ones
+        (and this round's), so that no client inflates τ_eff (which scales every client's
+        normalised update) by more than that factor; then the base's norm bounds."""
+        for name, bound, value_of in (("num-steps", self.steps_bound, lambda r: r.num_steps),
+                                      ("a-norm", self.a_norm_bound, lambda r: r.a_norm)):
+            limit = bound.limit([float(value_of(r)) for r in reports])
+            for r in [r for r in reports if value_of(r) > limit]:
+                self.reject(r.node_id, f"metric '{name}'={value_of(r):.3g} > max-steps-ratio "
+                                       f"{bound.ratio:g} x the median of recent ones {limit / bound.ratio:.3g}")
+            reports = [r for r in reports if value_of(r) <= limit]
+        return super().check_norms(reports)
+
+    def accepted(self, reports: list[ClientReport]) -> None:
+        super().accepted(reports)
+        self.steps_bound.commit([float(r.num_steps) for r in reports if r.num_steps is not None])
+        self.a_norm_bound.commit([float(r.a_norm) for r in reports if r.a_norm is not None])
+
     def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
         if not reports:
             return x, {}
@@ -101,3 +131,12 @@ class FedNova(AvailabilityStrategy):
             self.buffer = u if self.buffer is None else self.server_momentum * self.buffer + u
             u = self.buffer
         return x + self.server_lr * u, {"tau-eff": tau_eff}
+
+    def get_state(self) -> FedNovaState:
+        return capture(self, self.State, steps_history=list(self.steps_bound.history),
+                       a_norm_history=list(self.a_norm_bound.history))
+
+    def set_state(self, state: FedNovaState) -> None:
+        restore(self, state, skip=("steps_history", "a_norm_history"))
+        self.steps_bound.history = deque(state.steps_history, maxlen=HISTORY)
+        self.a_norm_bound.history = deque(state.a_norm_history, maxlen=HISTORY)

@@ -24,7 +24,7 @@ from availability.spec import SpecError, parse_spec
 from .base import AvailabilityStrategy
 
 # keyword arguments of the base that a spec may set for every rule (e.g. "mifa:max-norm-ratio=50")
-SPEC_SHARED = {"max_update_norm", "max_norm_ratio", "max_weight_share"}
+SPEC_SHARED = {"max_update_norm", "max_norm_ratio", "max_weight_share", "max_model_ratio", "max_examples_ratio"}
 # the other base arguments come from the run config (build_strategy's ``shared``), not a spec
 SHARED = set(inspect.signature(AvailabilityStrategy.__init__).parameters) - {"self"} - SPEC_SHARED
 

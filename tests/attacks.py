@@ -1,0 +1,118 @@
+"""A persistent, adaptive attacker against any registered rule (issue 27, items 3 and 9).
+
+``N`` clients, node ``100 + c``, all reply every round with mocked replies (:mod:`replies`):
+honest clients send Δ_i = a common direction plus noise (median norm ``STEP``, about 1% of the
+model's norm, as in the project's runs), and the attacker (the last client) sends, every round,
+the strongest reply the rule ACCEPTS: each round it tries, from the most aggressive down, the
+update's size (a multiple of the largest honest norm, in one fixed direction orthogonal to the
+honest drift), then ``num-examples``, then (FedNova) ``num-steps`` with the largest ``a-norm`` the
+rule allows, each on a copy of the strategy, and keeps the first accepted. Its influence is the
+distance of the model from the same run without the attacker's replies (the attacker's node
+replies honestly there), in units of ``STEP``: per round (the largest one-round change of that
+distance) and over the run.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+from replies import build_rule, rule_reply, start_round
+
+N, DIM, STEP, MODEL_NORM = 8, 16, 0.1, 12.0
+SIZES = (1e6, 1e4, 3e3, 1e3, 300.0, 100.0, 30.0, 20.0, 10.0, 7.0, 5.0, 3.0, 2.0, 1.5, 1.0)  # x the honest max
+EXAMPLES = (10**9, 10**6, 10**4, 1000, 300, 100, 30, 10)
+STEPS = ((10**7, 10.0), (10**4, 10.0), (1000, 10.0), (100, 10.0), (20, 10.0), (20, 1.0), (2, 1.0))  # (τ, a/τ)
+
+
+@dataclass
+class Attack:
+    size: float = 1.0  # x the round's largest honest norm
+    num_examples: int = 10
+    steps: tuple[int, float] = (2, 1.0)
+
+    def metrics(self) -> dict:
+        tau, ratio = self.steps
+        return {"num-examples": self.num_examples, "num-steps": tau, "a-norm": tau * ratio}
+
+
+def honest_updates(rounds: int, seed: int) -> list[np.ndarray]:
+    """Per round an (N, DIM) array: drift along e_0 plus noise, median norm about STEP."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(rounds):
+        u = rng.normal(0, 1, (N, DIM))
+        u[:, 0] += 3.0
+        u *= STEP / np.median(np.linalg.norm(u, axis=1))
+        out.append(u.astype(np.float32))
+    return out
+
+
+def play_round(s, name: str, t: int, x: np.ndarray, ups: np.ndarray, attack: Attack | None):
+    """One round; returns (new x, whether the attacker's reply was accepted)."""
+    sent = start_round(s, t, x, [100 + c for c in range(N)])
+    replies = [rule_reply(name, sent[100 + c], x + ups[c], c, ups[c], **{"num-examples": 10, "num-steps": 2,
+                                                                            "a-norm": 2.0, "train-loss": 1.0})
+               for c in range(N - 1) if 100 + c in sent]
+    a = N - 1
+    if 100 + a not in sent:  # not picked (power-of-choice)
+        pass
+    elif attack is None:
+        replies.append(rule_reply(name, sent[100 + a], x + ups[a], a, ups[a], **{"num-examples": 10, "num-steps": 2,
+                                                                                  "a-norm": 2.0, "train-loss": 1.0}))
+    else:
+        direction = np.zeros(DIM, np.float32)
+        direction[1] = 1.0  # orthogonal to the honest drift
+        delta = (attack.size * float(np.linalg.norm(ups, axis=1).max()) * direction).astype(np.float32)
+        replies.append(rule_reply(name, sent[100 + a], x + delta, a, delta, **attack.metrics(), **{"train-loss": 1.0}))
+    out, _ = s.aggregate_train(t, replies)
+    return out["w"].numpy(), a in s.round_log.participants
+
+
+def strongest(s, name: str, t: int, x: np.ndarray, ups: np.ndarray) -> Attack:
+    """The strongest attack the rule accepts this round (greedy, on copies of the strategy)."""
+    attack = Attack()
+    choices = [("size", SIZES), ("num_examples", EXAMPLES)] + ([("steps", STEPS)] if name == "fednova" else [])
+    for field, values in choices:
+        for value in values:
+            trial = Attack(**{**attack.__dict__, field: value})
+            _, accepted = play_round(copy.deepcopy(s), name, t, x, ups, trial)
+            if accepted:
+                attack = trial
+                break
+    return attack
+
+
+def influence(spec: str, rounds: int = 30, seed: int = 0, search_every: int = 1, **kwargs) -> dict:
+    """The attacker's influence on ``spec`` over ``rounds`` rounds, in units of STEP. The attack
+    is searched anew every ``search_every`` rounds (and whenever the last one is rejected)."""
+    name = spec.split(":")[0]
+    flwr_log = logging.getLogger("flwr")
+    level, flwr_log.level = flwr_log.level, logging.ERROR
+    try:
+        ups = honest_updates(rounds, seed)
+        x0 = np.zeros(DIM, np.float32)
+        x0[2:] = MODEL_NORM / np.sqrt(DIM - 2)
+        honest = build_rule(name, n=N, spec=spec if ":" in spec else "", max_failed_rounds=0, **kwargs)
+        hostile = build_rule(name, n=N, spec=spec if ":" in spec else "", max_failed_rounds=0, **kwargs)
+        xh, xa = x0.copy(), x0.copy()
+        per_round, distance, accepted, attacks = [], 0.0, 0, []
+        attack = None
+        for t in range(1, rounds + 1):
+            if attack is None or (t - 1) % search_every == 0:
+                attack = strongest(hostile, name, t, xa, ups[t - 1])
+            elif not play_round(copy.deepcopy(hostile), name, t, xa, ups[t - 1], attack)[1]:
+                attack = strongest(hostile, name, t, xa, ups[t - 1])
+            xa, ok = play_round(hostile, name, t, xa, ups[t - 1], attack)
+            xh, _ = play_round(honest, name, t, xh, ups[t - 1], None)
+            accepted += ok
+            attacks.append(attack)
+            new = float(np.linalg.norm(xa.astype(np.float64) - xh))
+            per_round.append(abs(new - distance) / STEP)
+            distance = new
+    finally:
+        flwr_log.level = level
+    return {"per-round": max(per_round), "round-1": per_round[0], "run": distance / STEP, "accepted": accepted,
+            "finite": bool(np.all(np.isfinite(xa))), "attacks": attacks}
