@@ -136,8 +136,9 @@ class PowerOfChoice(AvailabilityStrategy):
 
     def _probe_size(self, node: int, metrics: dict[str, Any]) -> None:
         size = count(metrics, NUM_EXAMPLES, 1, self.max_num_examples, default=None)
-        if size is not None:
-            self.size_of[self.identities.client(node, node)] = size
+        if size is not None:  # a claim: at most the data-size bound, as a training reply's
+            limit = self.bounds.examples.limit([float(v) for v in self.size_of.values()])
+            self.size_of[self.identities.client(node, node)] = int(min(size, limit))
 
     def choose(self, candidates: list[int], losses: dict[int, float]) -> list[int]:
         """The m candidates with the largest loss (ties keep the random draw order)."""
