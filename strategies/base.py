@@ -35,7 +35,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from . import state as rule_state
-from .bounds import MAX_EXAMPLES_RATIO, MAX_MODEL_RATIO, MAX_NORM_RATIO, MAX_UPDATE_NORM, NormBounds
+from .bounds import MAX_EXAMPLES_RATIO, MAX_MODEL_RATIO, MAX_UPDATE_NORM, NormBounds
 from .failures import FailurePolicy, StrategyFailure, log_round
 from .identity import Identities
 from .layout import Layout, Scratch, aggregate_integers, named_arrays, safe_norm
@@ -86,9 +86,13 @@ class AvailabilityStrategy(EvaluateRound, Rule, Strategy):
     integer_arrays : "mean" (of the accepted replies', rule's weights, rounded) or "keep" (x^t's):
         the model's integer arrays, which no rule averages (:mod:`strategies.layout`).
     max_num_examples, max_num_steps : replies claiming more are rejected as absurd.
-    max_update_norm, max_norm_ratio : the update-norm bounds (:class:`NormBounds`, which says
-        how the defaults 1e6 and 1e3 were measured); spec keys ``max-update-norm`` and
-        ``max-norm-ratio``.
+    max_update_norm, max_norm_ratio, max_model_ratio : the update-norm bounds (:class:`NormBounds`,
+        whose module says how the defaults were measured; ``max_norm_ratio=None``: the rule's
+        ``default_norm_ratio``); spec keys ``max-update-norm``, ``max-norm-ratio``,
+        ``max-model-ratio``.
+    max_examples_ratio : under ``num-examples`` weighting, a reply's num-examples is cut to this
+        multiple of the lower median of recent ones (metric ``num-examples-clipped``); spec key
+        ``max-examples-ratio``.
     max_weight_share : under ``num-examples`` weighting, no client's weight above this share of
         the round (:func:`cap_shares`), so that a client claiming a huge ``num-examples`` cannot
         take the round; 0 (the default) = no cap, the papers' p_i = n_i / n. Spec key
@@ -122,13 +126,14 @@ class AvailabilityStrategy(EvaluateRound, Rule, Strategy):
         max_num_examples: int = 10**9,
         max_num_steps: int = 10**7,
         max_update_norm: float = MAX_UPDATE_NORM,
-        max_norm_ratio: float = MAX_NORM_RATIO,
+        max_norm_ratio: float | None = None,
         max_weight_share: float = 0.0,
         max_model_ratio: float = MAX_MODEL_RATIO,
         max_examples_ratio: float = MAX_EXAMPLES_RATIO,
     ) -> None:
         weighting = resolve_weighting(weighting, self.paper_weighting)
-        self.bounds = NormBounds(float(max_update_norm), float(max_norm_ratio), float(max_model_ratio),
+        ratio = self.default_norm_ratio if max_norm_ratio is None else max_norm_ratio
+        self.bounds = NormBounds(float(max_update_norm), float(ratio), float(max_model_ratio),
                                  float(max_examples_ratio))
         self.sampling = Sampling(fraction_train, fraction_evaluate, min_train_nodes, min_evaluate_nodes,
                                  min_available_nodes, node_wait)

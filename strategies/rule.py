@@ -15,6 +15,7 @@ from flwr.app import ArrayRecord, Message
 from flwr.serverapp import Grid
 
 from . import state as rule_state
+from .bounds import MAX_NORM_RATIO
 from .layout import safe_norm
 from .protocol import NUM_EXAMPLES
 from .replies import ClientReport
@@ -38,6 +39,8 @@ class Rule:
     equal_weights_only: ClassVar[bool] = False
     # the weighting of the rule's paper, what weighting="auto" resolves to
     paper_weighting: ClassVar[str] = "equal"
+    # the default of max_norm_ratio (strategies.bounds): the rule's checked norm's honest spread
+    default_norm_ratio: ClassVar[float] = MAX_NORM_RATIO
     # the rule's state (a dataclass whose fields name the attributes a resumed run needs)
     State: ClassVar[type] = rule_state.NoState
     # format-1 checkpoints kept this rule's state in a dict under this key (None: at the top)

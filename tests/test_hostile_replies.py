@@ -131,10 +131,23 @@ def test_fednova_needs_num_steps_and_the_ratio_is_a_spec_key():
         return out
 
     assert_rejected("fednova", bare, "FedNova needs the 'num-steps' metric")
-    # momentum 0.99 gives a-norm up to 100 x num-steps: admitted with max-a-norm-ratio=100
+    # momentum 0.99 gives a-norm up to 100 x num-steps: admitted with max-a-norm-ratio=100 (and, for
+    # one client among others at a-norm 2, a max-steps-ratio above 75)
+    _, s = round_with("fednova", lambda sent: rule_reply("fednova", sent, X + 1.0, 3, **{"a-norm": 150.0}),
+                      spec="fednova:max-a-norm-ratio=100,max-steps-ratio=100")
+    assert s.round_log.rejected == []
     _, s = round_with("fednova", lambda sent: rule_reply("fednova", sent, X + 1.0, 3, **{"a-norm": 150.0}),
                       spec="fednova:max-a-norm-ratio=100")
-    assert s.round_log.rejected == []
+    (_, why), = s.round_log.rejected
+    assert "metric 'a-norm'=150 > max-steps-ratio 30 x the median of recent ones 2" in why
+
+
+@pytest.mark.parametrize(("steps", "a_norm", "why"), [(10**7, 1e8, "'num-steps'=1e+07"), (100, 100.0, "'num-steps'=100"),
+                                                      (2, 100.0, "no local solver gives it")])
+def test_fednova_step_counts_far_above_the_others_are_rejected(steps, a_norm, why):
+    """Issue 27: num-steps 1e7 with a-norm 1e8 amplified an honest-sized update 2.5e7 times."""
+    assert_rejected("fednova", lambda sent: rule_reply("fednova", sent, X + 1.0, 3,
+                                                       **{"num-steps": steps, "a-norm": a_norm}), why)
 
 
 # ------------------------------------------------- rows: FedAWE
@@ -190,13 +203,13 @@ def test_mifa_gradient_units_reject_an_lr_far_from_the_reference(lr):
 
 # ------------------------------------------------- row: FedExP's extrapolated step
 def test_fedexp_colluding_clients_cannot_extrapolate_beyond_max_step():
-    s = build_rule("fedexp")
+    s = build_rule("fedexp", spec="fedexp:max-model-ratio=0")  # two replies: no median; no model bound
     sent = start_round(s, 1, X, [100, 101])
     out, metrics = s.aggregate_train(1, [rule_reply("fedexp", sent[100], X + 1e2, 0),
                                          rule_reply("fedexp", sent[101], X - 1e2 + 1e-3, 1)])
     assert metrics["fedexp-step"] == 10.0  # Eq. (9) alone: ~1e7
     assert np.abs(out["w"].numpy() - X).max() < 0.1
-    off = build_rule("fedexp", spec="fedexp:max-step=0")
+    off = build_rule("fedexp", spec="fedexp:max-step=0,max-model-ratio=0")
     sent = start_round(off, 1, X, [100, 101])
     _, metrics = off.aggregate_train(1, [rule_reply("fedexp", sent[100], X + 1e2, 0),
                                          rule_reply("fedexp", sent[101], X - 1e2 + 1e-3, 1)])
