@@ -2,7 +2,7 @@
 
 Xiang et al., "Efficient Federated Learning against Heterogeneous and Non-stationary Client
 Unavailability", NeurIPS 2024, Alg. 1 (the server side and the message protocol:
-``strategies.fedawe``). In round t an available client
+``strategies.rules.fedawe``). In round t an available client
 
 1. starts local training from ITS OWN copy x_i (its first message's model when it has none:
    the server sends the initial model x^0 there, so every copy starts at x^0, τ_i = −1);

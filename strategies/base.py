@@ -6,12 +6,12 @@ needs and its state (:class:`strategies.rule.Rule`). The base turns Flower messa
 :class:`ClientReport` objects and back, composing small parts:
 
 - :mod:`strategies.replies`: one reply -> a report or a rejection with its reason;
-- :mod:`strategies.identity`: which node may speak for which client id;
+- :mod:`strategies.client_binding`: which node may speak for which client id;
 - :mod:`strategies.bounds`: the update-norm bounds;
 - :mod:`strategies.layout` and :mod:`strategies.weighting`: flat float32 vectors and weights;
 - :mod:`strategies.state`: the one checkpoint layout;
 - :mod:`strategies.sampling` and :mod:`strategies.options`: Flower's ``FedAvg`` arguments;
-  :mod:`strategies.metrics`: Flower's metric names; :mod:`strategies.scoring`: the evaluate round,
+  :mod:`strategies.metrics`: Flower's metric names; :mod:`strategies.evaluate_round`: the evaluate round,
   the round-end broadcast and what ``evaluate_fn`` sees;
 - :mod:`strategies.failures`: one log line per reason and round; no silent failure.
 
@@ -37,7 +37,7 @@ from flwr.serverapp.strategy import Strategy
 from . import state as rule_state
 from .bounds import NormBounds
 from .failures import FailurePolicy, StrategyFailure, log_round
-from .identity import Identities
+from .client_binding import ClientBinding
 from .layout import Layout, Scratch, aggregate_integers, named_arrays, safe_norm
 from .metrics import carries_client_id
 from .options import MetricsAggrFn, RecordKeys
@@ -53,7 +53,7 @@ from .replies import (
 )
 from .rule import Rule
 from .sampling import Sampling
-from .scoring import EvaluateRound
+from .evaluate_round import EvaluateRound
 from .weighting import AUTO_WEIGHTING, WEIGHTINGS, cap_shares, client_weights, resolve_weighting
 
 __all__ = ["SUPERLINK_NODE_ID", "WEIGHTINGS", "AvailabilityStrategy", "ClientReport", "Layout",
@@ -156,7 +156,7 @@ class AvailabilityStrategy(EvaluateRound, Rule, Strategy):
         self.message_timeout = 3600.0  # broadcasts' deadline; start() sets its own timeout
         self.rng = np.random.default_rng(seed)  # also Flower's fractions (no draw at fraction 1)
         self.max_weight_share = float(max_weight_share)
-        self.identities = Identities()
+        self.binding = ClientBinding()
         self.connected: set[int] = set()  # node ids the grid listed at this round's configure_train
         self.layout: Layout | None = None
         self.current: np.ndarray | None = None  # x^t, flat (the floating arrays)
@@ -182,8 +182,8 @@ class AvailabilityStrategy(EvaluateRound, Rule, Strategy):
         return self._parser
 
     def row_of(self, node: int) -> int:
-        """The client id (row in [0, N)) of a reply that reports none (:meth:`Identities.row`)."""
-        return self.identities.row(node, self.require_num_clients(), self._rows, self.name, self._ids_reported)
+        """The client id (row in [0, N)) of a reply that reports none (:meth:`ClientBinding.row`)."""
+        return self.binding.row(node, self.require_num_clients(), self._rows, self.name, self._ids_reported)
 
     @property
     def current_arrays(self) -> ArrayRecord | None:
@@ -204,11 +204,11 @@ class AvailabilityStrategy(EvaluateRound, Rule, Strategy):
 
     @property
     def client_of_node(self) -> dict[int, int]:
-        return self.identities.client_of_node
+        return self.binding.client_of_node
 
     @property
     def node_of_client(self) -> dict[int, int]:
-        return self.identities.node_of_client
+        return self.binding.node_of_client
 
     def parse_reply(self, msg: Message, node: int) -> ClientReport:
         """One reply -> ClientReport, or ReplyRejected naming the problem."""
@@ -362,7 +362,7 @@ class AvailabilityStrategy(EvaluateRound, Rule, Strategy):
     def accepted(self, reports: list[ClientReport]) -> None:
         """The round's replies passed every check: bind their client ids and remember their norms
         (a rejected reply leaves no trace in the state)."""
-        self.identities.bind(reports)
+        self.binding.bind(reports)
         self.bounds.commit(reports)
 
     def reject(self, node: int, reason: str) -> None:
@@ -370,8 +370,8 @@ class AvailabilityStrategy(EvaluateRound, Rule, Strategy):
         self.round_log.rejected.append((node, reason))
 
     def check_identities(self, reports: list[ClientReport]) -> list[ClientReport]:
-        """One report per client id, from the node allowed to claim it (:meth:`Identities.check`)."""
-        return self.identities.check(reports, self.connected, self.reject)
+        """One report per client id, from the node allowed to claim it (:meth:`ClientBinding.check`)."""
+        return self.binding.check(reports, self.connected, self.reject)
 
     def check_norms(self, reports: list[ClientReport]) -> list[ClientReport]:
         """Reject reports whose :meth:`update_norm` is beyond the bounds (:meth:`NormBounds.check`)."""
@@ -386,7 +386,7 @@ class AvailabilityStrategy(EvaluateRound, Rule, Strategy):
     # -------------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue exactly, in the one layout of :mod:`strategies.state`."""
-        return rule_state.pack(self.name, self.rng.bit_generator.state, self.identities.state_dict(),
+        return rule_state.pack(self.name, self.rng.bit_generator.state, self.binding.state_dict(),
                                self.bounds.state_dict(), self.get_state())
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
@@ -395,5 +395,5 @@ class AvailabilityStrategy(EvaluateRound, Rule, Strategy):
         rng, identity, bounds, state = rule_state.unpack(saved, self.name, self.State, self.legacy_key)
         self.set_state(state)
         self.rng.bit_generator.state = rng
-        self.identities.load_state_dict(identity)
+        self.binding.load_state_dict(identity)
         self.bounds.load_state_dict(bounds)

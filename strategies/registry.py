@@ -1,7 +1,7 @@
 """Strategy names -> classes, and one place to build a strategy from a spec string.
 
-Every module of this package is imported and every :class:`AvailabilityStrategy` subclass with
-a ``name`` is registered, so a new rule is one new module. A strategy spec uses the same grammar
+Every module of :mod:`strategies.rules` is imported and every :class:`AvailabilityStrategy`
+subclass with a ``name`` is registered, so a new rule is one new module there. A strategy spec uses the same grammar
 as schedules: ``fedau:cutoff=50``; its parameters are the class's own keyword arguments
 (beyond the shared ones) and the base's sanity bounds ``max-update-norm``, ``max-norm-ratio`` and
 ``max-weight-share``,
@@ -37,8 +37,8 @@ def _all_subclasses(cls: type) -> list[type]:
 
 
 def _collect() -> dict[str, type[AvailabilityStrategy]]:
-    for module in pkgutil.iter_modules([str(Path(__file__).parent)]):
-        importlib.import_module(f"{__package__}.{module.name}")
+    for module in pkgutil.iter_modules([str(Path(__file__).parent / "rules")]):
+        importlib.import_module(f"{__package__}.rules.{module.name}")
     return {cls.name: cls for cls in _all_subclasses(AvailabilityStrategy) if cls.name}
 
 

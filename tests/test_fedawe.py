@@ -20,7 +20,7 @@ from server_app.experiment import run
 from server_app.results import read_matrix, read_metrics
 from strategies import STRATEGIES, AvailabilityStrategy, build_strategy, named_arrays
 from strategies.failures import StrategyFailure
-from strategies.fedawe import (
+from strategies.rules.fedawe import (
     ECHO_FACTOR,
     RUN_KEY,
     SEND_UPDATE,

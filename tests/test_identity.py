@@ -5,8 +5,8 @@ import pytest
 from replies import reply, start_round
 
 from strategies import FedAvgActive
-from strategies.fedau import FedAU
-from strategies.mifa import MIFA
+from strategies.rules.fedau import FedAU
+from strategies.rules.mifa import MIFA
 
 
 def play(strategy, rnd, connected, claims):

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from .base import AvailabilityStrategy, ClientReport
+from ..base import AvailabilityStrategy, ClientReport
 
 
 @dataclass

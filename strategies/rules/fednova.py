@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from .base import AvailabilityStrategy, ClientReport, ReplyRejected
-from .protocol import A_NORM, NUM_EXAMPLES, NUM_STEPS
-from .weighting import weighted_sum
+from ..base import AvailabilityStrategy, ClientReport, ReplyRejected
+from ..protocol import A_NORM, NUM_EXAMPLES, NUM_STEPS
+from ..weighting import weighted_sum
 
 NEEDS_A_NORM = (
     "FedNova needs the 'a-norm' metric (‖a_i‖_1 of the local solver: the number of local steps "

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from .base import ClientReport
-from .memory import StoredUpdates, TableState
+from ..base import ClientReport
+from ..memory import StoredUpdates, TableState
 
 
 class FedVARP(StoredUpdates):

@@ -2,9 +2,9 @@
 
 A reply reports its ``client-id`` (the partition id; the node id when it reports none). The first
 node whose reply for a client id is accepted is bound to that id for the run, so no node can write
-into another client's stored state. :class:`Identities` holds the binding (part of every
-checkpoint), decides which claims of a round stand (:meth:`Identities.check`) and binds the
-accepted ones (:meth:`Identities.bind`).
+into another client's stored state. :class:`ClientBinding` holds the binding (part of every
+checkpoint), decides which claims of a round stand (:meth:`ClientBinding.check`) and binds the
+accepted ones (:meth:`ClientBinding.bind`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class Claim(Protocol):
 C = TypeVar("C", bound=Claim)
 
 
-class Identities:
+class ClientBinding:
     """The node <-> client id binding of a run.
 
     ``node_of_client``: client id -> the node bound to it; ``client_of_node``: node id -> client

@@ -25,10 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from .base import AvailabilityStrategy, ClientReport
+from ..base import AvailabilityStrategy, ClientReport
 from .fedavg import FedAvgActive
-from .memory import StoredUpdates
-from .protocol import IGNORE_AVAILABILITY
+from ..memory import StoredUpdates
+from ..protocol import IGNORE_AVAILABILITY
 
 
 @dataclass

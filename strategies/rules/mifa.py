@@ -14,11 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from .base import ClientReport, ReplyRejected
-from .memory import StoredUpdates, TableState
-from .protocol import LR, NUM_EXAMPLES
-from .replies import positive
-from .weighting import weighted_sum
+from ..base import ClientReport, ReplyRejected
+from ..memory import StoredUpdates, TableState
+from ..protocol import LR, NUM_EXAMPLES
+from ..replies import positive
+from ..weighting import weighted_sum
 
 LR_HISTORY = 64  # accepted lrs whose median is the reference
 

@@ -68,9 +68,9 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType
 from flwr.serverapp import Grid
 
-from .base import AvailabilityStrategy, ClientReport, Layout, ReplyRejected, named_arrays, safe_norm
-from .bounds import NormBounds
-from .protocol import (  # noqa: F401  (re-exported: FedAWE's wire format)
+from ..base import AvailabilityStrategy, ClientReport, Layout, ReplyRejected, named_arrays, safe_norm
+from ..bounds import NormBounds
+from ..protocol import (  # noqa: F401  (re-exported: FedAWE's wire format)
     ADOPT,
     CLIENT_RULE,
     FEDAWE_ECHO_FACTOR as ECHO_FACTOR,
@@ -83,8 +83,8 @@ from .protocol import (  # noqa: F401  (re-exported: FedAWE's wire format)
     FEDAWE_UPDATE_PREFIX as UPDATE_PREFIX,
     SERVER_ROUND,
 )
-from .replies import decode, split
-from .state import capture, restore
+from ..replies import decode, split
+from ..state import capture, restore
 
 log = logging.getLogger(__name__)
 

@@ -41,8 +41,8 @@ from typing import Any
 
 import numpy as np
 
-from .base import AvailabilityStrategy, ClientReport
-from .weighting import weighted_sum
+from ..base import AvailabilityStrategy, ClientReport
+from ..weighting import weighted_sum
 
 log = logging.getLogger(__name__)
 BLOCK = 1 << 22  # elements of one block of columns (16 MiB float32) in the scaled Gram product
