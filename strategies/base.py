@@ -36,8 +36,9 @@ from flwr.serverapp.strategy import Strategy
 
 from . import state as rule_state
 from .bounds import NormBounds
-from .failures import FailurePolicy, StrategyFailure, log_round
 from .client_binding import ClientBinding
+from .evaluate_round import EvaluateRound
+from .failures import FailurePolicy, StrategyFailure, log_round
 from .layout import Layout, Scratch, aggregate_integers, named_arrays, safe_norm
 from .metrics import carries_client_id
 from .options import MetricsAggrFn, RecordKeys
@@ -53,7 +54,6 @@ from .replies import (
 )
 from .rule import Rule
 from .sampling import Sampling
-from .evaluate_round import EvaluateRound
 from .weighting import AUTO_WEIGHTING, WEIGHTINGS, cap_shares, client_weights, resolve_weighting
 
 __all__ = ["SUPERLINK_NODE_ID", "WEIGHTINGS", "AvailabilityStrategy", "ClientReport", "Layout",

@@ -7,9 +7,9 @@ import pytest
 from replies import reply, run_round, start_round
 
 from strategies import STRATEGIES, build_strategy
+from strategies.memory import ClientTable
 from strategies.rules.fedau import FedAU
 from strategies.rules.fedvarp import ClusterFedVARP, FedVARP
-from strategies.memory import ClientTable
 from strategies.rules.mifa import MIFA
 
 

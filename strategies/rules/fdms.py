@@ -26,9 +26,9 @@ from typing import Any
 import numpy as np
 
 from ..base import AvailabilityStrategy, ClientReport
-from .fedavg import FedAvgActive
 from ..memory import StoredUpdates
 from ..protocol import IGNORE_AVAILABILITY
+from .fedavg import FedAvgActive
 
 
 @dataclass
