@@ -10,7 +10,8 @@ needs and its state (:class:`strategies.rule.Rule`). The base turns Flower messa
 - :mod:`strategies.bounds`: the update-norm bounds;
 - :mod:`strategies.layout` and :mod:`strategies.weighting`: flat float32 vectors and weights;
 - :mod:`strategies.state`: the one checkpoint layout;
-- :mod:`strategies.sampling` and :mod:`strategies.options`: Flower's ``FedAvg`` arguments;
+- :mod:`strategies.params`: the shared parameters, one frozen value; :mod:`strategies.sampling`
+  and :mod:`strategies.options`: Flower's ``FedAvg`` arguments;
   :mod:`strategies.metrics`: Flower's metric names; :mod:`strategies.evaluate_round`: the evaluate round,
   the round-end broadcast and what ``evaluate_fn`` sees;
 - :mod:`strategies.failures`: one log line per reason and round; no silent failure.
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -41,8 +42,8 @@ from .evaluate_round import EvaluateRound
 from .failures import FailurePolicy, StrategyFailure, log_round
 from .layout import Layout, Scratch, aggregate_integers, named_arrays, safe_norm
 from .metrics import carries_client_id
-from .options import MetricsAggrFn, RecordKeys
-from .protocol import CLIENT_RULE, NUM_EXAMPLES, PLAIN_RULE, SERVER_ROUND
+from .params import StrategyParams
+from .protocol import CLIENT_RULE, PLAIN_RULE, SERVER_ROUND
 from .replies import (
     SUPERLINK_NODE_ID,
     ClientReport,
@@ -53,109 +54,48 @@ from .replies import (
     source_node,
 )
 from .rule import Rule
-from .sampling import Sampling
-from .weighting import AUTO_WEIGHTING, WEIGHTINGS, cap_shares, client_weights, resolve_weighting
+from .weighting import WEIGHTINGS, cap_shares, client_weights, resolve_weighting
 
 __all__ = ["SUPERLINK_NODE_ID", "WEIGHTINGS", "AvailabilityStrategy", "ClientReport", "Layout",
-           "ReplyRejected", "RoundLog", "StrategyFailure", "named_arrays", "safe_norm"]
+           "ReplyRejected", "RoundLog", "StrategyFailure", "StrategyParams", "named_arrays", "safe_norm"]
 
 log = logging.getLogger("flwr")  # Flower's logger: these lines appear where Flower's own do
 
 
 class AvailabilityStrategy(EvaluateRound, Rule, Strategy):
-    """Base of every rule here: the Flower adapter around reply parsing, identities and bounds.
+    """Base of every rule here: the Flower adapter around reply parsing, client binding and bounds.
 
-    Parameters
-    ----------
-    num_clients : N (rules that average over all clients need it; bounds a reply's ``client-id``).
-    server_lr : η_g, the server step applied to the rule's update.
-    weighting : "equal", "num-examples" (p_i = n_i / n), or "auto" (the default): the rule's
-        ``paper_weighting`` (``self.weighting`` holds the resolved value).
-    seed : seeds the strategy's own generators (node sampling, power-of-choice...).
-    fraction_train, fraction_evaluate, min_train_nodes, min_evaluate_nodes, min_available_nodes,
-        node_wait : Flower's ``FedAvg`` arguments, Flower's meaning (:class:`Sampling`), but the
-        first round waits at most ``node_wait`` s for ``min_available_nodes``, and a rule that
-        picks its own clients refuses ``fraction_train`` < 1 (``fixed_selection`` says why).
-    weighted_by_key, arrayrecord_key, configrecord_key, train_metrics_aggr_fn,
-        evaluate_metrics_aggr_fn : Flower's (:class:`RecordKeys`). The train function sees the
-        accepted replies; its metrics are merged under the rule's own (which carry
-        ``train-loss``). Evaluate: default every numeric metric's weighted mean (Flower's).
-    max_failed_rounds : the run fails (:class:`StrategyFailure`) after this many rounds in a row
-        in which replies arrived but none could be used (0: never; :mod:`strategies.failures`).
-    integer_arrays : "mean" (of the accepted replies', rule's weights, rounded) or "keep" (x^t's):
-        the model's integer arrays, which no rule averages (:mod:`strategies.layout`).
-    max_num_examples, max_num_steps : replies claiming more are rejected as absurd.
-    max_update_norm, max_norm_ratio : the update-norm bounds (:class:`NormBounds`, which says
-        how the defaults 1e6 and 1e3 were measured); spec keys ``max-update-norm`` and
-        ``max-norm-ratio``.
-    max_weight_share : under ``num-examples`` weighting, no client's weight above this share of
-        the round (:func:`cap_shares`), so that a client claiming a huge ``num-examples`` cannot
-        take the round; 0 (the default) = no cap, the papers' p_i = n_i / n. Spec key
-        ``max-weight-share`` (e.g. ``fednova:max-weight-share=0.2``).
-
-    ``num_clients=None``: rules that need N (``needs_num_clients``, ``needs_client_ids``) take
-    the number of nodes connected at the first round (waiting until it is steady); none connected
-    within ``node_wait`` is a :class:`StrategyFailure` before any training.
+    ``params``: the shared parameters (:class:`StrategyParams`, which documents each); keyword
+    arguments of the same names (Flower's ``FedAvg`` arguments among them) update it, so
+    ``FedAU(num_clients=10, fraction_evaluate=0.5)`` and
+    ``FedAU(params=StrategyParams(num_clients=10, fraction_evaluate=0.5))`` are one strategy.
+    ``self.params`` keeps them; the parts built from them are ``sampling``, ``keys``, ``bounds``
+    and ``failures``.
     """
 
-    def __init__(
-        self,
-        *,
-        num_clients: int | None = None,
-        server_lr: float = 1.0,
-        weighting: str = AUTO_WEIGHTING,
-        seed: int = 0,
-        fraction_train: float = 1.0,
-        fraction_evaluate: float = 1.0,
-        min_train_nodes: int = 2,
-        min_evaluate_nodes: int = 2,
-        min_available_nodes: int = 2,
-        weighted_by_key: str = NUM_EXAMPLES,
-        arrayrecord_key: str = "arrays",
-        configrecord_key: str = "config",
-        train_metrics_aggr_fn: MetricsAggrFn | None = None,
-        evaluate_metrics_aggr_fn: MetricsAggrFn | None = None,
-        node_wait: float = 60.0,
-        max_failed_rounds: int = 3,
-        integer_arrays: str = "mean",
-        max_num_examples: int = 10**9,
-        max_num_steps: int = 10**7,
-        max_update_norm: float = 1e6,
-        max_norm_ratio: float = 1e3,
-        max_weight_share: float = 0.0,
-    ) -> None:
-        weighting = resolve_weighting(weighting, self.paper_weighting)
-        self.bounds = NormBounds(float(max_update_norm), float(max_norm_ratio))
-        self.sampling = Sampling(fraction_train, fraction_evaluate, min_train_nodes, min_evaluate_nodes,
-                                 min_available_nodes, node_wait)
-        self.failures = FailurePolicy(self.name, max_failed_rounds)
-        self.keys = RecordKeys(weighted_by_key, arrayrecord_key, configrecord_key, train_metrics_aggr_fn,
-                               evaluate_metrics_aggr_fn)
-        if self.fixed_selection and fraction_train != 1.0:
-            raise ValueError(f"strategy '{self.name}': fraction_train={fraction_train} cannot apply: "
+    def __init__(self, params: StrategyParams | None = None, **kwargs: Any) -> None:
+        params = (params or StrategyParams()).updated(**kwargs)
+        self.params = params
+        weighting = resolve_weighting(params.weighting, self.paper_weighting)
+        self.bounds = params.bounds()
+        self.sampling = params.sampling()
+        self.failures = FailurePolicy(self.name, params.max_failed_rounds)
+        self.keys = params.record_keys()
+        if self.fixed_selection and params.fraction_train != 1.0:
+            raise ValueError(f"strategy '{self.name}': fraction_train={params.fraction_train} cannot apply: "
                              f"{self.fixed_selection}")
-        aggregate_integers(integer_arrays, {}, [], np.zeros(0))  # checks the policy's name
-        if not (math.isfinite(max_weight_share) and 0 <= max_weight_share <= 1):
-            raise ValueError(f"max_weight_share (spec key max-weight-share) must be in [0, 1] (0 = off), "
-                             f"got {max_weight_share}")
-        if not server_lr > 0:
-            raise ValueError(f"server_lr must be > 0, got {server_lr}")
-        if num_clients is not None and (isinstance(num_clients, bool) or not isinstance(num_clients, int)
-                                        or num_clients < 1):
-            raise ValueError(f"num_clients must be an integer >= 1 (None: the nodes connected at the "
-                             f"first round), got {num_clients!r}")
         if self.equal_weights_only and weighting != "equal":
             raise ValueError(f"strategy '{self.name}' weights clients equally (1/N, as its paper); "
                              f"weighting={weighting!r} is not supported")
-        self.num_clients = num_clients
-        self.server_lr = float(server_lr)
-        self.weighting = weighting
-        self.max_num_examples = max_num_examples
-        self.max_num_steps = max_num_steps
-        self.integer_arrays = integer_arrays
+        self.num_clients = params.num_clients  # N; the nodes connected at the first round when None
+        self.server_lr = float(params.server_lr)
+        self.weighting = weighting  # resolved: never "auto"
+        self.max_num_examples = params.max_num_examples
+        self.max_num_steps = params.max_num_steps
+        self.integer_arrays = params.integer_arrays
+        self.max_weight_share = float(params.max_weight_share)
         self.message_timeout = 3600.0  # broadcasts' deadline; start() sets its own timeout
-        self.rng = np.random.default_rng(seed)  # also Flower's fractions (no draw at fraction 1)
-        self.max_weight_share = float(max_weight_share)
+        self.rng = np.random.default_rng(params.seed)  # also Flower's fractions (no draw at fraction 1)
         self.binding = ClientBinding()
         self.connected: set[int] = set()  # node ids the grid listed at this round's configure_train
         self.layout: Layout | None = None
@@ -363,7 +303,8 @@ class AvailabilityStrategy(EvaluateRound, Rule, Strategy):
         """The round's replies passed every check: bind their client ids and remember their norms
         (a rejected reply leaves no trace in the state)."""
         self.binding.bind(reports)
-        self.bounds.commit(reports)
+        for bounds, _ in self.norm_checks():
+            bounds.commit(reports)
 
     def reject(self, node: int, reason: str) -> None:
         """Record a rejected reply (``round_log.rejected``; logged once per reason and round)."""
@@ -373,9 +314,17 @@ class AvailabilityStrategy(EvaluateRound, Rule, Strategy):
         """One report per client id, from the node allowed to claim it (:meth:`ClientBinding.check`)."""
         return self.binding.check(reports, self.connected, self.reject)
 
+    def norm_checks(self) -> list[tuple[NormBounds, Callable[[ClientReport], float]]]:
+        """The bounds a round's reports go through, in order, each with the norm it compares
+        (hook): ``self.bounds`` on :meth:`update_norm`; FedAWE adds the returned model's distance.
+        Each keeps its own running median, committed for the accepted reports and checkpointed."""
+        return [(self.bounds, self.update_norm)]
+
     def check_norms(self, reports: list[ClientReport]) -> list[ClientReport]:
-        """Reject reports whose :meth:`update_norm` is beyond the bounds (:meth:`NormBounds.check`)."""
-        return self.bounds.check(reports, self.update_norm, lambda r: r.node_id, self.reject)
+        """Reject reports beyond any of the :meth:`norm_checks` (:meth:`NormBounds.check`)."""
+        for bounds, norm_of in self.norm_checks():
+            reports = bounds.check(reports, norm_of, lambda r: r.node_id, self.reject)
+        return reports
 
     def summary(self) -> None:
         log.info("%s: N=%s, server_lr=%s, weighting=%s, max-weight-share=%g, %s, %s, %s, max_failed_rounds=%d, "
@@ -387,13 +336,18 @@ class AvailabilityStrategy(EvaluateRound, Rule, Strategy):
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue exactly, in the one layout of :mod:`strategies.state`."""
         return rule_state.pack(self.name, self.rng.bit_generator.state, self.binding.state_dict(),
-                               self.bounds.state_dict(), self.get_state())
+                               [bounds.state_dict() for bounds, _ in self.norm_checks()], self.get_state())
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
-        """Continue from ``saved`` (this or the previous checkpoint format); ValueError if it is
-        not a checkpoint of this rule."""
-        rng, identity, bounds, state = rule_state.unpack(saved, self.name, self.State, self.legacy_key)
+        """Continue from ``saved`` (a :meth:`state_dict`); ValueError if it is not a checkpoint of
+        this rule."""
+        rng, binding, bounds, state = rule_state.unpack(saved, self.name, self.State)
+        checks = self.norm_checks()
+        if len(bounds) != len(checks):
+            raise ValueError(f"the checkpoint holds {len(bounds)} norm bounds' histories, strategy "
+                             f"{self.name!r} keeps {len(checks)}")
         self.set_state(state)
         self.rng.bit_generator.state = rng
-        self.binding.load_state_dict(identity)
-        self.bounds.load_state_dict(bounds)
+        self.binding.load_state_dict(binding)
+        for (own, _), saved_bounds in zip(checks, bounds, strict=True):
+            own.load_state_dict(saved_bounds)

@@ -130,6 +130,4 @@ class ClientBinding:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.client_of_node = dict(state["client_of_node"])
-        # checkpoints from before identity binding: bind as their last replies did
-        self.node_of_client = dict(state.get("node_of_client")
-                                   or {client: node for node, client in self.client_of_node.items()})
+        self.node_of_client = dict(state["node_of_client"])

@@ -159,7 +159,6 @@ class StoredUpdates(AvailabilityStrategy):
     equal_weights_only = True
     needs_client_ids = True
     State = TableState
-    legacy_key = "table"  # format-1 checkpoints: under the rule's table key
 
     def __init__(self, *, memory_dir: str = "", **kwargs: Any) -> None:
         super().__init__(**kwargs)

@@ -40,8 +40,6 @@ class Rule:
     paper_weighting: ClassVar[str] = "equal"
     # the rule's state (a dataclass whose fields name the attributes a resumed run needs)
     State: ClassVar[type] = rule_state.NoState
-    # format-1 checkpoints kept this rule's state in a dict under this key (None: at the top)
-    legacy_key: ClassVar[str | None] = None
 
     # ----------------------------------------------------------------- the rule (override)
     def aggregate(
@@ -92,5 +90,5 @@ class Rule:
 
     @classmethod
     def read_state(cls, saved: dict[str, Any]) -> Any:
-        """The rule's ``State`` in a checkpoint (``state_dict()``, any format), for reports."""
-        return rule_state.unpack(saved, cls.name, cls.State, cls.legacy_key)[3]
+        """The rule's ``State`` in a checkpoint (``state_dict()``), for reports."""
+        return rule_state.unpack(saved, cls.name, cls.State)[3]

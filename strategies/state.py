@@ -5,14 +5,13 @@ class attribute ``State`` of the rule; its fields name the rule's attributes tha
 needs. The base reads and writes them (:func:`capture`, :func:`restore`), and checkpoints every
 rule under one layout (:func:`pack`):
 
-    {"format": 2, "rule": <rule name>, "rng": <the strategy generator's state>,
-     "identity": {"client_of_node": ..., "node_of_client": ...},
-     "bounds": {"history": [recently accepted update norms]}, "state": {<State field>: value}}
+    {"format": 3, "rule": <rule name>, "rng": <the strategy generator's state>,
+     "binding": {"client_of_node": ..., "node_of_client": ...},
+     "bounds": [{"history": [recently accepted norms]}, one per norm check],
+     "state": {<State field>: value}}
 
 Reports read a checkpoint through the rule (``STRATEGIES["fl-fdms"].read_state(ckpt["strategy"])``
--> ``FLFDMSState``), never through raw keys. Checkpoints written before this layout (format 1:
-the base's keys at the top, a rule's keys at the top or in a dict under ``legacy_key``) are read
-as well (:func:`unpack`).
+-> ``FLFDMSState``), never through raw keys. Other layouts are refused (:func:`unpack`).
 """
 
 from __future__ import annotations
@@ -21,8 +20,7 @@ import copy
 from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
-FORMAT = 2
-BASE_KEYS = ("rng", "client_of_node", "node_of_client")  # format 1: the base's own keys
+FORMAT = 3
 
 
 @dataclass
@@ -44,36 +42,25 @@ def restore(obj: Any, state: Any, skip: tuple[str, ...] = ()) -> None:
             setattr(obj, f.name, copy.deepcopy(getattr(state, f.name)))
 
 
-def pack(rule: str, rng: dict[str, Any], identity: dict[str, Any], bounds: dict[str, Any],
+def pack(rule: str, rng: dict[str, Any], binding: dict[str, Any], bounds: list[dict[str, Any]],
          state: Any) -> dict[str, Any]:
-    """The checkpoint of a strategy (format 2)."""
-    return {"format": FORMAT, "rule": rule, "rng": rng, "identity": identity, "bounds": bounds,
+    """The checkpoint of a strategy."""
+    return {"format": FORMAT, "rule": rule, "rng": rng, "binding": binding, "bounds": bounds,
             "state": {f.name: getattr(state, f.name) for f in fields(state)}}
 
 
-def unpack(saved: dict[str, Any], rule: str, state_cls: type,
-           legacy_key: str | None = None) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], Any]:
-    """(rng state, identity state, bounds state, rule state) of a checkpoint of ``rule``, or
-    ValueError saying why it is not one. Checkpoints without the bounds' history start it empty."""
+def unpack(saved: dict[str, Any], rule: str,
+           state_cls: type) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]], Any]:
+    """(rng state, binding state, bounds' states, rule state) of a checkpoint of ``rule``, or
+    ValueError saying why it is not one."""
     if not isinstance(saved, dict):
         raise ValueError(f"a strategy checkpoint is a dict, got {type(saved).__name__}")
-    fmt = saved.get("format", 1)
-    if fmt == FORMAT:
-        if saved.get("rule") != rule:
-            raise ValueError(f"the checkpoint holds the state of strategy {saved.get('rule')!r}, not {rule!r}")
-        own, rng, identity = saved["state"], saved["rng"], saved["identity"]
-        bounds = saved.get("bounds") or {}
-    elif fmt == 1:
-        own = {k: v for k, v in saved.items() if k not in BASE_KEYS}
-        if legacy_key is not None:
-            if legacy_key not in own:
-                raise ValueError(f"the checkpoint has no '{legacy_key}' entry: it was not written by "
-                                 f"strategy {rule!r} (keys: {sorted(saved)[:8]})")
-            own = dict(own.pop(legacy_key) or {})  # FedAU wrote None before its first round
-        rng, identity, bounds = saved["rng"], {k: saved.get(k) for k in BASE_KEYS[1:]}, {}
-    else:
-        raise ValueError(f"unknown strategy checkpoint format {fmt!r} (this code writes {FORMAT})")
-    return rng, identity, bounds, build(state_cls, own, rule)
+    if saved.get("format") != FORMAT:
+        raise ValueError(f"strategy checkpoint format {saved.get('format')!r} is not the one this code "
+                         f"reads and writes ({FORMAT})")
+    if saved.get("rule") != rule:
+        raise ValueError(f"the checkpoint holds the state of strategy {saved.get('rule')!r}, not {rule!r}")
+    return saved["rng"], saved["binding"], saved["bounds"], build(state_cls, saved["state"], rule)
 
 
 def build(state_cls: type, values: dict[str, Any], rule: str) -> Any:

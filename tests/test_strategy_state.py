@@ -1,5 +1,5 @@
 """Every rule declares its state; the base checkpoints it under one layout; reports read it
-through the rule; checkpoints of the previous layout still load; the wire protocol stays light."""
+through the rule; other layouts are refused; the wire protocol stays light."""
 
 import dataclasses
 import subprocess
@@ -25,7 +25,7 @@ def build(name):
 def test_the_checkpoint_has_one_layout_and_the_rule_reads_its_declared_state(name):
     s = build(name)
     saved = s.state_dict()
-    assert set(saved) == {"format", "rule", "rng", "identity", "bounds", "state"} and saved["rule"] == name
+    assert set(saved) == {"format", "rule", "rng", "binding", "bounds", "state"} and saved["rule"] == name
     cls = STRATEGIES[name]
     assert dataclasses.is_dataclass(cls.State)
     assert set(saved["state"]) == {f.name for f in dataclasses.fields(cls.State)}
@@ -46,35 +46,18 @@ def test_a_mifa_checkpoint_round_trip_keeps_the_table_and_the_binding():
     assert (run_round(a, 2, x, {1: np.ones(2)}) == run_round(b, 2, x, {1: np.ones(2)})).all()
 
 
-def format_1(**own):
-    """A checkpoint as the code before the one layout wrote it: the base's keys at the top."""
-    return {"rng": np.random.default_rng(7).bit_generator.state, "client_of_node": {100: 0},
-            "node_of_client": {0: 100}, **own}
-
-
-def test_checkpoints_of_the_previous_layout_load():
-    R = np.full((N, N), 0.5)
-    fdms = build("fl-fdms")
-    fdms.load_state_dict(format_1(**{"fl-fdms": {"R": R, "count": np.ones((N, N), np.int64), "candidates": None}}))
-    np.testing.assert_array_equal(fdms.R, R)
-    assert fdms.node_of_client == {0: 100} and fdms.rng.random() == np.random.default_rng(7).random()
-    assert STRATEGIES["fl-fdms"].read_state(format_1(**{"fl-fdms": {"R": R, "count": None,
-                                                                    "candidates": None}})).R is R
-    nova = build("fednova")
-    nova.load_state_dict(format_1(buffer=np.ones(3)))
-    np.testing.assert_array_equal(nova.buffer, np.ones(3))
-    fedau = build("fedau")
-    fedau.load_state_dict(format_1(fedau=None))  # saved before its first round
-    assert fedau.count.tolist() == [0] * N
-
-
-def test_a_checkpoint_of_another_rule_or_format_is_a_clear_error():
-    with pytest.raises(ValueError, match="no 'fl-fdms' entry"):
-        build("fl-fdms").load_state_dict(format_1(buffer=None))
-    with pytest.raises(ValueError, match=r"lacks \['size_of', 'last_loss'\]"):
-        build("pow-d").load_state_dict(format_1())
-    with pytest.raises(ValueError, match="unknown strategy checkpoint format 9"):
+def test_a_checkpoint_of_another_rule_or_layout_is_a_clear_error():
+    saved = build("pow-d").state_dict()
+    del saved["state"]["size_of"]
+    with pytest.raises(ValueError, match=r"lacks \['size_of'\]"):
+        build("pow-d").load_state_dict(saved)
+    with pytest.raises(ValueError, match="format 9 is not the one this code reads and writes"):
         build("mifa").load_state_dict({**build("mifa").state_dict(), "format": 9})
+    old = {"rng": np.random.default_rng(7).bit_generator.state, "client_of_node": {100: 0}, "mifa": {}}
+    with pytest.raises(ValueError, match="format None is not the one"):  # the layout before format 2
+        build("mifa").load_state_dict(old)
+    with pytest.raises(ValueError, match="2 norm bounds' histories, strategy 'mifa' keeps 1"):
+        build("mifa").load_state_dict({**build("mifa").state_dict(), "bounds": [{"history": []}] * 2})
 
 
 def test_the_wire_protocol_and_the_weightings_import_no_rule_module():

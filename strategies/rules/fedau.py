@@ -44,7 +44,6 @@ class FedAU(AvailabilityStrategy):
     needs_client_ids = True
     name = "fedau"
     State = FedAUState
-    legacy_key = "fedau"
 
     def __init__(self, *, cutoff: int = 50, **kwargs: Any) -> None:
         super().__init__(**kwargs)

@@ -60,7 +60,6 @@ class MIFA(StoredUpdates):
 
     name = "mifa"
     State = MIFAState
-    legacy_key = "mifa"
 
     def __init__(self, *, gradient_units: bool = False, wait_for_all: bool = False,
                  memory_dir: str = "", lr: float = 0.0, max_lr_ratio: float = 100.0, **kwargs: Any) -> None:
