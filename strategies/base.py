@@ -27,13 +27,12 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Strategy
 
 from . import state as rule_state
 from .bounds import NormBounds
@@ -53,7 +52,6 @@ from .replies import (
     destinations,
     source_node,
 )
-from .rule import Rule
 from .weighting import WEIGHTINGS, cap_shares, client_weights, resolve_weighting
 
 __all__ = ["SUPERLINK_NODE_ID", "WEIGHTINGS", "AvailabilityStrategy", "ClientReport", "Layout",
@@ -62,7 +60,7 @@ __all__ = ["SUPERLINK_NODE_ID", "WEIGHTINGS", "AvailabilityStrategy", "ClientRep
 log = logging.getLogger("flwr")  # Flower's logger: these lines appear where Flower's own do
 
 
-class AvailabilityStrategy(EvaluateRound, Rule, Strategy):
+class AvailabilityStrategy(EvaluateRound):
     """Base of every rule here: the Flower adapter around reply parsing, client binding and bounds.
 
     ``params``: the shared parameters (:class:`StrategyParams`, which documents each); keyword
@@ -128,7 +126,9 @@ class AvailabilityStrategy(EvaluateRound, Rule, Strategy):
     @property
     def current_arrays(self) -> ArrayRecord | None:
         """x^t as an ArrayRecord (Flower's strategies' attribute; tests set it, as Flower's do)."""
-        return None if self.layout is None else self.layout.unflatten(self.current, self.current_integers)
+        if self.layout is None or self.current is None:
+            return None
+        return self.layout.unflatten(self.current, self.current_integers)
 
     @current_arrays.setter
     def current_arrays(self, arrays: ArrayRecord) -> None:
@@ -185,6 +185,7 @@ class AvailabilityStrategy(EvaluateRound, Rule, Strategy):
 
     def arrays_of(self, vector: np.ndarray) -> ArrayRecord:
         """The ArrayRecord of flat vector ``vector`` with x^t's integer arrays."""
+        assert self.layout is not None
         return self.layout.unflatten(vector, self.current_integers)
 
     def connected_nodes(self, grid: Grid) -> list[int]:
@@ -238,8 +239,9 @@ class AvailabilityStrategy(EvaluateRound, Rule, Strategy):
             log.error("round %d: %s produced a non-finite model; keeping x^t", server_round, self.name)
             new, step = self.current, 0.0
         if self.keys.train_metrics_aggr_fn is not None and self._accepted:
-            metrics = {**dict(self.keys.train_metrics_aggr_fn(self._accepted, self.keys.weighted_by_key) or {}), **metrics}
-        metrics = {
+            extra: Mapping[str, Any] = self.keys.train_metrics_aggr_fn(self._accepted, self.keys.weighted_by_key) or {}
+            metrics = {**dict(extra), **metrics}
+        record: dict[str, Any] = {
             "num-participants": len(reports),
             "num-unavailable": len(self.round_log.unavailable),
             "num-rejected": len(self.round_log.rejected),
@@ -248,13 +250,13 @@ class AvailabilityStrategy(EvaluateRound, Rule, Strategy):
         }
         losses = [r.train_loss for r in reports if r.train_loss is not None]
         if losses:
-            metrics["train-loss"] = float(np.mean(losses))
+            record["train-loss"] = float(np.mean(losses))
         log_round(self.name, server_round, self.round_log.rejected, self.round_log.unavailable)
         received = sum(1 for m in replies if not m.has_error())
         self.failures.end_round(server_round, received, len(reports), self.round_log.rejected, self.problems)
         integers = aggregate_integers(self.integer_arrays, self.current_integers, [r.integers for r in reports],
                                       self.weights(reports) if reports else np.zeros(0))
-        return self.layout.unflatten(new, integers), MetricRecord(metrics)
+        return self.layout.unflatten(new, integers), MetricRecord(record)
 
     def collect(self, replies: Iterable[Message]) -> list[ClientReport]:
         """Validate replies; fill ``round_log``; return the valid reports, by client id.
@@ -335,7 +337,7 @@ class AvailabilityStrategy(EvaluateRound, Rule, Strategy):
     # -------------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue exactly, in the one layout of :mod:`strategies.state`."""
-        return rule_state.pack(self.name, self.rng.bit_generator.state, self.binding.state_dict(),
+        return rule_state.pack(self.name, dict(self.rng.bit_generator.state), self.binding.state_dict(),
                                [bounds.state_dict() for bounds, _ in self.norm_checks()], self.get_state())
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:

@@ -10,7 +10,7 @@ accepted ones (:meth:`ClientBinding.bind`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 log = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ class ClientBinding:
             kept.append(winner)
         return kept
 
-    def bind(self, accepted: list[Claim]) -> None:
+    def bind(self, accepted: Sequence[Claim]) -> None:
         """Bind the accepted claims (a rejected one must leave no trace: bind only these)."""
         for r in accepted:
             owner = self.node_of_client.get(r.client_id)

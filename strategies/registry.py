@@ -16,7 +16,7 @@ import pkgutil
 from collections.abc import Callable, Mapping
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -29,10 +29,11 @@ from .params import SPEC_FIELDS, StrategyParams
 SPEC_SHARED = set(SPEC_FIELDS)
 # the other shared parameters come from the run config (build_strategy's ``shared``), not a spec
 SHARED = set(StrategyParams.names()) - SPEC_SHARED
+T = TypeVar("T")
 
 
-def _all_subclasses(cls: type) -> list[type]:
-    out = []
+def _all_subclasses(cls: type[T]) -> list[type[T]]:
+    out: list[type[T]] = []
     for sub in cls.__subclasses__():
         out += [sub, *_all_subclasses(sub)]
     return out

@@ -24,7 +24,7 @@ class Rule:
     """A rule's declarations and hooks (defaults: FedAvg's needs, no extra messages)."""
 
     name: ClassVar[str] = ""
-    required_metrics: ClassVar[tuple[str, ...]] = (NUM_EXAMPLES,)
+    required_metrics: tuple[str, ...] = (NUM_EXAMPLES,)  # a rule may narrow it per instance (MIFA)
     # a missing metric's own reason (FedNova: what a-norm is)
     metric_hints: ClassVar[dict[str, str]] = {}
     # rules that keep per-client state in rows 0..N-1 need a client id in [0, N): the reported one,

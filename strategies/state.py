@@ -2,7 +2,9 @@
 
 Every rule declares its state as a small dataclass (as optax declares ``ScaleByAdamState``), the
 class attribute ``State`` of the rule; its fields name the rule's attributes that a resumed run
-needs. The base reads and writes them (:func:`capture`, :func:`restore`), and checkpoints every
+needs. The base reads and writes them through the declared fields (:func:`capture`,
+:func:`restore`; a field that is not saved as a deep copy says how in its metadata,
+:func:`kept_as`), so a rule names its state once, and checkpoints every
 rule under one layout (:func:`pack`):
 
     {"format": 3, "rule": <rule name>, "rng": <the strategy generator's state>,
@@ -17,6 +19,7 @@ Reports read a checkpoint through the rule (``STRATEGIES["fl-fdms"].read_state(c
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
@@ -28,18 +31,27 @@ class NoState:
     """The state of a rule that keeps none beyond the base's (FedAvg, FedExP)."""
 
 
-def capture(obj: Any, state_cls: type, **given: Any) -> Any:
-    """A ``state_cls`` holding copies of ``obj``'s same-named attributes (``given`` overrides)."""
-    values = {f.name: given[f.name] if f.name in given else copy.deepcopy(getattr(obj, f.name))
-              for f in fields(state_cls)}
-    return state_cls(**values)
+def kept_as(save: Callable[[Any], Any], load: Callable[[Any, Any], Any]) -> dict[str, Any]:
+    """A State field's metadata: how the rule's attribute is saved (``save(attribute)``) and
+    loaded back (``load(saved value, rule)``), where a deep copy each way is not it
+    (``field(metadata=kept_as(...))``; MIFA's deque of lrs, the stored-updates table)."""
+    return {"save": save, "load": load}
 
 
-def restore(obj: Any, state: Any, skip: tuple[str, ...] = ()) -> None:
-    """Set ``obj``'s attributes from copies of ``state``'s fields (except ``skip``)."""
+def capture(obj: Any, state_cls: type) -> Any:
+    """A ``state_cls`` holding ``obj``'s attributes named by its fields, saved (a deep copy or the
+    field's :func:`kept_as`)."""
+    return state_cls(**{f.name: f.metadata.get("save", copy.deepcopy)(getattr(obj, f.name))
+                        for f in fields(state_cls)})
+
+
+def restore(obj: Any, state: Any) -> None:
+    """Set ``obj``'s attributes named by ``state``'s fields, loaded (a deep copy or the field's
+    :func:`kept_as`), in field order."""
     for f in fields(state):
-        if f.name not in skip:
-            setattr(obj, f.name, copy.deepcopy(getattr(state, f.name)))
+        value = getattr(state, f.name)
+        load = f.metadata.get("load")
+        setattr(obj, f.name, copy.deepcopy(value) if load is None else load(value, obj))
 
 
 def pack(rule: str, rng: dict[str, Any], binding: dict[str, Any], bounds: list[dict[str, Any]],

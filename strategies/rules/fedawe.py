@@ -180,6 +180,7 @@ class FedAWE(AvailabilityStrategy):
                                     strict=True))
         sent = list(super().configure_train(server_round, arrays, config, grid))
         self._t = server_round - 1
+        assert self.initial is not None and self.layout is not None
         initial = named_arrays(self.initial)
         if Layout.of(initial) != self.layout:
             raise ValueError("fedawe: the stored initial model does not match the global model's layout")
@@ -187,7 +188,7 @@ class FedAWE(AvailabilityStrategy):
             self.xbar = self.layout.flatten(initial).astype(np.float64)
         if not sent:
             return sent
-        content = self.keys.content(initial, sent[0].content[self.keys.configrecord_key])
+        content = self.keys.content(initial, sent[0].content.config_records[self.keys.configrecord_key])
         self._sent = [Message(content, dst_node_id=m.metadata.dst_node_id, message_type=MessageType.TRAIN)
                       for m in sent]
         return self._sent

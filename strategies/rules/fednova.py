@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -96,7 +96,7 @@ class FedNova(AvailabilityStrategy):
         p = self.weights(reports)
         a = np.array([r.a_norm for r in reports], np.float64)
         tau_eff = float(p @ a)
-        u = tau_eff * weighted_sum(p / a, (r.delta for r in reports))
+        u = cast(np.ndarray, tau_eff * weighted_sum(p / a, (r.delta for r in reports)))
         if self.server_momentum > 0:
             self.buffer = u if self.buffer is None else self.server_momentum * self.buffer + u
             u = self.buffer
