@@ -1,19 +1,22 @@
 """The Flower adapter every aggregation rule shares: messages in and out, done once.
 
-A rule subclasses :class:`AvailabilityStrategy` and writes only :meth:`aggregate`, the math:
-``(round t, global flat vector x, reports) -> (new flat vector, metrics)``, and declares what it
-needs and its state (:class:`strategies.rule.Rule`). The base turns Flower messages into
-:class:`ClientReport` objects and back, composing small parts:
+A rule (one module in :mod:`strategies.rules`) subclasses :class:`AvailabilityStrategy` and
+writes only :meth:`aggregate`, the math: ``(round t, global flat vector x, reports) -> (new flat
+vector, metrics)``, and declares what it needs and its state (:class:`strategies.rule.Rule`). The
+class is split by job: :class:`strategies.rule.Rule` (a rule's declarations and hooks),
+:class:`strategies.acceptance.ReplyAcceptance` (which replies of a round reach the rule),
+:class:`strategies.evaluate_round.EvaluateRound` (Flower's evaluate round, the round-end
+broadcast, what ``evaluate_fn`` sees) and this module (the shared parameters turned into parts,
+Flower's train round, checkpoints). It composes small parts:
 
+- :mod:`strategies.params`: the shared parameters, one frozen value (Flower's ``FedAvg``
+  arguments among them: :mod:`strategies.sampling`, :mod:`strategies.options`);
 - :mod:`strategies.replies`: one reply -> a report or a rejection with its reason;
 - :mod:`strategies.client_binding`: which node may speak for which client id;
 - :mod:`strategies.bounds`: the update-norm bounds;
 - :mod:`strategies.layout` and :mod:`strategies.weighting`: flat float32 vectors and weights;
-- :mod:`strategies.state`: the one checkpoint layout;
-- :mod:`strategies.params`: the shared parameters, one frozen value; :mod:`strategies.sampling`
-  and :mod:`strategies.options`: Flower's ``FedAvg`` arguments;
-  :mod:`strategies.metrics`: Flower's metric names; :mod:`strategies.evaluate_round`: the evaluate round,
-  the round-end broadcast and what ``evaluate_fn`` sees;
+- :mod:`strategies.state`: rule state through its declared fields, the one checkpoint layout;
+- :mod:`strategies.metrics`: Flower's metric names;
 - :mod:`strategies.failures`: one log line per reason and round; no silent failure.
 
 It takes Flower's ``FedAvg`` arguments with Flower's meaning and works under Flower's own
@@ -27,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -35,22 +38,18 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.serverapp import Grid
 
 from . import state as rule_state
-from .bounds import NormBounds
+from .acceptance import ReplyAcceptance
 from .client_binding import ClientBinding
 from .evaluate_round import EvaluateRound
 from .failures import FailurePolicy, StrategyFailure, log_round
 from .layout import Layout, Scratch, aggregate_integers, named_arrays, safe_norm
-from .metrics import carries_client_id
 from .params import StrategyParams
 from .protocol import CLIENT_RULE, PLAIN_RULE, SERVER_ROUND
 from .replies import (
     SUPERLINK_NODE_ID,
     ClientReport,
-    ReplyParser,
     ReplyRejected,
     RoundLog,
-    destinations,
-    source_node,
 )
 from .weighting import WEIGHTINGS, cap_shares, client_weights, resolve_weighting
 
@@ -60,7 +59,7 @@ __all__ = ["SUPERLINK_NODE_ID", "WEIGHTINGS", "AvailabilityStrategy", "ClientRep
 log = logging.getLogger("flwr")  # Flower's logger: these lines appear where Flower's own do
 
 
-class AvailabilityStrategy(EvaluateRound):
+class AvailabilityStrategy(ReplyAcceptance, EvaluateRound):
     """Base of every rule here: the Flower adapter around reply parsing, client binding and bounds.
 
     ``params``: the shared parameters (:class:`StrategyParams`, which documents each); keyword
@@ -109,21 +108,6 @@ class AvailabilityStrategy(EvaluateRound):
         self._scratch = Scratch()  # the replies' vectors, reused across rounds
 
     @property
-    def parser(self) -> ReplyParser:
-        """This rule's requirements on a reply (rules may change ``required_metrics`` in __init__)."""
-        key = (tuple(self.required_metrics), self.num_clients, self.max_num_examples, self.max_num_steps,
-               self.keys.weighted_by_key, self.needs_client_ids)
-        if getattr(self, "_parser_key", None) != key:  # one parser while the requirements stay
-            self._parser_key = key
-            self._parser = ReplyParser(self.name, key[0], dict(self.metric_hints), self.needs_client_ids,
-                                       *key[1:5], self.row_of if self.needs_client_ids else None)
-        return self._parser
-
-    def row_of(self, node: int) -> int:
-        """The client id (row in [0, N)) of a reply that reports none (:meth:`ClientBinding.row`)."""
-        return self.binding.row(node, self.require_num_clients(), self._rows, self.name, self._ids_reported)
-
-    @property
     def current_arrays(self) -> ArrayRecord | None:
         """x^t as an ArrayRecord (Flower's strategies' attribute; tests set it, as Flower's do)."""
         if self.layout is None or self.current is None:
@@ -150,18 +134,6 @@ class AvailabilityStrategy(EvaluateRound):
     def node_of_client(self) -> dict[int, int]:
         return self.binding.node_of_client
 
-    def parse_reply(self, msg: Message, node: int) -> ClientReport:
-        """One reply -> ClientReport, or ReplyRejected naming the problem."""
-        assert self.layout is not None and self.current is not None
-        report = self.parser.parse(msg.content, node, self.layout, self.current, self.reply_buffer())
-        self.check_report(report)
-        return report
-
-    def reply_buffer(self) -> np.ndarray:
-        """A flat float32 vector of the model's size for one reply of this round (:class:`Scratch`)."""
-        assert self.layout is not None
-        return self._scratch.row(self.layout.size)
-
     def stacked(self, name: str, vectors: list[np.ndarray]) -> np.ndarray:
         """``np.stack(vectors)`` into a matrix reused across rounds (:class:`Scratch`)."""
         return self._scratch.stacked(name, vectors)
@@ -171,11 +143,6 @@ class AvailabilityStrategy(EvaluateRound):
         """Per-report weights summing to 1 over the reports (equal or by num-examples)."""
         w = client_weights(self.weighting, [r.num_examples for r in reports])
         return cap_shares(w, self.max_weight_share) if self.weighting == "num-examples" else w
-
-    def require_num_clients(self) -> int:
-        if self.num_clients is None:
-            raise ValueError(f"strategy '{self.name}' needs num_clients (N)")
-        return self.num_clients
 
     def set_global(self, arrays: ArrayRecord) -> None:
         """Take ``arrays`` as x^t (what configure_train does; tests call it directly)."""
@@ -257,76 +224,6 @@ class AvailabilityStrategy(EvaluateRound):
         integers = aggregate_integers(self.integer_arrays, self.current_integers, [r.integers for r in reports],
                                       self.weights(reports) if reports else np.zeros(0))
         return self.layout.unflatten(new, integers), MetricRecord(record)
-
-    def collect(self, replies: Iterable[Message]) -> list[ClientReport]:
-        """Validate replies; fill ``round_log``; return the valid reports, by client id.
-
-        Order: each reply alone (:meth:`parse_reply`), then who may claim which client id
-        (:meth:`check_identities`), then the update norms against the round (:meth:`check_norms`).
-        A reply rejected at any step reaches neither the rule nor its state.
-        """
-        replies = list(replies)
-        node_of_message = destinations(self._sent)
-        sent = set(self.round_log.sent) if self._sent else None
-        self._scratch.new_round()
-        answered: set[int] = set()
-        parsed: list[ClientReport] = []
-        content_of: dict[int, RecordDict] = {}
-        self._ids_reported |= any(not m.has_error() and carries_client_id(m.content) for m in replies)
-        for i, msg in enumerate(replies):
-            node = source_node(msg, node_of_message)
-            if not isinstance(node, int):  # a mocked reply (Flower's create_mock_reply): no sender
-                node = -(i + 1)
-            answered.add(node)
-            if msg.has_error():
-                self.round_log.unavailable.append(node)
-                continue
-            content_of[node] = msg.content
-            try:  # one reply, one verdict: whatever goes wrong with it rejects it, never the round
-                if sent is not None and node not in sent:
-                    raise ReplyRejected("reply from a node this round did not address")
-                parsed.append(self.parse_reply(msg, node))
-            except ReplyRejected as exc:
-                self.reject(node, str(exc))
-            except Exception as exc:  # noqa: BLE001
-                self.reject(node, f"reply cannot be read: {type(exc).__name__}: {exc}")
-                log.exception("round of %s: reading the reply of node %d raised (a bug, or a reply no check "
-                              "foresaw)", self.name, node)
-        reports = self.check_norms(self.check_identities(parsed))
-        self.accepted(reports)
-        if sent is not None:
-            self.round_log.unavailable += sorted(sent - answered)
-        ordered = sorted(reports, key=lambda r: r.client_id)
-        self.round_log.participants = [r.client_id for r in ordered]
-        self._accepted = [content_of[r.node_id] for r in ordered]
-        return ordered
-
-    def accepted(self, reports: list[ClientReport]) -> None:
-        """The round's replies passed every check: bind their client ids and remember their norms
-        (a rejected reply leaves no trace in the state)."""
-        self.binding.bind(reports)
-        for bounds, _ in self.norm_checks():
-            bounds.commit(reports)
-
-    def reject(self, node: int, reason: str) -> None:
-        """Record a rejected reply (``round_log.rejected``; logged once per reason and round)."""
-        self.round_log.rejected.append((node, reason))
-
-    def check_identities(self, reports: list[ClientReport]) -> list[ClientReport]:
-        """One report per client id, from the node allowed to claim it (:meth:`ClientBinding.check`)."""
-        return self.binding.check(reports, self.connected, self.reject)
-
-    def norm_checks(self) -> list[tuple[NormBounds, Callable[[ClientReport], float]]]:
-        """The bounds a round's reports go through, in order, each with the norm it compares
-        (hook): ``self.bounds`` on :meth:`update_norm`; FedAWE adds the returned model's distance.
-        Each keeps its own running median, committed for the accepted reports and checkpointed."""
-        return [(self.bounds, self.update_norm)]
-
-    def check_norms(self, reports: list[ClientReport]) -> list[ClientReport]:
-        """Reject reports beyond any of the :meth:`norm_checks` (:meth:`NormBounds.check`)."""
-        for bounds, norm_of in self.norm_checks():
-            reports = bounds.check(reports, norm_of, lambda r: r.node_id, self.reject)
-        return reports
 
     def summary(self) -> None:
         log.info("%s: N=%s, server_lr=%s, weighting=%s, max-weight-share=%g, %s, %s, %s, max_failed_rounds=%d, "

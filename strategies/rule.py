@@ -41,6 +41,14 @@ class Rule:
     # the rule's state (a dataclass whose fields name the attributes a resumed run needs)
     State: ClassVar[type] = rule_state.NoState
 
+    num_clients: int | None  # N (set by the base; the nodes connected at the first round when None)
+
+    def require_num_clients(self) -> int:
+        """N, or ValueError when the rule runs without it."""
+        if self.num_clients is None:
+            raise ValueError(f"strategy '{self.name}' needs num_clients (N)")
+        return self.num_clients
+
     # ----------------------------------------------------------------- the rule (override)
     def aggregate(
         self, t: int, x: np.ndarray, reports: list[ClientReport]
