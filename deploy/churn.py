@@ -43,7 +43,7 @@ leaves after S_r still gets a message (its reply is an error or never comes).
   SIGKILLs (default; a power cut) or SIGTERMs a node in the middle of round r; the schedule
   decides when it comes back.
 
-After the run (:func:`deploy.report.participation_report`): every recorded round's participants are compared
+After the run (:func:`deploy.participation.participation_report`): every recorded round's participants are compared
 with the schedule. A difference is within the timing slack when it has a reason: the node was
 late or taken down on purpose (:meth:`RoundChurn.explained`), or its reply was rejected (the
 round's ``rejected`` list). Anything else (a client on in the schedule with no reply and no

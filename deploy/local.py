@@ -1,5 +1,5 @@
 """A real Flower deployment on loopback, as processes: one SuperLink and N SuperNodes
-(:class:`Deployment`, a :class:`deploy.nodes.Site`).
+(:class:`ProcessSite`, a :class:`deploy.nodes.Site`).
 
 - ``flower-superlink --insecure`` on a free 127.0.0.1 port, its own ``FLWR_HOME`` and cwd under the
   work dir, runtime dependency installation and telemetry off;
@@ -10,7 +10,7 @@
   node id;
 - a ``flwr`` CLI (:class:`deploy.flwr_cli.FlwrCli`) connected to the SuperLink.
 
-No process outlives the deployment (:mod:`deploy.procs`): :meth:`Deployment.close`
+No process outlives the deployment (:mod:`deploy.procs`): :meth:`ProcessSite.close`
 (context-manager exit, ``atexit``, the CLI's SIGINT/SIGTERM handlers) kills every process it
 started and reaps the helpers. A temp work dir (``/tmp/flchurn-deploy-*``) is removed by
 ``close`` unless ``keep_workdir`` (``--keep-workdir``). Everything is single-threaded: the churn
@@ -31,17 +31,15 @@ import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from client_app.timing import SWITCH as TIMING  # clients time their training (client_app/timing.py)
 
-from .devices import DevicePlan
-from .edge import EdgeLimits
 from .errors import DeployError
 from .flwr_cli import FlwrCli, toml_value
 from .nodes import MODES, NODE_ID_RE
 from .procs import Proc, Spawner, free_port, hold_signals, port_open, release_signals
-from .runconfig import ROOT
+from .submission import ROOT
 from .tuning import (  # round-latency settings: env, node config, the SuperNode command
     ENV as TUNING_ENV,
     NODE_CONFIG as TUNING_NODE_CONFIG,
@@ -50,7 +48,11 @@ from .tuning import (  # round-latency settings: env, node config, the SuperNode
     host_share,
 )
 
-_LIVE: weakref.WeakSet[Deployment] = weakref.WeakSet()
+if TYPE_CHECKING:  # edge emulation is imported only when a site has device classes
+    from .edge.devices import DevicePlan
+    from .edge.limits import EdgeLimits
+
+_LIVE: weakref.WeakSet[ProcessSite] = weakref.WeakSet()
 BASE_ENV = {
     **TUNING_ENV,
     "FLWR_TELEMETRY_ENABLED": "0",
@@ -73,7 +75,7 @@ class Node:
         return self.proc is not None and self.proc.alive
 
 
-class Deployment:
+class ProcessSite:
     """SuperLink + N SuperNodes on loopback. Use as a context manager; always closes."""
 
     local_files = True  # the ServerApp runs here: it sees the churn driver's round-start signal
@@ -116,7 +118,11 @@ class Deployment:
         if devices is not None and devices.num_nodes != num_nodes:
             raise DeployError(f"the device plan is for {devices.num_nodes} nodes, not {num_nodes}")
         # device limits (root): made with the SuperLink, removed by close()
-        self.edge = EdgeLimits(devices, self.tag, self.log) if devices is not None else None
+        self.edge: EdgeLimits | None = None
+        if devices is not None:
+            from .edge.limits import EdgeLimits
+
+            self.edge = EdgeLimits(devices, self.tag, self.log)
         self.spawner = Spawner(self.tag, self.logs, BASE_ENV)
         self.cli: FlwrCli | None = None  # once the SuperLink listens
         _LIVE.add(self)
@@ -323,7 +329,7 @@ class Deployment:
     def leftovers(self) -> list[int]:
         return self.spawner.leftovers()
 
-    def __enter__(self) -> Deployment:
+    def __enter__(self) -> ProcessSite:
         try:
             self.start_superlink()
         except BaseException:

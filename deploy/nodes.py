@@ -1,6 +1,6 @@
 """What the churn driver and :func:`deploy.run.run_deployment` need of a set of SuperNodes,
 whatever they run as: :class:`Nodes`. Two implementations: processes on loopback
-(:class:`deploy.local.Deployment`) and Docker containers (:class:`deploy.containers.DockerNodes`).
+(:class:`deploy.local.ProcessSite`) and Docker containers (:class:`deploy.containers.DockerNodes`).
 
 Node ``i`` is client ``i`` (its ``partition-id``). Each start is a new *incarnation* that
 registers with the SuperLink under a new Flower node id (ephemeral identity); a SuperNode logs

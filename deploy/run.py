@@ -1,11 +1,11 @@
 """One deployed run, end to end, on any :class:`deploy.nodes.Site` (processes of
 :mod:`deploy.local` or the containers of :mod:`deploy.containers`): :func:`run_deployment`.
 
-The run config is built once (:func:`deploy.runconfig.build_run_config`: one run name, so the
+The run config is built once (:func:`deploy.submission.build_run_config`: one run name, so the
 churn driver and the server follow the same folder), the nodes started, the run submitted and
 followed; a run can continue from a checkpoint (``resume_from``: a fresh SuperLink and fresh
 nodes, the same run folder). Afterwards the realised participation is compared with the
-schedule (:func:`deploy.report.participation_report`); :attr:`Outcome.ok` requires both a
+schedule (:func:`deploy.participation.participation_report`); :attr:`Outcome.ok` requires both a
 completed run and no difference beyond the timing slack.
 """
 
@@ -26,14 +26,13 @@ from .errors import DeployError
 from .flwr_cli import COMPLETED, FINISHED
 from .follow import RunFollower
 from .nodes import Site
-from .report import ParticipationReport, participation_report
-from .runconfig import (
+from .participation import ParticipationReport, participation_report
+from .submission import (
     build_run_config,
     build_run_schedule,
     check_run_config,
     prepare_resume,
     run_dir_of,
-    server_supports,
 )
 
 # seconds before each round under churn (round-start-delay): a returning SuperNode, started one round
@@ -65,15 +64,10 @@ class Outcome:
         return self.completed and (self.report is None or not self.report.failures)
 
 
-def churn_grace(site: Site, grace: float | None, signal: bool = False) -> float:
-    """``round-start-delay`` under churn: ``grace`` (default :data:`DEFAULT_GRACE`, or
-    :data:`DEFAULT_BOUND` with the round-start signal) if the ServerApp has that key, else 0."""
-    supported = server_supports("round-start-delay")
-    g = ((DEFAULT_BOUND if signal else DEFAULT_GRACE) if supported else 0.0) if grace is None else float(grace)
-    if g > 0 and not supported:
-        site.log(f"the ServerApp has no 'round-start-delay' key: grace {g} s ignored (see deploy/churn.py)")
-        g = 0.0
-    return g
+def churn_grace(grace: float | None, signal: bool = False) -> float:
+    """``round-start-delay`` under churn: ``grace``, by default :data:`DEFAULT_BOUND` with the
+    round-start signal (the most a round waits), else :data:`DEFAULT_GRACE` (a fixed wait)."""
+    return (DEFAULT_BOUND if signal else DEFAULT_GRACE) if grace is None else float(grace)
 
 
 def run_deployment(
@@ -97,8 +91,7 @@ def run_deployment(
 
     ``churn``: None (all nodes stay up), ``"rounds"`` (:class:`deploy.churn.RoundChurn`) or
     ``"wallclock"`` (:class:`deploy.churn.WallClockChurn`, trace-intervals specs). ``grace`` is
-    passed as ``round-start-delay`` when the ServerApp supports it (default 3 s under churn),
-    otherwise ignored with a note. ``resume_from``: a checkpoint file; the run continues from
+    passed as ``round-start-delay`` (default 3 s under churn). ``resume_from``: a checkpoint file; the run continues from
     it in its own run folder, on a fresh SuperLink and freshly started nodes.
     ``round_start_signal`` (default: round churn on a site whose ServerApp sees our files): each
     round starts as soon as its nodes are registered, ``grace`` (default 30 s) being the most it
@@ -108,8 +101,8 @@ def run_deployment(
     after ``timeout`` seconds (after ``flwr stop``).
     """
     if round_start_signal is None:
-        round_start_signal = churn == "rounds" and site.local_files and server_supports("round-start-signal")
-    g = churn_grace(site, grace, bool(round_start_signal)) if churn else 0.0
+        round_start_signal = churn == "rounds" and site.local_files
+    g = churn_grace(grace, bool(round_start_signal)) if churn else 0.0
     user = {**user_config, **({"resume-from": str(resume_from)} if resume_from else {})}
     cfg = build_run_config(site.num_nodes, user, grace=g, project=site.project)  # the one run name
     signal_dir = Path(tempfile.mkdtemp(prefix="flchurn-signal-")) if round_start_signal and churn else None

@@ -45,7 +45,7 @@ from typing import Any
 
 from deploy.flwr_cli import toml_value
 from deploy.procs import free_port, kill_pids, tagged_pids
-from deploy.runconfig import default_run_config, parse_run_config
+from deploy.submission import default_run_config, parse_run_config
 from runconfig import ConfigError
 from server_app.config import RunConfig
 from server_app.results import METRICS, default_run_name
