@@ -150,7 +150,7 @@ def churn_costs(n: int, tmp: Path, project: Path) -> dict:
         res = run_deployment(dep, cfg, churn="rounds", crashes={2: [(n - 1, 2.0, "term")], 3: [(n - 2, 2.0, "kill")]})
         ev = {e["action"]: e["t"] for e in res.driver.events if e["action"] in ("term", "crash")}
         ends = {r["round"]: r["wall-time"] for r in rows(res.run_dir)}  # from the server's round-1 start
-        t_first = res.driver.follow.started_at  # ~ the server's round-1 start (monotonic)
+        t_first = res.driver.started_at  # ~ the server's round-1 start (monotonic)
         out["term->round-end"] = ends[2] - (ev["term"] - t_first)
         out["kill->round-end"] = ends[3] - (ev["crash"] - t_first)
         out["churn-status"] = res.status

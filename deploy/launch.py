@@ -13,11 +13,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from runconfig.defaults import default_run_config
+
 from .errors import DeployError
 from .local import ProcessSite
 from .procs import exit_on_signals
 from .record import run_recorded, summary
-from .submission import default_run_config, latest_checkpoint, parse_run_config
+from .submission import latest_checkpoint, parse_run_config
 
 
 def launch_main(args: argparse.Namespace) -> int:

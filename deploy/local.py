@@ -34,12 +34,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from client_app.timing import SWITCH as TIMING  # clients time their training (client_app/timing.py)
+from runconfig.defaults import ROOT
 
 from .errors import DeployError
-from .flwr_cli import FlwrCli, toml_value
+from .flwr_cli import FLOWER_ENV, FlwrCli, toml_value
 from .nodes import MODES, NODE_ID_RE
 from .procs import Proc, Spawner, free_port, hold_signals, port_open, release_signals
-from .submission import ROOT
 from .tuning import (  # round-latency settings: env, node config, the SuperNode command
     ENV as TUNING_ENV,
     NODE_CONFIG as TUNING_NODE_CONFIG,
@@ -53,13 +53,7 @@ if TYPE_CHECKING:  # edge emulation is imported only when a site has device clas
     from .edge.limits import EdgeLimits
 
 _LIVE: weakref.WeakSet[ProcessSite] = weakref.WeakSet()
-BASE_ENV = {
-    **TUNING_ENV,
-    "FLWR_TELEMETRY_ENABLED": "0",
-    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-    "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
-    "PYTHONUNBUFFERED": "1",
-}
+BASE_ENV = {**TUNING_ENV, **FLOWER_ENV}
 
 
 @dataclass

@@ -18,6 +18,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from runconfig.defaults import default_run_config
+
 from .local import ProcessSite
 from .realised import (
     OOM,
@@ -29,7 +31,6 @@ from .realised import (
     write_trace_matrix,
 )
 from .run import Outcome, run_deployment
-from .submission import default_run_config
 
 
 class NodeFigures(Protocol):

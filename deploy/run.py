@@ -21,10 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from .churn import RoundChurn, WallClockChurn
+from .churn import ChurnDriver, RoundChurn, WallClockChurn
 from .errors import DeployError
 from .flwr_cli import COMPLETED, FINISHED
-from .follow import RunFollower
+from .follow import RoundFinished, RunDone, RunFollower, Submitted
 from .nodes import Site
 from .participation import ParticipationReport, participation_report
 from .submission import (
@@ -49,7 +49,7 @@ class Outcome:
     run_dir: Path
     rows: list[dict[str, Any]]  # the rounds this run recorded (a resumed run: checkpoint + 1 on)
     run_config: dict[str, Any]
-    driver: RoundChurn | WallClockChurn | None = None
+    driver: ChurnDriver | None = None
     wall: float = 0.0
     submitted_at: float = 0.0
     report: ParticipationReport | None = None  # realised participation vs the schedule
@@ -130,11 +130,11 @@ def _run(site: Site, cfg: dict[str, Any], *, churn: str | None, churn_mode: str,
     elif (run_dir / "metrics.jsonl").exists():
         raise DeployError(f"{run_dir} already holds a run; pick another run-name (or resume it)")
     schedule = build_run_schedule(cfg) if churn else None
-    driver: RoundChurn | WallClockChurn | None = None
-    if churn == "rounds":
-        driver = RoundChurn(site, schedule, num_rounds, run_dir, mode=churn_mode, grace=g, lookahead=lookahead,
+    driver: ChurnDriver | None = None
+    if churn == "rounds" and schedule is not None:
+        driver = RoundChurn(site, schedule, num_rounds, mode=churn_mode, grace=g, lookahead=lookahead,
                             crashes=crashes, start_round=start_round, signal_dir=signal_dir)
-    elif churn == "wallclock":
+    elif churn == "wallclock" and schedule is not None:
         driver = WallClockChurn(site, schedule, mode=churn_mode, speedup=speedup)
     elif churn is not None:
         raise ValueError(f"churn must be None, 'rounds' or 'wallclock', not {churn!r}")
@@ -148,19 +148,19 @@ def _run(site: Site, cfg: dict[str, Any], *, churn: str | None, churn_mode: str,
             site.start_node(i)
         for i in range(site.num_nodes):
             site.wait_registered(i)
-    follow = RunFollower(run_dir)  # the same folder as the driver's: both come from cfg
+    follow = RunFollower(run_dir)  # the one follower: the driver gets its events, on_row its rows
     t0 = time.monotonic()
     run_id = site.cli.submit(site.project, cfg)
-    if isinstance(driver, WallClockChurn):
-        driver.t0 = t0
+    if driver is not None:
+        driver.on_event(Submitted(t0))
     out = Outcome("", run_id, run_dir, follow.rows, cfg, driver, submitted_at=t0)
     next_status = t0 + status_every
     while True:
-        if driver is not None:
-            driver.step()
-        for row in follow.poll():
-            if on_row:
-                on_row(row)
+        for event in follow.events():
+            if driver is not None:
+                driver.on_event(event)
+            if on_row and isinstance(event, RoundFinished):
+                on_row(event.row)
         if not site.superlink_alive():
             out.status = "superlink-died"
             break
@@ -182,12 +182,13 @@ def _run(site: Site, cfg: dict[str, Any], *, churn: str | None, churn_mode: str,
     site.cli.close()
     follow.poll()
     if driver is not None:
-        driver.done = True
+        driver.on_event(RunDone(time.monotonic()))
     out.wall = time.monotonic() - t0
     if not isinstance(driver, WallClockChurn):  # wall-clock churn follows time, not rounds
         expected = (schedule.matrix(num_rounds).astype(bool) if schedule is not None
                     else np.ones((num_rounds, site.num_nodes), dtype=bool))
+        rounds = driver if isinstance(driver, RoundChurn) else None
         out.report = participation_report(
-            expected, out.rows, explained=driver.explained() if driver is not None else {},
-            client_of_node=site.client_of_node(), diagnose=driver.diagnose if driver is not None else None)
+            expected, out.rows, explained=rounds.explained() if rounds is not None else {},
+            client_of_node=site.client_of_node(), diagnose=rounds.diagnose if rounds is not None else None)
     return out

@@ -3,7 +3,6 @@ it from a checkpoint. Pure functions of the run config (and of the files a run l
 
 from __future__ import annotations
 
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -12,6 +11,7 @@ from flwr.common.config import parse_config_args
 
 from availability import Schedule, schedule_for
 from runconfig import ConfigError, WorkloadConfig, from_run_config
+from runconfig.defaults import ROOT, default_run_config
 from server_app import checkpoint
 from server_app.config import RunConfig
 from server_app.experiment import run_folder
@@ -20,20 +20,12 @@ from workloads.workload import get_workload
 
 from .errors import DeployError
 
-ROOT = Path(__file__).resolve().parent.parent
-
 
 def parse_run_config(text: str | None) -> dict[str, Any]:
     """``"k=v k2='s'"`` (what ``flwr run --run-config`` takes) -> dict, with Flower's own parser."""
     if not text:
         return {}
     return dict(parse_config_args([text]))
-
-
-def default_run_config(project: str | Path = ROOT) -> dict[str, Any]:
-    """``[tool.flwr.app.config]`` of the project's pyproject.toml (what Flower starts from)."""
-    doc = tomllib.loads((Path(project) / "pyproject.toml").read_text())
-    return dict(doc["tool"]["flwr"]["app"]["config"])
 
 
 def build_run_config(num_nodes: int, user: Mapping[str, Any], *, grace: float = 0.0,

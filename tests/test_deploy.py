@@ -96,8 +96,9 @@ def test_the_run_completes_through_churn_a_crash_and_a_bad_reply(deployed):
     assert out.ok, f"status {out.status}; driver log: {deployed['log']}"
     assert [r["round"] for r in out.rows] == list(range(1, R + 1))
     # no run-name was given: one default name, and the driver followed the folder the server wrote
-    assert out.run_dir.name.startswith("deploy-") and out.driver.follow.run_dir == out.run_dir
-    assert out.driver.follow.rows == out.rows
+    # (it saw the server start and every round's line: it drove round R's start)
+    assert out.run_dir.name.startswith("deploy-") and out.driver.started_at is not None
+    assert out.driver.round == R and out.driver.done
     assert (out.run_dir / "final_model.pt").is_file()
     assert out.driver.crashed == {CRASH[0]: [CRASH[1]]}
 
@@ -334,6 +335,22 @@ def test_the_follower_of_a_resumed_run_waits_for_the_new_start_and_reads_only_ne
     assert follow.poll() == [{"round": 4}] and [r["round"] for r in follow.rows] == [3, 4]
 
 
+def test_the_follower_hands_out_the_start_then_each_round_then_a_tick(tmp_path):
+    import json
+
+    from deploy.follow import RoundFinished, RunFollower, RunStarted, Tick
+
+    follow = RunFollower(tmp_path)
+    assert [type(e) for e in follow.events()] == [Tick]  # nothing written yet: time passes
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"round": 1}) + "\n" + json.dumps({"round": 2}) + "\n")
+    events = list(follow.events())
+    assert [type(e) for e in events] == [RunStarted, RoundFinished, RoundFinished, Tick]
+    assert [e.round for e in events[1:3]] == [1, 2] and events[1].row == {"round": 1}
+    assert events[0].t <= events[1].t <= events[2].t <= events[3].t
+    assert [type(e) for e in follow.events()] == [Tick]  # the start and the rounds come once
+
+
 class FakeNodes:
     """In-memory :class:`deploy.nodes.Nodes`: a node registers as soon as it starts."""
 
@@ -390,25 +407,32 @@ def test_the_driver_follows_the_schedule_round_by_round_on_any_nodes(tmp_path):
 
     from availability import build_schedule
     from deploy.churn import RoundChurn
+    from deploy.follow import RunFollower
 
     nodes = FakeNodes(4)
     nodes.start_node(3)  # a node left running by a previous run: off in round 1, so stopped
     schedule = build_schedule("group-cyclic:groups=2,window=1", 4, 0)
     want = schedule.matrix(4).astype(bool)
-    driver = RoundChurn(nodes, schedule, 4, tmp_path, lookahead=False)
+    driver = RoundChurn(nodes, schedule, 4, lookahead=False)
+    follow = RunFollower(tmp_path)
+
+    def step():
+        for event in follow.events():
+            driver.on_event(event)
+
     driver.prepare()
     assert nodes.running_nodes() == set(np.flatnonzero(want[0]).tolist())
     (tmp_path / "config.json").write_text("{}")
-    driver.step()
+    step()
     for t in range(1, 4):
         with (tmp_path / "metrics.jsonl").open("a") as fh:
             fh.write(json.dumps({"round": t}) + "\n")
-        driver.step()
+        step()
         assert nodes.running_nodes() == set(np.flatnonzero(want[t]).tolist()), t
     assert not driver.late and not driver.done
     with (tmp_path / "metrics.jsonl").open("a") as fh:
         fh.write(json.dumps({"round": 4}) + "\n")
-    driver.step()
+    step()
     assert driver.done
 
 
@@ -419,6 +443,7 @@ def test_the_round_start_signal_waits_for_the_rounds_nodes_and_no_longer(tmp_pat
 
     from availability import build_schedule
     from deploy.churn import RoundChurn
+    from deploy.follow import RunFollower
 
     class Stuck(FakeNodes):  # node 3 starts but never registers
         def registered_id(self, i):
@@ -427,14 +452,20 @@ def test_the_round_start_signal_waits_for_the_rounds_nodes_and_no_longer(tmp_pat
     nodes = Stuck(4)
     schedule = build_schedule("group-cyclic:groups=2,window=1", 4, 0)  # {0, 1} then {2, 3}
     signal = tmp_path / "signal"
-    driver = RoundChurn(nodes, schedule, 2, tmp_path, grace=1.5, lookahead=False, signal_dir=signal)
+    driver = RoundChurn(nodes, schedule, 2, grace=1.5, lookahead=False, signal_dir=signal)
+    follow = RunFollower(tmp_path)
+
+    def step():
+        for event in follow.events():
+            driver.on_event(event)
+
     driver.prepare()
     (tmp_path / "config.json").write_text("{}")
-    driver.step()
+    step()
     assert (signal / "round-1").exists() and not driver.late  # everyone in: signalled without waiting
     with (tmp_path / "metrics.jsonl").open("a") as fh:
         fh.write(json.dumps({"round": 1}) + "\n")
-    driver.step()
+    step()
     assert (signal / "round-2").exists()  # signalled at the bound although node 3 never registered
     assert driver.late == {2: [3]} and nodes.running_nodes() == {2, 3}
 
@@ -448,7 +479,7 @@ def test_the_driver_tells_a_slow_node_from_one_that_went_down(tmp_path):
     nodes = FakeNodes(2)
     nodes.start_node(0)
     nodes.start_node(1)
-    driver = RoundChurn(nodes, build_schedule("always", 2, 0), 3, tmp_path)
+    driver = RoundChurn(nodes, build_schedule("always", 2, 0), 3)
     driver.up_at_start[2] = driver._up()
     nodes.stop_node(1)  # node 1 dies during round 2 without the driver stopping it
     driver.up_at_end[2] = driver._up()
