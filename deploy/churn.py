@@ -76,10 +76,14 @@ from typing import Any, Protocol
 import numpy as np
 
 from availability import Schedule, read_trace_intervals
+from availability.traces import TraceIntervals
 
 from .errors import DeployError
 from .follow import Event, RoundFinished, RunDone, RunStarted, Submitted, Tick
 from .nodes import MODES, Nodes
+
+#: a crash on purpose: (client, seconds after the round's start[, "kill" (default) | "term"])
+Crash = tuple[int, float] | tuple[int, float, str]
 
 
 class ChurnDriver(Protocol):
@@ -113,7 +117,7 @@ class RoundChurn:
         lookahead: bool = True,
         margin: float = 1.0,
         signal_dir: str | Path | None = None,
-        crashes: Mapping[int, list[tuple[int, float]]] | None = None,
+        crashes: Mapping[int, list[Crash]] | None = None,
         log: Callable[[str], None] | None = None,
         start_round: int = 1,
     ) -> None:
@@ -270,10 +274,11 @@ class RoundChurn:
         if self.signal_dir is not None:
             (self.signal_dir / f"round-{r}").touch()
             at = time.monotonic() - self.grace  # the round starts now: timers below count from here
-        for client, after, *how in self.crashes.get(r, []):
+        for crash in self.crashes.get(r, []):
+            client, after = crash[0], crash[1]
+            how = crash[2] if len(crash) > 2 else "kill"
             if client in want:
-                self.timers.append((at + self.grace + after, "crash" if not how or how[0] == "kill" else "term",
-                                    r, client))
+                self.timers.append((at + self.grace + after, "crash" if how == "kill" else "term", r, client))
         if self.lookahead and r < self.num_rounds:
             when = at + self.grace + self.margin
             for i in sorted(self.on(r + 1) - want):
@@ -295,7 +300,7 @@ class WallClockChurn:
                  speedup: float = 1.0, log: Callable[[str], None] | None = None) -> None:
         if mode not in MODES:
             raise ValueError(f"churn mode must be one of {MODES}, not {mode!r}")
-        if schedule.name != "trace-intervals":
+        if not isinstance(schedule, TraceIntervals):
             raise DeployError(f"wall-clock churn needs a trace-intervals schedule, not {schedule.name!r}")
         if speedup <= 0:
             raise ValueError("speedup must be > 0")
@@ -334,10 +339,9 @@ class WallClockChurn:
         elif isinstance(event, RunDone):
             self.done = True
         elif isinstance(event, Tick) and self.t0 is not None and not self.done:
-            self._follow_trace(event.t)
+            self._follow_trace((event.t - self.t0) * self.speedup)
 
-    def _follow_trace(self, now: float) -> None:
-        elapsed = (now - self.t0) * self.speedup
+    def _follow_trace(self, elapsed: float) -> None:
         want = self.on_at(elapsed)
         running = self.nodes.running_nodes()
         for i in sorted(running - want):

@@ -74,7 +74,7 @@ def launch_main(args: argparse.Namespace) -> int:
         code = 0 if out.ok else 1
         if not out.completed:
             console.print(f"[red]run did not complete[/]; see the logs in {dep.logs} (--keep-workdir keeps them)")
-        elif not out.ok:
+        elif not out.ok and out.report is not None:
             console.print(f"[red]participation departs from the schedule beyond the timing slack:[/] "
                           f"{escape(out.report.failure_text())}", soft_wrap=True)
     except DeployError as err:

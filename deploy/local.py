@@ -218,10 +218,11 @@ class ProcessSite:
         deadline = time.monotonic() + timeout
         while (nid := self.registered_id(i)) is None:
             node = self.nodes[i]
+            log = node.proc.log if node.proc is not None else self.logs
             if not node.running:
-                raise DeployError(f"SuperNode {i} exited before registering; see {node.proc.log}")
+                raise DeployError(f"SuperNode {i} exited before registering; see {log}")
             if time.monotonic() > deadline:
-                raise DeployError(f"SuperNode {i} did not register within {timeout:.0f} s; see {node.proc.log}")
+                raise DeployError(f"SuperNode {i} did not register within {timeout:.0f} s; see {log}")
             time.sleep(0.1)
         return nid
 
@@ -253,11 +254,11 @@ class ProcessSite:
     def signal_node(self, i: int, sig: int = signal.SIGTERM) -> None:
         """Send ``sig`` to SuperNode ``i`` and return at once (:meth:`stop_node` then finishes it):
         lets several nodes shut down at the same time."""
-        node = self.nodes[i]
-        if node.running:
+        proc = self.nodes[i].proc
+        if proc is not None and proc.alive:
             self.registered_id(i)  # remember its id before it goes
-            node.proc.popen.send_signal(sig)
-            node.proc.term_sent |= sig == signal.SIGTERM
+            proc.popen.send_signal(sig)
+            proc.term_sent |= sig == signal.SIGTERM
 
     def running_nodes(self) -> set[int]:
         return {i for i, n in self.nodes.items() if n.running}

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .churn import ChurnDriver, RoundChurn, WallClockChurn
+from .churn import ChurnDriver, Crash, RoundChurn, WallClockChurn
 from .errors import DeployError
 from .flwr_cli import COMPLETED, FINISHED
 from .follow import RoundFinished, RunDone, RunFollower, Submitted
@@ -78,7 +78,7 @@ def run_deployment(
     churn_mode: str = "term",
     grace: float | None = None,
     lookahead: bool = True,
-    crashes: Mapping[int, list[tuple[int, float]]] | None = None,
+    crashes: Mapping[int, list[Crash]] | None = None,
     speedup: float = 1.0,
     timeout: float = 1800.0,
     on_row: Callable[[dict[str, Any]], None] | None = None,
@@ -118,7 +118,7 @@ def run_deployment(
 
 
 def _run(site: Site, cfg: dict[str, Any], *, churn: str | None, churn_mode: str, g: float, lookahead: bool,
-         crashes: Mapping[int, list[tuple[int, float]]] | None, speedup: float, timeout: float,
+         crashes: Mapping[int, list[Crash]] | None, speedup: float, timeout: float,
          on_row: Callable[[dict[str, Any]], None] | None, status_every: float,
          signal_dir: Path | None) -> Outcome:
     check_run_config(cfg)  # every key checked before any process trains
@@ -148,9 +148,12 @@ def _run(site: Site, cfg: dict[str, Any], *, churn: str | None, churn_mode: str,
             site.start_node(i)
         for i in range(site.num_nodes):
             site.wait_registered(i)
+    cli = site.cli
+    if cli is None:
+        raise DeployError("the site has no flwr CLI: its SuperLink did not start")
     follow = RunFollower(run_dir)  # the one follower: the driver gets its events, on_row its rows
     t0 = time.monotonic()
-    run_id = site.cli.submit(site.project, cfg)
+    run_id = cli.submit(site.project, cfg)
     if driver is not None:
         driver.on_event(Submitted(t0))
     out = Outcome("", run_id, run_dir, follow.rows, cfg, driver, submitted_at=t0)
@@ -166,7 +169,7 @@ def _run(site: Site, cfg: dict[str, Any], *, churn: str | None, churn_mode: str,
             break
         now = time.monotonic()
         if now >= next_status:
-            status = site.cli.poll_status(run_id)
+            status = cli.poll_status(run_id)
             if status is not None:  # an answer came: ask again later
                 site.housekeeping()
                 out.status = status
@@ -175,11 +178,11 @@ def _run(site: Site, cfg: dict[str, Any], *, churn: str | None, churn_mode: str,
                 done = bool(out.rows) and out.rows[-1]["round"] >= num_rounds
                 next_status = now + (1.0 if done else status_every)
         if now - t0 > timeout:
-            site.cli.close()
-            site.cli.stop(run_id)
+            cli.close()
+            cli.stop(run_id)
             raise DeployError(f"run {run_id} not finished after {timeout:.0f} s (stopped)")
         time.sleep(0.1)
-    site.cli.close()
+    cli.close()
     follow.poll()
     if driver is not None:
         driver.on_event(RunDone(time.monotonic()))

@@ -95,7 +95,7 @@ def run_supernode(argv: list[str]) -> None:
     from flwr.supernode import start_client_internal as pull_loop
     from flwr.supernode.cli import flower_supernode
 
-    pull_loop.time = _CappedSleep(IDLE_SLEEP)  # the loop calls time.sleep(3) / time.sleep(0.5)
+    pull_loop.time = _CappedSleep(IDLE_SLEEP)  # type: ignore[assignment]  # the loop calls time.sleep(3) / (0.5)
     sys.argv = ["flower-supernode", *argv]
     flower_supernode()
 
