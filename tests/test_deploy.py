@@ -470,6 +470,33 @@ def test_the_round_start_signal_waits_for_the_rounds_nodes_and_no_longer(tmp_pat
     assert driver.late == {2: [3]} and nodes.running_nodes() == {2, 3}
 
 
+def test_the_wall_clock_driver_counts_from_the_submission_and_acts_on_ticks(tmp_path):
+    """WallClockChurn over FakeNodes: ticks before ``Submitted`` and after ``RunDone`` do nothing;
+    in between each tick puts the nodes where the trace has them at (t - t0) x speedup."""
+    import json
+
+    from availability import build_schedule
+    from deploy.churn import WallClockChurn
+    from deploy.follow import RunDone, Submitted, Tick
+
+    trace = tmp_path / "trace.json"
+    trace.write_text(json.dumps({"period": 100, "clients": {"0": [[0, 50]], "1": [[50, 100]]}}))
+    nodes = FakeNodes(2)
+    driver = WallClockChurn(nodes, build_schedule(f"trace-intervals:path={trace}", 2, 0), speedup=2.0)
+    driver.prepare()
+    assert nodes.running_nodes() == {0}
+    driver.on_event(Tick(1000.0))  # not submitted yet: the clock has not started
+    assert nodes.running_nodes() == {0}
+    driver.on_event(Submitted(1000.0))
+    driver.on_event(Tick(1030.0))  # 60 trace seconds in: client 1's interval
+    assert nodes.running_nodes() == {1}
+    driver.on_event(Tick(1055.0))  # 110 = 10 mod 100: client 0 again
+    assert nodes.running_nodes() == {0}
+    driver.on_event(RunDone(1056.0))
+    driver.on_event(Tick(1030.0))
+    assert nodes.running_nodes() == {0} and [e["action"] for e in driver.events] == ["stop", "start"] * 2
+
+
 def test_the_driver_tells_a_slow_node_from_one_that_went_down(tmp_path):
     """What RoundChurn saw of a miss it did not cause: the same incarnation up at the round's
     start and end (a reply slower than round-timeout), or not (the node went down by itself)."""
