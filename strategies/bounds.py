@@ -61,6 +61,10 @@ class RatioBound:
     def commit(self, values: list[float]) -> None:
         self.history.extend(values)
 
+    def restored(self, history: list[float]) -> RatioBound:
+        """This bound with ``history`` (a checkpoint's) as its recent values."""
+        return RatioBound(self.ratio, deque(history, maxlen=HISTORY))
+
 
 @dataclass
 class NormBounds:

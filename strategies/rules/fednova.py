@@ -19,17 +19,17 @@ normalised update above (v starts at 0, so the first step is u).
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
-from .base import AvailabilityStrategy, ClientReport, ReplyRejected
-from .bounds import HISTORY, MAX_STEPS_RATIO, RatioBound
-from .protocol import A_NORM, NUM_EXAMPLES, NUM_STEPS
-from .state import capture, restore
-from .weighting import weighted_sum
+from ..base import AvailabilityStrategy, ClientReport, ReplyRejected
+from ..bounds import MAX_STEPS_RATIO, RatioBound
+from ..protocol import A_NORM, NUM_EXAMPLES, NUM_STEPS
+from ..state import kept_as
+from ..weighting import weighted_sum
 
 NEEDS_A_NORM = (
     "FedNova needs the 'a-norm' metric (‖a_i‖_1 of the local solver: the number of local steps "
@@ -48,8 +48,10 @@ class FedNovaState:
     recent accepted τ_i and ‖a_i‖_1 (the references of ``max_steps_ratio``)."""
 
     buffer: np.ndarray | None = None
-    steps_history: list[float] = field(default_factory=list)
-    a_norm_history: list[float] = field(default_factory=list)
+    steps_bound: list[float] = field(default_factory=list, metadata=kept_as(
+        lambda bound: list(bound.history), lambda saved, rule: rule.steps_bound.restored(saved)))
+    a_norm_bound: list[float] = field(default_factory=list, metadata=kept_as(
+        lambda bound: list(bound.history), lambda saved, rule: rule.a_norm_bound.restored(saved)))
 
 
 class FedNova(AvailabilityStrategy):
@@ -104,12 +106,15 @@ class FedNova(AvailabilityStrategy):
         """τ_i and ‖a_i‖_1 within ``max_steps_ratio`` × the lower median of recent accepted ones
         (and this round's), so that no client inflates τ_eff (which scales every client's
         normalised update) by more than that factor; then the base's norm bounds."""
-        for name, bound, value_of in (("num-steps", self.steps_bound, lambda r: r.num_steps),
-                                      ("a-norm", self.a_norm_bound, lambda r: r.a_norm)):
-            limit = bound.limit([float(value_of(r)) for r in reports])
-            for r in [r for r in reports if value_of(r) > limit]:
-                self.reject(r.node_id, f"metric '{name}'={value_of(r):.3g} > max-steps-ratio "
-                                       f"{bound.ratio:g} x the median of recent ones {limit / bound.ratio:.3g}")
+        checks: tuple[tuple[str, RatioBound, Callable[[ClientReport], float]], ...] = (
+            ("num-steps", self.steps_bound, lambda r: float(r.num_steps or 0)),
+            ("a-norm", self.a_norm_bound, lambda r: float(r.a_norm or 0.0)))
+        for name, bound, value_of in checks:
+            limit = bound.limit([value_of(r) for r in reports])
+            for r in reports:
+                if value_of(r) > limit:
+                    self.reject(r.node_id, f"metric '{name}'={value_of(r):.3g} > max-steps-ratio "
+                                           f"{bound.ratio:g} x the median of recent ones {limit / bound.ratio:.3g}")
             reports = [r for r in reports if value_of(r) <= limit]
         return super().check_norms(reports)
 
@@ -126,17 +131,8 @@ class FedNova(AvailabilityStrategy):
         p = self.weights(reports)
         a = np.array([r.a_norm for r in reports], np.float64)
         tau_eff = float(p @ a)
-        u = tau_eff * weighted_sum(p / a, (r.delta for r in reports))
+        u = cast(np.ndarray, tau_eff * weighted_sum(p / a, (r.delta for r in reports)))
         if self.server_momentum > 0:
             self.buffer = u if self.buffer is None else self.server_momentum * self.buffer + u
             u = self.buffer
         return x + self.server_lr * u, {"tau-eff": tau_eff}
-
-    def get_state(self) -> FedNovaState:
-        return capture(self, self.State, steps_history=list(self.steps_bound.history),
-                       a_norm_history=list(self.a_norm_bound.history))
-
-    def set_state(self, state: FedNovaState) -> None:
-        restore(self, state, skip=("steps_history", "a_norm_history"))
-        self.steps_bound.history = deque(state.steps_history, maxlen=HISTORY)
-        self.a_norm_bound.history = deque(state.a_norm_history, maxlen=HISTORY)
