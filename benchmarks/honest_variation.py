@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from experiments.inprocess import run_inprocess
-from strategies import bounds as bounds_module
+from strategies import STRATEGIES, bounds as bounds_module
 
 DIGITS = {"dataset": "digits", "model": "mlp", "num-clients": 20, "batch-size": 32, "lr": 0.05}
 SYNTHETIC = {"dataset": "synthetic", "model": "logreg", "num-clients": 16, "partition": "natural",
@@ -186,6 +186,9 @@ def report(rows: list[dict[str, Any]]) -> None:
         qs = "".join(f"{np.percentile(values, q):9.3g}" for q in QUANTILES)
         rates = "".join(f"{np.mean(values > b):8.2%}" for b in BOUNDS)
         print(f"{key:34s}{values.size:6d}{qs}   {'':30s}{rates}")
+    print(f"\nat the defaults ({defaults_line()}):")
+    for label, over in at_defaults(rows).items():
+        print(f"  {label:50s} {over[0]:5d} of {over[1]} honest replies ({over[0] / max(over[1], 1):.3%})")
     first = np.array([r["norm/model"] for r in rows if r["round"] == 1 and math.isfinite(r["norm/model"])])
     if first.size:
         print(f"{'norm/model, round 1 only':34s}{first.size:6d}"
@@ -198,6 +201,30 @@ def report(rows: list[dict[str, Any]]) -> None:
         print(f"  {workload:28s} {rule:26s} round {top(group, 'norm/round-median')}  reference "
               f"{top(group, 'norm/reference')}  model {top(group, 'norm/model')}  num-steps "
               f"{top(group, 'num-steps/round-median')}  examples {top(group, 'num-examples/round-median')}")
+
+
+def defaults_line() -> str:
+    return (f"max-norm-ratio {bounds_module.MAX_NORM_RATIO:g} (FedAWE {STRATEGIES['fedawe'].default_norm_ratio:g}), "
+            f"max-steps-ratio {bounds_module.MAX_STEPS_RATIO:g}, max-examples-ratio "
+            f"{bounds_module.MAX_EXAMPLES_RATIO:g}")
+
+
+def at_defaults(rows: list[dict[str, Any]]) -> dict[str, tuple[int, int]]:
+    """(replies beyond, replies) for each default bound: the honest false-rejection (or cut) rate."""
+    def beyond(key: str, limit) -> tuple[int, int]:
+        values = [(r, r[key]) for r in rows if key in r and math.isfinite(r[key])]
+        return sum(v > limit(r) for r, v in values), len(values)
+
+    def ratio(r: dict[str, Any]) -> float:
+        return float(STRATEGIES[r["rule"].split(":")[0]].default_norm_ratio)
+
+    return {
+        "rejected by max-norm-ratio (norm/reference)": beyond("norm/reference", ratio),
+        "rejected by max-steps-ratio (FedNova num-steps)": beyond(
+            "num-steps/round-median", lambda r: bounds_module.MAX_STEPS_RATIO if r["rule"].startswith("fednova") else math.inf),
+        "num-examples cut by max-examples-ratio": beyond("num-examples/round-median",
+                                                          lambda r: bounds_module.MAX_EXAMPLES_RATIO),
+    }
 
 
 def top(group: list[dict[str, Any]], key: str) -> str:
