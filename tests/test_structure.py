@@ -14,8 +14,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 LIMIT = 400
 #: package -> what of the project's other packages it may import: a package, or one module of it
-#: (``availability.spec``: that module only). A row for a sub-package (``deploy.edge``) would govern
-#: its modules instead of its parent's row. Imports inside one top-level package are free (the
+#: (``availability.spec``: that module only). A row for a sub-package (``deploy.edge``) governs its
+#: modules instead of its parent's row. Imports inside one top-level package are free (the
 #: circle test guards them). The README's block "Arrows" prints this table (``arrows_block``).
 ARROWS: dict[str, frozenset[str]] = {
     "runconfig": frozenset(),
@@ -25,6 +25,7 @@ ARROWS: dict[str, frozenset[str]] = {
     "client_app": frozenset({"runconfig", "availability", "workloads", "strategies.protocol"}),
     "server_app": frozenset({"runconfig", "availability", "workloads", "strategies"}),
     "deploy": frozenset({"runconfig", "availability", "workloads", "client_app", "server_app"}),
+    "deploy.edge": frozenset({"runconfig", "workloads"}),
     "experiments": frozenset({"runconfig", "availability", "workloads", "strategies", "client_app",
                               "server_app", "deploy"}),
 }
