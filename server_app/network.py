@@ -17,6 +17,7 @@ import logging
 import os
 import time
 from collections.abc import Iterable, Mapping
+from typing import cast
 
 from flwr.app import Message, MessageType, RecordDict
 from flwr.serverapp import Grid
@@ -201,7 +202,7 @@ class AvailabilityGrid(DelegatingGrid):
             elif config.get(IGNORE_AVAILABILITY, False):
                 keep.append(m)  # an oracle round (e.g. FL-FDMS's round 0, the Full baseline)
             else:
-                t = int(config[SERVER_ROUND]) - 1  # type: ignore[arg-type]
+                t = int(cast(int, config[SERVER_ROUND])) - 1
                 if t not in online:
                     online[t] = self.schedule.available(t)
                 if not 0 <= client < len(online[t]):
