@@ -7,8 +7,11 @@ run's nodes (or the rule reported a problem); a junk-only minority is quarantine
 
 import logging
 
+import numpy as np
 import pytest
+from replies import build_rule, rule_reply, start_round
 
+from strategies import STRATEGIES
 from strategies.failures import FailurePolicy, StrategyFailure
 
 JUNK = "array 'w' cannot be decoded"
@@ -72,3 +75,51 @@ def test_silent_rounds_are_not_failures_and_zero_never_fails():
         policy.end_round(rnd, received=0, accepted=0, rejected=[], problems=[], nodes=range(20))
     assert policy.failed_rounds == []
     play(FailurePolicy("fedavg-active", 0), range(1, 10), nodes=[0])  # 0: never stops
+
+
+# ------------------------------------------------------------- through every rule's aggregate_train
+RULES = sorted(STRATEGIES)
+
+
+def junk(name, sent, x, client):
+    return rule_reply(name, sent, x, client, arrays={"w": np.array(["junk"] * 3)})
+
+
+@pytest.mark.parametrize("name", RULES)
+def test_one_node_sending_junk_while_the_others_are_offline_does_not_end_the_run(name):
+    s = build_rule(name, n=4)  # max_failed_rounds = 3, the default
+    x = np.array([1.0, -1.0, 2.0], np.float32)
+    sent = start_round(s, 1, x, [100, 101, 102, 103])
+    s.aggregate_train(1, [rule_reply(name, sent[100 + c], x + 0.1, c) for c in range(4) if 100 + c in sent])
+    for rnd in range(2, 8):  # only node 103 replies, with junk, for 6 rounds
+        sent = start_round(s, rnd, x, [100, 101, 102, 103])
+        s.aggregate_train(rnd, [junk(name, sent[103], x, 3)] if 103 in sent else [])
+    assert s.failures.quarantined <= {103}
+
+
+@pytest.mark.parametrize("name", ["fedavg-active", "mifa", "fednova", "fedawe"])
+def test_every_node_sending_junk_still_ends_the_run(name):
+    s = build_rule(name, n=4)
+    x = np.array([1.0, -1.0, 2.0], np.float32)
+    with pytest.raises(StrategyFailure, match="could use no reply in 3 rounds"):
+        for rnd in range(1, 5):
+            sent = start_round(s, rnd, x, [100, 101, 102, 103])
+            s.aggregate_train(rnd, [junk(name, sent[100 + c], x, c) for c in range(4)])
+
+
+@pytest.mark.parametrize("name", ["fedavg-active", "mifa", "fedau", "stale", "fedawe", "fednova"])
+def test_sybils_that_take_every_id_in_round_one_then_go_silent_do_not_end_the_run(name):
+    """Issue 27: nodes 50-53 claim clients 0-3 first (the lower node id wins), then stay connected
+    and silent; the real nodes 100-103 are rejected (the log says who holds their ids) but the
+    sybils are no majority of the run's nodes, so the run goes on."""
+    s = build_rule(name, n=4)
+    x = np.array([1.0, -1.0, 2.0], np.float32)
+    nodes = [50, 51, 52, 53, 100, 101, 102, 103]
+    sent = start_round(s, 1, x, nodes)
+    s.aggregate_train(1, [rule_reply(name, sent[n], x + 0.1, n % 50 if n < 100 else n - 100) for n in nodes])
+    assert sorted(s.node_of_client.values()) == [50, 51, 52, 53]
+    for rnd in range(2, 7):
+        sent = start_round(s, rnd, x, nodes)
+        s.aggregate_train(rnd, [rule_reply(name, sent[100 + c], x + 0.1, c) for c in range(4)])
+        assert all("belongs to node 5" in why for _, why in s.round_log.rejected)
+    assert s.failures.quarantined == {100, 101, 102, 103}
