@@ -37,6 +37,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context
 
 from strategies.protocol import (
+    FEDAWE_ECHO as ECHO,
     FEDAWE_ECHO_FACTOR as ECHO_FACTOR,
     FEDAWE_RULE as RULE,
     FEDAWE_RUN_KEY as RUN_KEY,
@@ -70,10 +71,11 @@ def state_dir(context: Context) -> Path | None:
     return Path(str(value)).expanduser() if value else None
 
 
-def run_key(context: Context, config: Any) -> str:
-    key = str(config.get(RUN_KEY, "") or f"run{context.run_id}")
+def run_key(context: Context, config: Any, name: str = RUN_KEY) -> str:
+    """The run key (config ``name``, else ``run<run id>``) naming a run's client-held state."""
+    key = str(config.get(name, "") or f"run{context.run_id}")
     if not RUN_KEY_PATTERN.fullmatch(key):
-        raise FedAWEStateError(f"bad FedAWE run key {key!r} (letters, digits, '-', '_' only)")
+        raise FedAWEStateError(f"bad run key {key!r} (letters, digits, '-', '_' only)")
     return key
 
 
@@ -82,25 +84,30 @@ def _clone(sd: StateDict) -> StateDict:
 
 
 class StateStore:
-    """One client's FedAWE state for one run: ``context.state``, plus a file with a state dir."""
+    """One client's state of one client rule for one run: ``context.state``, plus a file with a
+    state dir. ``rule`` names the records and the file (FedAWE's by default; SCAFFOLD keeps its
+    control variate the same way, ``client_app.scaffold``), ``key_name`` the run key's config key."""
 
-    def __init__(self, context: Context, client: int, config: Any) -> None:
+    def __init__(self, context: Context, client: int, config: Any, rule: str = RULE,
+                 key_name: str = RUN_KEY) -> None:
         self.context = context
         self.client = client
-        self.key = run_key(context, config)
+        self.rule = rule
+        self.key = run_key(context, config, key_name)
+        self.copy_record, self.meta_record = f"{rule}.copy", f"{rule}.meta"
         root = state_dir(context)
-        self.path = None if root is None else root / f"client-{client}" / f"fedawe-{self.key}.pt"
+        self.path = None if root is None else root / f"client-{client}" / f"{rule}-{self.key}.pt"
 
     def load(self) -> ClientState | None:
         cached = self.context.state
-        meta = cached[META_RECORD] if META_RECORD in cached else None
-        if meta is not None and meta.get("key") == self.key and COPY_RECORD in cached:
-            return ClientState(cached[COPY_RECORD].to_torch_state_dict(), int(meta["tau"]))
+        meta = cached[self.meta_record] if self.meta_record in cached else None
+        if meta is not None and meta.get("key") == self.key and self.copy_record in cached:
+            return ClientState(cached[self.copy_record].to_torch_state_dict(), int(meta["tau"]))
         if self.path is None or not self.path.is_file():
             return None
         saved = torch.load(self.path, map_location="cpu", weights_only=True)
         if saved.get("format") != FILE_FORMAT or saved.get("client") != self.client or saved.get("key") != self.key:
-            raise FedAWEStateError(f"{self.path} is not client {self.client}'s FedAWE state for run {self.key}")
+            raise FedAWEStateError(f"{self.path} is not client {self.client}'s {self.rule} state for run {self.key}")
         state = ClientState(dict(saved["copy"]), int(saved["tau"]))
         self._cache(state)
         return state
@@ -124,8 +131,8 @@ class StateStore:
             raise
 
     def _cache(self, state: ClientState) -> None:
-        self.context.state[COPY_RECORD] = ArrayRecord(state.copy)
-        self.context.state[META_RECORD] = ConfigRecord({"tau": state.tau, "key": self.key})
+        self.context.state[self.copy_record] = ArrayRecord(state.copy)
+        self.context.state[self.meta_record] = ConfigRecord({"tau": state.tau, "key": self.key})
 
 
 def echo(start: StateDict, trained: StateDict, factor: float) -> StateDict:
@@ -172,7 +179,7 @@ class FedAWERule:
         state = store.load()
         if state is None or t <= state.tau:
             raise FedAWEStateError(f"client {client}: reply for round {t} without a matching start")
-        factor = t - state.tau
+        factor = t - state.tau if config.get(ECHO, True) else 1  # FedPBC: no echo
         eta_g = float(config.get(SERVER_LR, 1.0))
         out = echo(start, trained, eta_g * factor)
         out[ECHO_FACTOR] = torch.tensor([float(factor)], dtype=torch.float64)

@@ -47,3 +47,8 @@ def client_rule(name: str) -> ClientRule:
 from .fedawe import FedAWERule  # noqa: E402
 
 CLIENT_RULES[FedAWERule.name] = FedAWERule()  # type: ignore[assignment]
+
+from .scaffold import AmplifiedScaffoldRule, ScaffoldRule  # noqa: E402
+
+CLIENT_RULES[ScaffoldRule.name] = ScaffoldRule()  # type: ignore[assignment]
+CLIENT_RULES[AmplifiedScaffoldRule.name] = AmplifiedScaffoldRule()  # type: ignore[assignment]
