@@ -11,8 +11,8 @@ echo, FedNova's a-norm), and replaces only the local training in between by
 :class:`~experiments.inprocess.InProcessGrid`. Replies come back in the messages' order, so the
 strategy, the schedule, the checkpoints and the results folder cannot tell the engines apart.
 
-A workload the cohort engine cannot batch (see :func:`workloads.cohort.cohort_unsupported`) runs
-per client; the reason is logged once and recorded in ``config.json`` (``engine-used``,
+A workload the cohort engine cannot batch (see :func:`workloads.cohort.cohort_unsupported`), and a
+rule whose client corrects every local step (SCAFFOLD, Amplified SCAFFOLD), runs per client; the reason is logged once and recorded in ``config.json`` (``engine-used``,
 ``engine-reason``).
 """
 
@@ -27,6 +27,7 @@ from flwr.app import Message, MessageType
 from client_app.app import TrainStart, train_reply, train_start
 from runconfig import WorkloadConfig, from_run_config
 from server_app.config import ENGINES
+from strategies.protocol import CORRECTED_RULES
 from workloads.cohort import CohortTrainer
 from workloads.workload import Workload, get_workload
 
@@ -69,6 +70,10 @@ class CohortGrid(InProcessGrid):
             used, why = (("cohort", "") if self.requested == "cohort" else auto_engine(wl))
             if used == "cohort" and self.app is not default_client_app:
                 used, why = "per-client", "a ClientApp other than client_app.app: its own train handler must run"
+            rule = str(self.run_config.get("strategy", "")).split(":", 1)[0]
+            if used == "cohort" and rule in CORRECTED_RULES:
+                used, why = "per-client", (f"strategy '{rule}' corrects every local step with the client's "
+                                           "control variate, which the vmapped solver does not apply")
             if used == "cohort":
                 try:
                     self._trainer = CohortTrainer(wl)
