@@ -198,3 +198,23 @@ def test_a_reply_without_the_control_variate_update_is_rejected_with_the_reason(
                                  "metrics": MetricRecord({"num-examples": 1})}), reply_to=m) for m in sent]
     strategy.aggregate_train(1, plain)
     assert strategy.round_log.rejected and all(SCAFFOLD_DC_PREFIX in why for _, why in strategy.round_log.rejected)
+
+
+# ------------------------------------------------------------- hostile replies, every kind
+NEW_SPECS = ["scaffold", "amplified-scaffold:period=2", "fedpbc", "fedstale", "debiased-fedavg"]
+
+
+@pytest.mark.parametrize("spec", NEW_SPECS)
+def test_every_hostile_kind_is_rejected_and_leaves_the_honest_run_unchanged(spec):
+    """Each kind of the hostile-reply property test (tests/test_hostile_property.py), drawn there
+    at random, here once each for the new rules (Δc_i's own kinds included)."""
+    from test_hostile_property import HONEST, kinds_for, run
+
+    rng = np.random.default_rng(0)
+    honest = [rng.uniform(-1, 1, (len(HONEST), 3)).astype(np.float32) for _ in range(3)]
+    want, _, _ = run(spec, honest, [[None, None]] * 3)
+    for kind in kinds_for(spec):
+        got, rejected, _ = run(spec, honest, [[kind, None], [None, kind], [kind, kind]])
+        assert [set(r) for r in rejected] == [{103}, {104}, {103, 104}], (kind, rejected)
+        for a, b in zip(got, want, strict=True):
+            np.testing.assert_array_equal(a, b)
