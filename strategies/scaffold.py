@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 import secrets
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType
@@ -97,7 +97,7 @@ class Scaffold(AvailabilityStrategy):
     """
 
     name = "scaffold"
-    State: Any = ScaffoldState
+    State: ClassVar[type] = ScaffoldState
     needs_num_clients = True  # c ← c + (1/N) Σ Δc_i
     client_rule = SCAFFOLD_RULE
 
@@ -123,7 +123,7 @@ class Scaffold(AvailabilityStrategy):
         record = {k: arrays[k] for k in arrays.keys()}
         record |= {SCAFFOLD_C_PREFIX + k: Array(c_arrays[k].numpy())
                    for k, floating in zip(self.layout.keys, self.layout.floating, strict=True) if floating}
-        content = self.keys.content(ArrayRecord(record), sent[0].content[self.keys.configrecord_key])
+        content = self.keys.content(ArrayRecord(record), sent[0].content.config_records[self.keys.configrecord_key])
         self._sent = [Message(content, dst_node_id=m.metadata.dst_node_id, message_type=MessageType.TRAIN)
                       for m in sent]
         return self._sent
