@@ -66,7 +66,10 @@ STUDIES: dict[str, Study] = {
               "beta=0.5": {"strategy": "fedstale:beta=0.5"},
               "beta=1 (fedvarp)": {"strategy": "fedstale:beta=1"}},
         columns={"dirichlet 0.1": {"partition": "client-dirichlet:alpha=0.1"},
-                 "dirichlet 1.0": {"partition": "client-dirichlet:alpha=1.0"}},
+                 "dirichlet 1.0": {"partition": "client-dirichlet:alpha=1.0"},
+                 # rarer participation (p_i in [0.1, 1], mostly low), where stale updates matter more
+                 "dirichlet 0.1, p low": {"partition": "client-dirichlet:alpha=0.1",
+                                          "availability": "fedau-bernoulli:pbar=0.2,pmin=0.1"}},
         claim="β = 0.5 ahead of both β = 0 (FedAvg) and β = 1 (FedVARP)",
         better="beta=0.5", than=("beta=0 (fedavg)", "beta=1 (fedvarp)")),
     # Xiang et al. (arXiv 2306.00280): FedPBC ahead of FedAvg (active) under non-stationary availability.

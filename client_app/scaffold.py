@@ -194,7 +194,6 @@ class ScaffoldRule:
         return out
 
 
-
 class AmplifiedScaffoldRule(ScaffoldRule):
     """Client rule ``amplified-scaffold``: c_i is the mean raw gradient of a finished period."""
 
