@@ -151,8 +151,10 @@ def local_training(ts: TrainStart) -> tuple[dict[str, Any], LocalResult]:
 
     model = ts.workload.scratch_model(ts.start)
     correction = correct_gradients(model, ts.context)  # SCAFFOLD's drift correction (else None)
+    rounds = ts.rule.rounds(ts.context, ts.client, ts.rnd, ts.config) if hasattr(ts.rule, "rounds") else [ts.rnd]
     try:
-        result = ts.workload.train_client(model, ts.client, ts.rnd)
+        for rnd in rounds:  # FedPBC's catch-up: the missed rounds' steps first, then this round's
+            result = ts.workload.train_client(model, ts.client, rnd)
     finally:
         if correction is not None:
             correction.detach()  # the scratch model serves the next message too

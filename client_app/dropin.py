@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from flwr.app import ArrayRecord, Context, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
 from flwr.clientapp.typing import ClientAppCallable
 
 from strategies.protocol import ADOPT, CLIENT_ID, CLIENT_RULE, PLAIN_RULE, SERVER_ROUND
@@ -57,6 +57,10 @@ def _config(msg: Message) -> Any:
     if len(records) > 1:
         raise ValueError(f"client_rule_mod: expected one ConfigRecord in the message, got {list(records)}")
     return next(iter(records.values()), {})
+
+
+def _config_key(msg: Message) -> str:
+    return next(iter(msg.content.config_records), "config")
 
 
 def _single_arrays(msg: Message, what: str) -> tuple[str, ArrayRecord]:
@@ -99,12 +103,21 @@ def client_rule_mod(msg: Message, context: Context, call_next: ClientAppCallable
     key, received = _single_arrays(msg, "train message")
     start = rule.start(received.to_torch_state_dict(), context, client, t, config)
     # a new RecordDict: the received one may be shared with other nodes' messages (in-process grids)
-    msg.content = RecordDict({**dict(msg.content.items()), key: ArrayRecord(start)})
+    rounds = rule.rounds(context, client, t, config) if hasattr(rule, "rounds") else [t]
+    original, first = dict(msg.content.items()), start
+    for missed in rounds[:-1]:  # FedPBC's catch-up: the train function runs each missed round first
+        earlier = ConfigRecord({**dict(config), SERVER_ROUND: missed + 1})
+        msg.content = RecordDict({**original, key: ArrayRecord(start), _config_key(msg): earlier})
+        done = call_next(msg, context)
+        if done.has_error():
+            return done
+        start = _single_arrays(done, "train reply")[1].to_torch_state_dict()
+    msg.content = RecordDict({**original, key: ArrayRecord(start)})
     reply = call_next(msg, context)
     if reply.has_error():
         return reply
     reply_key, trained = _single_arrays(reply, "train reply")
-    reply.content[reply_key] = ArrayRecord(rule.reply(start, trained.to_torch_state_dict(), context, client,
+    reply.content[reply_key] = ArrayRecord(rule.reply(first, trained.to_torch_state_dict(), context, client,
                                                       t, config))
     _add_client_id(reply, context)
     return reply

@@ -45,6 +45,7 @@ from strategies.protocol import (
     FEDAWE_SEND_UPDATE as SEND_UPDATE,
     FEDAWE_SERVER_LR as SERVER_LR,
     FEDAWE_UPDATE_PREFIX as UPDATE_PREFIX,
+    FEDPBC_CATCH_UP as CATCH_UP,
 )
 
 log = logging.getLogger(__name__)
@@ -172,6 +173,15 @@ class FedAWERule:
         if set(state.copy) != set(received) or any(state.copy[k].shape != received[k].shape for k in received):
             raise FedAWEStateError(f"client {client}'s FedAWE copy does not fit the model of this run")
         return _clone(state.copy)
+
+    def rounds(self, context: Context, client: int, t: int, config: Any) -> list[int]:
+        """The rounds whose local steps this message runs, in order: [t], or with FedPBC's
+        ``catch-up`` also the rounds τ_i + 1 .. t − 1 the client was away (the official code has an
+        unlinked client keep training its own copy every round)."""
+        if not config.get(CATCH_UP, False):
+            return [t]
+        state = StateStore(context, client, config).load()
+        return list(range((state.tau if state is not None else -1) + 1, t + 1))
 
     def reply(self, start: StateDict, trained: StateDict, context: Context, client: int, t: int,
               config: Any) -> StateDict:

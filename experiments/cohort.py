@@ -24,7 +24,7 @@ from typing import Any
 
 from flwr.app import Message, MessageType
 
-from client_app.app import TrainStart, train_reply, train_start
+from client_app.app import TrainStart, local_training, train_reply, train_start
 from runconfig import WorkloadConfig, from_run_config
 from server_app.config import ENGINES
 from strategies.protocol import CORRECTED_RULES
@@ -101,6 +101,9 @@ class CohortGrid(InProcessGrid):
             ts = train_start(msg, delivered)
             if isinstance(ts, Message):
                 replies.append(ts)  # declined by the client-side gate
+                continue
+            if hasattr(ts.rule, "rounds") and len(ts.rule.rounds(ts.context, ts.client, ts.rnd, ts.config)) > 1:
+                replies.append(train_reply(ts, *local_training(ts)))  # FedPBC's catch-up: several rounds
                 continue
             starts.append((len(replies), ts))
             replies.append(None)

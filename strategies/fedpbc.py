@@ -27,7 +27,7 @@ from typing import Any
 from flwr.app import ArrayRecord
 
 from .fedawe import FedAWE, ReplyRejected
-from .protocol import FEDAWE_ECHO, FEDAWE_ECHO_FACTOR
+from .protocol import FEDAWE_ECHO, FEDAWE_ECHO_FACTOR, FEDPBC_CATCH_UP
 
 
 class FedPBC(FedAWE):
@@ -35,12 +35,28 @@ class FedPBC(FedAWE):
 
     FedAWE's server side with the echo factor fixed to 1 (a reply with another factor is
     rejected); ``clip`` (FedAWE's code option) stays available, off by default.
+
+    Parameters
+    ----------
+    catch_up : the official code's offline computation: a client that comes back after missing
+        rounds first runs the local steps of each missed round on its own copy (as the code's
+        unlinked clients do every round), then this round's. The global model is then the code's
+        exactly (a client's copy does not depend on the server while it is away); the cost is
+        the missed rounds' local work, done on return. False (the default): the paper's
+        description as this project can run it, only reachable clients train.
     """
 
     name = "fedpbc"
 
+    def __init__(self, *, catch_up: bool = False, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if catch_up and self.server_lr != 1.0:
+            raise ValueError(f"fedpbc: catch-up=true needs server_lr = 1 (the official code applies η_g to "
+                             f"every round's local change, missed rounds included), got {self.server_lr}")
+        self.catch_up = bool(catch_up)
+
     def client_config(self) -> dict[str, Any]:
-        return {**super().client_config(), FEDAWE_ECHO: False}
+        return {**super().client_config(), FEDAWE_ECHO: False, FEDPBC_CATCH_UP: self.catch_up}
 
     def _echo_factor(self, record: ArrayRecord, client: int) -> int:
         factor = super()._echo_factor(record, client)

@@ -38,6 +38,7 @@ FEDAWE_ECHO_FACTOR = "fedawe.echo-factor"  # reply: t − τ_i, shape (1,)
 FEDAWE_UPDATE_PREFIX = "fedawe.update."  # reply: + model key -> that array's u_i
 FEDAWE_RUN_KEY_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")  # safe in a file name
 FEDAWE_ECHO = "fedawe-echo"  # config: False = no echo (factor 1): FedPBC's client rule
+FEDPBC_CATCH_UP = "fedpbc-catch-up"  # config: True = a returning client first trains the rounds it missed
 
 # SCAFFOLD and Amplified SCAFFOLD (strategies.scaffold, client_app.scaffold): config and keys
 SCAFFOLD_RULE = "scaffold"  # client rule: c_i kept by the client, drift-corrected local steps

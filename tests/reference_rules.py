@@ -145,3 +145,20 @@ def debiased_fedavg(h, e, P, x0, steps, lr, estimate="share", server_lr=1.0):
                 u += delta / (n * seen[i] / (t + 1))
         x = x + server_lr * u
     return x
+
+
+def fedpbc_code(h, e, P, x0, steps, lr):
+    """Port of the official FedPBC loop (``varying_pbc.py``, lr_global = 1): EVERY client trains its
+    own copy every round, linked or not; the linked clients' copies are averaged and the mean
+    replaces their copies; an empty round keeps the global model."""
+    n = h.shape[0]
+    w_global = np.array(x0, np.float64)
+    w_local = np.tile(w_global, (n, 1))
+    for t in range(P.shape[0]):
+        for i in range(n):
+            w_local[i] = local_sgd(h, e, i, w_local[i], steps, lr)[0]
+        linked = np.flatnonzero(P[t])
+        if len(linked):
+            w_global = w_local[linked].mean(axis=0)
+            w_local[linked] = w_global
+    return w_global

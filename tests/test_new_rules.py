@@ -100,6 +100,7 @@ REFERENCES = {
     "amplified-scaffold:period=3,gamma=1.5": lambda P: ref.amplified_scaffold(H, E, P, X0, K, LR, 3, 1.5),
     "amplified-scaffold:period=4,gamma=1": lambda P: ref.amplified_scaffold(H, E, P, X0, K, LR, 4, 1.0),
     "fedpbc": lambda P: ref.fedpbc(H, E, P, X0, K, LR),
+    "fedpbc:catch-up=true": lambda P: ref.fedpbc_code(H, E, P, X0, K, LR),  # the official code's loop
     "fedstale:beta=0.3": lambda P: ref.fedstale(H, E, P, X0, K, LR, 0.3),
     "fedstale:beta=1": lambda P: ref.fedstale(H, E, P, X0, K, LR, 1.0),
     "debiased-fedavg": lambda P: ref.debiased_fedavg(H, E, P, X0, K, LR, "share"),
@@ -132,8 +133,8 @@ def test_fedstale_beta_one_is_fedvarp_and_beta_zero_is_fedavg():
 
 
 # ------------------------------------------------------------------ resume, bit-exact
-@pytest.mark.parametrize("spec", ["scaffold", "amplified-scaffold:period=3", "fedpbc", "fedstale",
-                                  "debiased-fedavg"])
+@pytest.mark.parametrize("spec", ["scaffold", "amplified-scaffold:period=3", "fedpbc", "fedpbc:catch-up=true",
+                                  "fedstale", "debiased-fedavg"])
 def test_resume_from_a_checkpoint_and_the_state_dir_is_bit_exact(spec, tmp_path):
     P = participation(3)
     full = build_strategy(spec, num_clients=N, min_available_nodes=1, seed=5)
