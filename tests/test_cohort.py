@@ -164,3 +164,8 @@ def test_one_round_equals_each_clients_own_training_with_clipping(model):
 def test_a_rule_that_corrects_every_local_step_trains_per_client_and_says_why(tmp_path, rule):
     cfg, _, _ = same_run(tmp_path, strategy=rule, **{"num-server-rounds": 2})
     assert cfg["engine-used"] == "per-client" and "control variate" in cfg["engine-reason"]
+
+
+def test_fedpbc_catch_up_trains_the_missed_rounds_per_client_and_ends_where_per_client_ends(tmp_path):
+    cfg, rows, _ = same_run(tmp_path, strategy="fedpbc:catch-up=true")
+    assert cfg["engine-used"] == "cohort"  # the returning clients' several rounds run per client
