@@ -54,6 +54,7 @@ STUDIES: dict[str, Study] = {
         rows={"fedavg": {"strategy": "fedavg-active", "weighting": "equal"},
               "scaffold": {"strategy": "scaffold"},
               "amplified-scaffold": {"strategy": "amplified-scaffold:period=20,gamma=1.5"}},
+        columns={"": {}, "30 local steps (the code's I)": {"local-steps": "steps:n=30"}},
         claim="Amplified SCAFFOLD ahead of SCAFFOLD and FedAvg under cyclic participation",
         better="amplified-scaffold", than=("scaffold", "fedavg"), seeds=(0, 1, 2)),
     # Rodio & Neglia (arXiv 2405.04171): an intermediate β beats both FedAvg (β = 0) and FedVARP

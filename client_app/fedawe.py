@@ -2,7 +2,7 @@
 
 Xiang et al., "Efficient Federated Learning against Heterogeneous and Non-stationary Client
 Unavailability", NeurIPS 2024, Alg. 1 (the server side and the message protocol:
-``strategies.fedawe``). In round t an available client
+``strategies.rules.fedawe``). In round t an available client
 
 1. starts local training from ITS OWN copy x_i (its first message's model when it has none:
    the server sends the initial model x^0 there, so every copy starts at x^0, τ_i = −1);
@@ -31,7 +31,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context
@@ -51,8 +51,8 @@ from strategies.protocol import (
 log = logging.getLogger(__name__)
 
 StateDict = dict[str, torch.Tensor]
-COPY_RECORD = "fedawe.copy"  # context.state: x_i
-META_RECORD = "fedawe.meta"  # context.state: τ_i and the run key
+# context.state records of a rule's client state: "<rule>.copy" (FedAWE: x_i) and "<rule>.meta"
+# (τ_i and the run key); :class:`StateStore`
 FILE_FORMAT = 1
 
 
@@ -101,9 +101,10 @@ class StateStore:
 
     def load(self) -> ClientState | None:
         cached = self.context.state
-        meta = cached[self.meta_record] if self.meta_record in cached else None
-        if meta is not None and meta.get("key") == self.key and self.copy_record in cached:
-            return ClientState(cached[self.copy_record].to_torch_state_dict(), int(meta["tau"]))
+        meta = cached.config_records.get(self.meta_record)
+        copy = cached.array_records.get(self.copy_record)
+        if meta is not None and meta.get("key") == self.key and copy is not None:
+            return ClientState(copy.to_torch_state_dict(), int(cast(int, meta["tau"])))
         if self.path is None or not self.path.is_file():
             return None
         saved = torch.load(self.path, map_location="cpu", weights_only=True)
