@@ -11,14 +11,10 @@ Unavailability", NeurIPS 2024, Alg. 1 (the server side and the message protocol:
    does: it needs u_i for its clip and to track the mean of all copies), and sets τ_i ← t;
 3. when the server's round-end broadcast (``train.adopt``) arrives, sets x_i ← x^{t+1}.
 
-Where the state lives (:class:`StateStore`): in ``context.state`` (Flower's per-run, per-node
-record dict: survives rounds, not a process restart) and, when a state dir is configured
-(``node_config["state-dir"]`` first, then run config ``state-dir``), also in
-``<state-dir>/client-<pid>/fedawe-<run key>.pt``, written atomically (temp file, fsync,
-``os.replace``) after every change, so the copy survives the client process restarting (a real
-deployment's churn). The run key comes from the server (``fedawe-run-key``: new for every run, kept
-by the server's checkpoints), falling back to ``run<run id>``: a new run never picks up an old
-run's copy. Old runs' files are left in place (delete the state dir to reclaim them).
+Where the state lives: :class:`client_app.client_state.StateStore`, in ``context.state`` and,
+with a state dir, in ``<state-dir>/client-<pid>/fedawe-<run key>.pt`` (survives the client process
+restarting). The run key comes from the server (``fedawe-run-key``: new for every run, kept by the
+server's checkpoints), falling back to ``run<run id>``: a new run never picks up an old run's copy.
 
 A train message for a round ≤ τ_i (a replay, or a run resumed from a checkpoint older than the
 clients' state) is refused with an error rather than counted twice.
@@ -27,114 +23,34 @@ clients' state) is refused with an error rather than counted twice.
 from __future__ import annotations
 
 import logging
-import os
-import tempfile
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context
+from flwr.app import Context
 
 from strategies.protocol import (
     FEDAWE_ECHO as ECHO,
     FEDAWE_ECHO_FACTOR as ECHO_FACTOR,
     FEDAWE_RULE as RULE,
-    FEDAWE_RUN_KEY as RUN_KEY,
-    FEDAWE_RUN_KEY_PATTERN as RUN_KEY_PATTERN,
     FEDAWE_SEND_UPDATE as SEND_UPDATE,
     FEDAWE_SERVER_LR as SERVER_LR,
     FEDAWE_UPDATE_PREFIX as UPDATE_PREFIX,
     FEDPBC_CATCH_UP as CATCH_UP,
 )
 
+from .client_state import (  # noqa: F401  (re-exported: FedAWE's client state, its tests' imports)
+    FILE_FORMAT,
+    ClientState,
+    FedAWEStateError,
+    StateDict,
+    StateStore,
+    _clone,
+    run_key,
+    state_dir,
+)
+
 log = logging.getLogger(__name__)
 
-StateDict = dict[str, torch.Tensor]
-# context.state records of a rule's client state: "<rule>.copy" (FedAWE: x_i) and "<rule>.meta"
-# (τ_i and the run key); :class:`StateStore`
-FILE_FORMAT = 1
-
-
-class FedAWEStateError(RuntimeError):
-    """The client's FedAWE state does not fit the message (replay, wrong run, wrong model)."""
-
-
-@dataclass
-class ClientState:
-    copy: StateDict  # x_i
-    tau: int  # τ_i: last round this client was available (−1: never)
-
-
-def state_dir(context: Context) -> Path | None:
-    """The configured state dir: node config ``state-dir``, else run config ``state-dir``."""
-    value = context.node_config.get("state-dir", "") or context.run_config.get("state-dir", "")
-    return Path(str(value)).expanduser() if value else None
-
-
-def run_key(context: Context, config: Any, name: str = RUN_KEY) -> str:
-    """The run key (config ``name``, else ``run<run id>``) naming a run's client-held state."""
-    key = str(config.get(name, "") or f"run{context.run_id}")
-    if not RUN_KEY_PATTERN.fullmatch(key):
-        raise FedAWEStateError(f"bad run key {key!r} (letters, digits, '-', '_' only)")
-    return key
-
-
-def _clone(sd: StateDict) -> StateDict:
-    return {k: v.detach().cpu().clone() for k, v in sd.items()}
-
-
-class StateStore:
-    """One client's state of one client rule for one run: ``context.state``, plus a file with a
-    state dir. ``rule`` names the records and the file (FedAWE's by default; SCAFFOLD keeps its
-    control variate the same way, ``client_app.scaffold``), ``key_name`` the run key's config key."""
-
-    def __init__(self, context: Context, client: int, config: Any, rule: str = RULE,
-                 key_name: str = RUN_KEY) -> None:
-        self.context = context
-        self.client = client
-        self.rule = rule
-        self.key = run_key(context, config, key_name)
-        self.copy_record, self.meta_record = f"{rule}.copy", f"{rule}.meta"
-        root = state_dir(context)
-        self.path = None if root is None else root / f"client-{client}" / f"{rule}-{self.key}.pt"
-
-    def load(self) -> ClientState | None:
-        cached = self.context.state
-        meta = cached.config_records.get(self.meta_record)
-        copy = cached.array_records.get(self.copy_record)
-        if meta is not None and meta.get("key") == self.key and copy is not None:
-            return ClientState(copy.to_torch_state_dict(), int(cast(int, meta["tau"])))
-        if self.path is None or not self.path.is_file():
-            return None
-        saved = torch.load(self.path, map_location="cpu", weights_only=True)
-        if saved.get("format") != FILE_FORMAT or saved.get("client") != self.client or saved.get("key") != self.key:
-            raise FedAWEStateError(f"{self.path} is not client {self.client}'s {self.rule} state for run {self.key}")
-        state = ClientState(dict(saved["copy"]), int(saved["tau"]))
-        self._cache(state)
-        return state
-
-    def save(self, state: ClientState) -> None:
-        self._cache(state)
-        if self.path is None:
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        payload = {"format": FILE_FORMAT, "client": self.client, "key": self.key, "tau": state.tau,
-                   "copy": state.copy}
-        fd, tmp = tempfile.mkstemp(prefix=self.path.name + ".", suffix=".tmp", dir=self.path.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                torch.save(payload, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-
-    def _cache(self, state: ClientState) -> None:
-        self.context.state[self.copy_record] = ArrayRecord(state.copy)
-        self.context.state[self.meta_record] = ConfigRecord({"tau": state.tau, "key": self.key})
 
 
 def echo(start: StateDict, trained: StateDict, factor: float) -> StateDict:

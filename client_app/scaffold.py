@@ -25,7 +25,7 @@ project's ClientApp applies it itself; any other ClientApp calls
 ``client_app.dropin.correct_gradients(model, context)`` on its model before training (gradient
 hooks; a train reply without it is refused with that fix). State: c_i (and, for Amplified
 SCAFFOLD, the period's gradient sum and step count), kept like FedAWE's copy
-(:class:`client_app.fedawe.StateStore`: ``context.state`` plus a file under ``state-dir``).
+(:class:`client_app.client_state.StateStore`: ``context.state`` plus a file under ``state-dir``).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from strategies.protocol import (
     SCAFFOLD_RUN_KEY,
 )
 
-from .fedawe import ClientState, FedAWEStateError, StateStore
+from .client_state import ClientState, FedAWEStateError, StateStore
 
 StateDict = dict[str, torch.Tensor]
 COUNT = "count"  # Amplified SCAFFOLD: local steps summed in the current period (a 0-d tensor)
