@@ -62,7 +62,9 @@ class ClientBinding:
             owner = self.node_of_client.get(client)
             if owner is not None and owner not in {r.node_id for r in group} and owner in connected:
                 for r in group:
-                    reject(r.node_id, f"client {client} belongs to node {owner}, still connected")
+                    reject(r.node_id, f"client {client} belongs to node {owner}, still connected (if node "
+                                      f"{r.node_id} is client {client}'s own, node {owner} squats its id: without "
+                                      f"SuperNode authentication a node id proves nothing)")
                 continue
             winner = next((r for r in group if r.node_id == owner), group[0])
             for r in group:

@@ -33,7 +33,7 @@ def bound_mifa():
 def test_an_impostor_of_a_connected_client_is_rejected_and_its_row_kept():
     s = bound_mifa()
     play(s, 2, [100, 101, 200], [(101, 1, [0.0, 2.0]), (200, 0, [9.0, 9.0])])  # 100 connected, silent
-    assert rejected(s) == {200: "client 0 belongs to node 100, still connected"}
+    assert rejected(s) == {200: "client 0 belongs to node 100, still connected (if node 200 is client 0's own, node 100 squats its id: without SuperNode authentication a node id proves nothing)"}
     np.testing.assert_array_equal(s.table.row(0), [1.0, 0.0])
     assert s.round_log.participants == [1] and s.node_of_client[0] == 100
 
@@ -50,7 +50,7 @@ def test_a_restarted_node_takes_its_id_back_once_the_old_node_is_gone():
     play(s, 1, [100, 101], [(100, 0, [1.0, 0.0]), (101, 1, [0.0, 1.0])])
     # round 2: node 100 restarted as 300, but the old id is still listed (heartbeat not expired)
     play(s, 2, [100, 101, 300], [(300, 0, [1.0, 0.0]), (101, 1, [0.0, 1.0])])
-    assert rejected(s) == {300: "client 0 belongs to node 100, still connected"}
+    assert rejected(s) == {300: "client 0 belongs to node 100, still connected (if node 300 is client 0's own, node 100 squats its id: without SuperNode authentication a node id proves nothing)"}
     # round 3: node 100 is gone; 300 takes client 0 back and keeps its FedAU history
     play(s, 3, [101, 300], [(300, 0, [1.0, 0.0]), (101, 1, [0.0, 1.0])])
     assert rejected(s) == {} and s.node_of_client[0] == 300 and s.round_log.participants == [0, 1]
@@ -90,5 +90,5 @@ def test_the_binding_survives_a_checkpoint():
     again = MIFA(num_clients=4)
     again.load_state_dict(state)
     play(again, 2, [100, 101, 200], [(200, 0, [9.0, 9.0])])
-    assert rejected(again) == {200: "client 0 belongs to node 100, still connected"}
+    assert rejected(again) == {200: "client 0 belongs to node 100, still connected (if node 200 is client 0's own, node 100 squats its id: without SuperNode authentication a node id proves nothing)"}
 
