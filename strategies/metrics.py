@@ -54,16 +54,25 @@ def carries_client_id(content: RecordDict) -> bool:
     return any(any(a in m for a in ALIASES[CLIENT_ID]) for m in content.metric_records.values())
 
 
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+MAX_EVAL_METRICS = 32  # an evaluate reply with more metrics (or a longer name) is not averaged
+MAX_METRIC_NAME = 64
+MAX_METRIC_VALUE = 1e12  # |value| beyond: left out (no float64 sum of weight x value overflows)
+MAX_WEIGHT = 10**9  # the weight (num-examples) as a training reply's
+
+
+def _number(value: Any, limit: float = MAX_METRIC_VALUE) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or abs(value) > limit:
         return None
     return float(value)
 
 
 def weighted_mean(contents: Iterable[RecordDict], weighted_by_key: str) -> MetricRecord | None:
     """Every numeric metric's mean over the replies that carry it, weighted by ``weighted_by_key``
-    (which is left out, as are client ids); replies without a positive weight are skipped. None
-    when no reply has a weight."""
+    (which is left out, as are client ids); replies without a weight in (0, 1e9] are skipped, as
+    are replies with more than ``MAX_EVAL_METRICS`` metrics or a name longer than
+    ``MAX_METRIC_NAME`` (a hostile reply cannot add columns to every round's record), and values
+    that are not finite or beyond ``MAX_METRIC_VALUE``. None when no reply has a weight."""
     sums: dict[str, float] = {}
     weights: dict[str, float] = {}
     weighted = False
@@ -71,8 +80,8 @@ def weighted_mean(contents: Iterable[RecordDict], weighted_by_key: str) -> Metri
         if len(content.metric_records) != 1:
             continue
         metrics = next(iter(content.metric_records.values()))
-        w = _number(metrics.get(weighted_by_key))
-        if w is None or w <= 0:
+        w = _number(metrics.get(weighted_by_key), MAX_WEIGHT)
+        if w is None or w <= 0 or len(metrics) > MAX_EVAL_METRICS or any(len(k) > MAX_METRIC_NAME for k in metrics):
             continue
         weighted = True
         for key, value in metrics.items():

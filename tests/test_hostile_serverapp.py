@@ -203,3 +203,22 @@ def test_a_run_survives_one_hostile_node_and_its_record_stays_small(tmp_path, ba
             assert all(len(why) <= REASON_CHARS + 20 for _, why in row["rejected"])
         else:  # the reply is accepted; only its time is left out
             assert 1 in row["participants"] and "1" not in times
+
+
+# ------------------------------------------------------------- federated evaluation metrics
+def evaluate_reply(metrics: dict) -> RecordDict:
+    return RecordDict({"metrics": MetricRecord(metrics)})
+
+
+@pytest.mark.parametrize("hostile", [
+    {"num-examples": 10**10, "eval-loss": 1e308},  # a weight beyond 1e9
+    {"num-examples": 10, "eval-loss": 1e308},  # a value beyond 1e12 (1e308 x a weight: inf)
+    {"num-examples": 10, **{f"m{i}": 1.0 for i in range(10**4)}},  # 10^4 new columns
+    {"num-examples": 10, "x" * 10**4: 1.0},  # a 10^4-character name
+], ids=["weight", "value", "many-keys", "long-name"])
+def test_a_hostile_evaluate_reply_cannot_skew_or_bloat_the_federated_metrics(hostile):
+    from strategies.metrics import weighted_mean
+
+    honest = [evaluate_reply({"num-examples": 10, "eval-loss": 1.0}), evaluate_reply({"num-examples": 30, "eval-loss": 2.0})]
+    got = weighted_mean([*honest, evaluate_reply(hostile)], "num-examples")
+    assert dict(got) == {"eval-loss": pytest.approx(1.75)}
