@@ -52,7 +52,7 @@ from .replies import (
     source_node,
 )
 from .rule import Rule
-from .sampling import Sampling
+from .sampling import Sampling, check_destinations
 from .scoring import EvaluateRound
 from .weighting import AUTO_WEIGHTING, WEIGHTINGS, cap_shares, client_weights, resolve_weighting
 
@@ -275,7 +275,7 @@ class AvailabilityStrategy(EvaluateRound, Rule, Strategy):
         self.connected = set(connected)
         self.problems, self._rows = [], {}
         pool = self.sampling.sample(connected, True, self.rng)
-        node_ids = sorted(self.select_nodes(server_round, arrays, pool, grid))
+        node_ids = check_destinations(self.select_nodes(server_round, arrays, pool, grid), connected, self.name)
         config[SERVER_ROUND] = server_round
         config[CLIENT_RULE] = PLAIN_RULE
         for key, value in self.train_config(server_round - 1, node_ids).items():
