@@ -11,10 +11,10 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord
 from flwr.serverapp.strategy import Strategy
 from flwr.supercore.corestate.utils import generate_rand_int_from_bytes
+from test_dropin import FlowerGrid, Tiny, tiny_app
 
 from strategies import build_strategy
 from strategies.sampling import Sampling, check_destinations, draw
-from tests.test_dropin import FlowerGrid, Tiny, tiny_app
 
 # ids on both sides of 2^63 (the pair the issue found as float64), and Flower's edges
 STRADDLING = [1517244241696706561, 13946623257709623111, 2**63 - 1, 2**63, 2**63 + 1, 2**64 - 1, 1, 7]
