@@ -15,7 +15,7 @@ _WHERE = {
     "AvailabilityStrategy": "base", "ClientReport": "replies", "Layout": "layout",
     "ReplyRejected": "replies", "RoundLog": "replies", "named_arrays": "layout",
     "FedAvgActive": "fedavg", "FedAvgAll": "fedavg", "FedAvgKnownP": "fedavg",
-    "ORACLES": "registry", "STRATEGIES": "registry", "build_strategy": "registry",
+    "ORACLES": "registry", "STRATEGIES": "registry", "build_strategy": "registry", "rule_spec": "registry",
     "StrategyFailure": "failures",
 }
 __all__ = list(_WHERE)

@@ -46,6 +46,7 @@ def apps_with_config(run_config):
 
     for register in (client.train, client.query, client.evaluate):
         register()(with_config)
+    client.query("identity")(with_config)  # the server's identity query
     return server, client
 
 
