@@ -77,7 +77,7 @@ def beside_another_flower(tmp_path_factory):
     user runs their own app on this machine: the tests here must neither submit to it nor stop
     it. Yields the environment that lists its runs (None where the ports are taken already: then
     someone's SuperLink is there, which is the situation itself)."""
-    if port_open(DEFAULT_HTTP_PORT) or port_open(DEFAULT_CONTROL_PORT):
+    if port_open(DEFAULT_HTTP_PORT):
         yield None
         return
     with local_superlink(tmp_path_factory.mktemp("other-flwr-home"), DEFAULT_HTTP_PORT,
