@@ -53,7 +53,7 @@ from flwr.app import ArrayRecord, Context, Error, Message, MessageType, MetricRe
 from flwr.clientapp.typing import ClientAppCallable
 
 from availability import Schedule, build_schedule
-from runconfig import AVAILABILITY_GATES, AvailabilityConfig, ConfigError
+from runconfig import AVAILABILITY_GATES, AvailabilityConfig, ConfigError, from_run_config
 from strategies.protocol import (
     ADOPT,
     CLIENT_ID,
@@ -177,9 +177,9 @@ def declines(msg: Message, context: Context) -> bool:
     if client is None:
         flwr_log.warning("node %d: client gate without a 'partition-id' in the node config: declining", context.node_id)
         return True
-    keys = {k: context.run_config[k] for k in ("availability", "schedule-seed") if k in context.run_config}
-    acfg = AvailabilityConfig(**{k.replace("-", "_"): v for k, v in keys.items()})
-    n = int(context.node_config.get("num-partitions", context.run_config.get("num-clients", 0)))
+    acfg = from_run_config(AvailabilityConfig, {k: context.run_config[k] for k in ("availability", "schedule-seed")
+                                                if k in context.run_config})
+    n = int(str(context.node_config.get("num-partitions", context.run_config.get("num-clients", 0))))
     return not _schedule(acfg.availability, n, acfg.schedule_seed).is_available(client, rnd - 1)
 
 

@@ -17,6 +17,7 @@ import logging
 import os
 import time
 from collections.abc import Iterable
+from typing import Any
 
 from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
@@ -178,7 +179,9 @@ class AvailabilityGrid(DelegatingGrid):
     def reachable(self, messages: list[Message]) -> list[Message]:
         """The messages whose destination is online in the message's round."""
         self.identify(messages)
-        keep, online, withheld = [], {}, {}  # online: 0-based round -> A(·, t), computed once per round
+        keep: list[Message] = []
+        online: dict[int, Any] = {}  # 0-based round -> A(·, t), computed once per round
+        withheld: dict[int, list[int]] = {}  # round -> nodes whose client id is unknown
         for m in messages:
             rnd = server_round_of(m.content)
             node = m.metadata.dst_node_id

@@ -96,8 +96,9 @@ class EvaluateRound:
 
     def scores_another_model(self, arrays: ArrayRecord) -> bool:
         """Whether the rule is scored on a model other than x^{t+1} (FedExP) or adds models (FedAWE)."""
-        plain = getattr(type(self).evaluation_arrays, "__qualname__", "").startswith("Rule.")
-        return not plain or bool(self.extra_evaluation_arrays(arrays))
+        scored = getattr(type(self), "evaluation_arrays", None)
+        plain = getattr(scored, "__qualname__", "Rule.").startswith("Rule.")
+        return not plain or bool(getattr(self, "extra_evaluation_arrays", lambda _: {})(arrays))
 
     def warn_unscored(self, server_round: int, arrays: ArrayRecord) -> None:
         """Once: the WARNING that this run's evaluate_fn is not shown the rule's scored model."""
@@ -107,7 +108,7 @@ class EvaluateRound:
         flwr_log.warning(
             "%s is scored on another model than x^{t+1} (%s), but this run's loop does not show it to evaluate_fn "
             "(round %d): wrap it, evaluate_fn = strategies.scoring.scored_evaluate_fn(strategy, evaluate_fn), or "
-            "give your start() an evaluate_fn parameter (then it is wrapped for you)", self.name,
+            "give your start() an evaluate_fn parameter (then it is wrapped for you)", getattr(self, "name", ""),
             "FedExP: the mean of its last two iterates; FedAWE: x-bar, as <metric>-xbar", server_round)
 
     def deliver_broadcast(self, server_round: int, arrays: ArrayRecord, grid: Grid) -> None:

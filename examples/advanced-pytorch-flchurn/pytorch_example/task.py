@@ -7,15 +7,16 @@ copy) instead of the Hugging Face hub, and the transforms written in torch inste
 
 import gzip
 import json
+from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from datasets import Dataset
-from flwr.common.typing import UserConfig
 from flwr_datasets.partitioner import DirichletPartitioner
 from torch.utils.data import DataLoader
 
@@ -160,7 +161,7 @@ def load_data(partition_id: int, num_partitions: int, data_dir: str = "", max_ex
     return trainloader, testloader
 
 
-def create_run_dir(config: UserConfig) -> tuple[Path, str]:
+def create_run_dir(config: Mapping[str, Any]) -> tuple[Path, str]:
     """Create a directory where to save results from this run."""
     # Create output directory given current timestamp
     current_time = datetime.now()
