@@ -17,6 +17,17 @@ With ``gate="client"`` every message is delivered and the client declines its of
 itself (the mod reads ``availability-gate``, ``availability`` and ``schedule-seed`` from the run
 config: put the same spec and seed there).
 
+**Deployed** (``python -m deploy launch --app PATH --churn``: real SuperNodes stopped and restarted
+by the schedule), the launcher tells the wrapper through the ServerApp's environment
+(:class:`Deployed`): nothing is filtered (offline nodes are really gone), the wrapper checks its
+schedule against the launcher's (a mismatch fails the run), writes ``config.json`` at its start
+and one ``metrics.jsonl`` line per round as soon as the round's train replies are in (``round``,
+``participants``), the files the launcher follows for the project's own app, and before listing
+round r's nodes it waits (at most the bound) for the launcher's round-start signal
+``<signal dir>/round-<r>``, written once round r's nodes are registered. So rounds are known from
+the app's own train messages (their ``server-round``); the federated evaluation of round r, which
+Flower's loops send after training, reaches the nodes of round r + 1.
+
 With ``results_dir``, after every round the wrapper writes the schedule (``availability.csv``),
 the realised participation (``participation.csv``: the clients whose train reply came back
 without error) and ``rounds.jsonl`` (one line per round: its number, when its train messages
@@ -28,8 +39,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +55,7 @@ from runconfig import AVAILABILITY_GATES
 from strategies.protocol import server_round_of
 
 from .network import AvailabilityGrid
-from .results import PARTICIPATION, write_matrix
+from .results import METRICS, PARTICIPATION, write_matrix
 
 flwr_log = logging.getLogger("flwr")
 AVAILABILITY = "availability.csv"
@@ -76,7 +89,69 @@ def with_availability(grid: Grid, availability: str | Schedule, *, num_clients: 
                         f"got {type(availability).__name__}")
     flwr_log.info("availability: %s over N=%d clients, %s gate%s", schedule.spec, schedule.num_clients, gate,
                   f", written to {Path(results_dir).resolve()}" if results_dir is not None else "")
-    return ChurnGrid(grid, schedule, gate, None if results_dir is None else Path(results_dir), identity_timeout)
+    deployed = Deployed.from_env()
+    if deployed is not None:
+        flwr_log.info("availability: deployed by python -m deploy launch: nodes are stopped and started by the "
+                      "schedule (nothing filtered here); rounds recorded in %s", deployed.run_dir)
+    return ChurnGrid(grid, schedule, gate, None if results_dir is None else Path(results_dir), identity_timeout,
+                     deployed)
+
+
+RUN_DIR_VAR = "FLCHURN_APP_RUN_DIR"  # the launcher's run folder (config.json, metrics.jsonl)
+SIGNAL_VAR = "FLCHURN_APP_ROUND_SIGNAL"  # the folder of the round-start signals
+BOUND_VAR = "FLCHURN_APP_ROUND_BOUND"  # the most seconds a round waits for its signal
+SCHEDULE_VAR = "FLCHURN_APP_SCHEDULE"  # JSON {"spec", "seed", "num_clients"}: the launcher's schedule
+
+
+@dataclass
+class Deployed:
+    """What ``python -m deploy launch --app`` tells the wrapper (environment variables above)."""
+
+    run_dir: Path
+    signal_dir: Path | None
+    bound: float
+    schedule: dict[str, Any]
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> Deployed | None:
+        if RUN_DIR_VAR not in env:
+            return None
+        signal = env.get(SIGNAL_VAR)
+        return cls(Path(env[RUN_DIR_VAR]), Path(signal) if signal else None, float(env.get(BOUND_VAR, "30")),
+                   json.loads(env.get(SCHEDULE_VAR, "{}")))
+
+    def env(self) -> dict[str, str]:
+        """The environment variables that say this to the ServerApp (the launcher sets them)."""
+        out = {RUN_DIR_VAR: str(self.run_dir), BOUND_VAR: str(self.bound), SCHEDULE_VAR: json.dumps(self.schedule)}
+        if self.signal_dir is not None:
+            out[SIGNAL_VAR] = str(self.signal_dir)
+        return out
+
+    def check(self, schedule: Schedule) -> None:
+        """ValueError unless ``schedule`` is the launcher's (spec, seed, N)."""
+        mine = {"spec": schedule.spec, "seed": schedule.seed, "num_clients": schedule.num_clients}
+        if self.schedule and self.schedule != mine:
+            raise ValueError(f"with_availability: the ServerApp's schedule {mine} is not the launcher's "
+                             f"{self.schedule}: pass the same spec, seed and N to both")
+
+    def start(self, schedule: Schedule) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / METRICS).write_text("")
+        (self.run_dir / "config.json").write_text(json.dumps({"schedule": schedule.describe()}, indent=2) + "\n")
+
+    def wait_signal(self, rnd: int) -> None:
+        """Until ``<signal dir>/round-<rnd>`` exists, at most ``bound`` seconds."""
+        if self.signal_dir is None:
+            return
+        flag, deadline = self.signal_dir / f"round-{rnd}", time.monotonic() + self.bound
+        while not flag.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    def record(self, row: dict[str, Any]) -> None:
+        line = {"round": row["round"], "participants": row["replied"], "rejected": [],
+                "unavailable-nodes": len(row["addressed"]) - len(row["replied"])}
+        with (self.run_dir / METRICS).open("a") as fh:
+            fh.write(json.dumps(line) + "\n")
 
 
 class ChurnGrid(AvailabilityGrid):
@@ -84,19 +159,32 @@ class ChurnGrid(AvailabilityGrid):
     (gate ``client``), recording who was addressed, reached and replied per round."""
 
     def __init__(self, grid: Grid, schedule: Schedule, gate: str, results_dir: Path | None,
-                 identity_timeout: float) -> None:
+                 identity_timeout: float, deployed: Deployed | None = None) -> None:
         super().__init__(grid, schedule, {}, identity_timeout)
-        self.gate = gate
+        self.gate = "none" if deployed is not None else gate  # deployed: offline nodes are really gone
         self.results_dir = results_dir
+        self.deployed = deployed
         self.rounds: dict[int, dict[str, Any]] = {}  # 1-based round -> its record
+        self.signalled = 0  # the last round whose start signal was waited for
         if results_dir is not None:
             results_dir.mkdir(parents=True, exist_ok=True)
             (results_dir / ROUNDS).write_text("")
+        if deployed is not None:
+            deployed.check(schedule)
+            deployed.start(schedule)
+
+    def get_node_ids(self) -> Iterable[int]:
+        """The grid's nodes; deployed, first the round-start signal of the next round (once)."""
+        upcoming = max(self.rounds, default=0) + 1
+        if self.deployed is not None and self.signalled < upcoming:
+            self.signalled = upcoming
+            self.deployed.wait_signal(upcoming)
+        return self.grid.get_node_ids()
 
     def reachable(self, messages: list[Message]) -> list[Message]:  # noqa: D102
         if self.gate == "server":
             return super().reachable(messages)
-        self.identify(messages)  # the client gates itself; identities are for the record only
+        self.identify(messages)  # the client gates itself, or the node is gone: ids for the record only
         return messages
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
@@ -122,6 +210,8 @@ class ChurnGrid(AvailabilityGrid):
         row = {"round": rnd, "sent": sent, "addressed": self.clients(addressed), "reached": self.clients(reached),
                "replied": self.clients(n for n in replied if n in reached)}
         self.rounds[rnd] = row
+        if self.deployed is not None:
+            self.deployed.record(row)
         if self.results_dir is None:
             return
         with (self.results_dir / ROUNDS).open("a") as fh:

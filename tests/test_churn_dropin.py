@@ -145,3 +145,32 @@ def test_bad_arguments_are_named():
         with_availability(grid, "sometimes", num_clients=2)
     with pytest.raises(ValueError, match="num_clients=3 but the schedule has 2"):
         with_availability(grid, build_schedule(SPEC, 2, 0), num_clients=3)
+
+
+def test_deployed_the_wrapper_filters_nothing_and_writes_what_the_launcher_follows(tmp_path, monkeypatch):
+    """Under ``python -m deploy launch --app`` (its environment variables): every message goes out
+    (the launcher stops the offline nodes), config.json and one metrics.jsonl line per round are
+    written for its follower and report, and round r's nodes are listed only after its signal (or
+    the bound)."""
+    from server_app.dropin import Deployed
+
+    signals = tmp_path / "signals"
+    signals.mkdir()
+    for r in (1, 2):
+        (signals / f"round-{r}").touch()
+    deployed = Deployed(tmp_path / "run", signals, 0.3, {"spec": SPEC, "seed": SEED, "num_clients": N})
+    for key, value in deployed.env().items():
+        monkeypatch.setenv(key, value)
+    inner = Recording(N, {}, client_app=foreign_app())
+    grid = with_availability(inner, SPEC, num_clients=N, seed=SEED)
+    assert grid.gate == "none"
+    start(FedAvg(min_available_nodes=N), grid, rounds=3)
+    assert trained(inner)[:3] == [list(range(N))] * 3  # nothing filtered
+    assert (tmp_path / "run" / "config.json").is_file()
+    rows = read_metrics(tmp_path / "run")
+    assert [r["round"] for r in rows] == [1, 2, 3] and all(r["participants"] == list(range(N)) for r in rows)
+    assert grid.signalled == 4  # waited for rounds 1..3 (3 and 4 up to the bound: no file)
+
+    monkeypatch.setenv("FLCHURN_APP_SCHEDULE", '{"spec": "always", "seed": 0, "num_clients": 6}')
+    with pytest.raises(ValueError, match="not the launcher's"):
+        with_availability(inner, SPEC, num_clients=N, seed=SEED)
