@@ -64,13 +64,16 @@ ROUNDS = "rounds.jsonl"
 
 def with_availability(grid: Grid, availability: str | Schedule, *, num_clients: int | None = None, seed: int = 0,
                       gate: str = "server", results_dir: str | Path | None = None,
-                      identity_timeout: float = 30.0) -> ChurnGrid:
+                      identity_timeout: float = 300.0) -> ChurnGrid:
     """``grid`` with the availability schedule applied (see the module).
 
     ``availability``: a spec string (``"bernoulli:p=0.5"``; models that need the workload's label
     distributions take a built :class:`Schedule` instead) or a Schedule. ``num_clients``: N, the
     number of partitions (required with a spec; a Schedule has its own). ``seed``: the schedule's.
-    ``identity_timeout``: the most seconds a round waits for unknown nodes to say who they are.
+    ``identity_timeout``: the most seconds the first round waits for the nodes to say who they are
+    (the identity query is a node's first message: in simulation it meets the workers' cold start,
+    which took over 2 minutes on a loaded 2-core machine); later rounds ask new nodes again for at
+    most 10 s.
     """
     if gate not in ("server", "client"):
         raise ValueError(f"with_availability: gate must be 'server' or 'client' (of {AVAILABILITY_GATES}; "

@@ -152,7 +152,7 @@ class AvailabilityGrid(DelegatingGrid):
     """
 
     def __init__(self, grid: Grid, schedule: Schedule, client_of_node: dict[int, int],
-                 discovery_timeout: float = 30.0, retry_timeout: float = 5.0) -> None:
+                 discovery_timeout: float = 30.0, retry_timeout: float = 10.0) -> None:
         super().__init__(grid)
         self.schedule = schedule
         self.client_of_node = client_of_node
