@@ -17,7 +17,7 @@ from client_app.dropin import availability_mod, identity
 from experiments.inprocess import InProcessGrid, run_inprocess
 from server_app.dropin import with_availability
 from server_app.results import read_matrix, read_metrics
-from strategies import build_strategy
+from strategies import ORACLES, STRATEGIES, build_strategy
 
 N, ROUNDS, SPEC, SEED = 6, 5, "bernoulli:p=0.5", 3
 
@@ -174,3 +174,24 @@ def test_deployed_the_wrapper_filters_nothing_and_writes_what_the_launcher_follo
     monkeypatch.setenv("FLCHURN_APP_SCHEDULE", '{"spec": "always", "seed": 0, "num_clients": 6}')
     with pytest.raises(ValueError, match="not the launcher's"):
         with_availability(inner, SPEC, num_clients=N, seed=SEED)
+
+
+EVERY_RULE = sorted(set(STRATEGIES) - ORACLES - {"cluster-fedvarp", "pow-d"}) + ["cluster-fedvarp:clusters=2",
+                                                                                  "pow-d:d=6,m=6"]
+
+
+@pytest.mark.parametrize("spec", EVERY_RULE)
+def test_every_rule_trains_only_the_online_clients_through_the_wrapper(spec):
+    """Under Flower's start and the wrapper, no rule reaches an offline client, except in the
+    oracle rounds the rule marks (FL-FDMS's round 0, the Full baseline: ignore-availability)."""
+    inner = Recording(N, {}, client_app=foreign_app())
+    grid = with_availability(inner, SPEC, num_clients=N, seed=SEED)
+    start(build_strategy(spec, num_clients=N), grid, rounds=3)
+    schedule = build_schedule(SPEC, N, SEED).matrix(3)
+    delivered = trained(inner)[:3]
+    online = [np.flatnonzero(row).tolist() for row in schedule]
+    if spec in ("full", "fl-fdms"):  # oracle rounds reach everyone; the others only the online
+        assert all(set(on) <= set(got) for on, got in zip(online, delivered, strict=True))
+    else:
+        assert delivered == online
+        assert [grid.rounds[r]["replied"] for r in (1, 2, 3)] == online
