@@ -69,6 +69,12 @@ def local_superlink(home: Path, http: int | None = None, control: int | None = N
             superlink.wait(timeout=30)
 
 
+def superlinks_of(flwr_home: Path) -> list[int]:
+    """The pids of the processes whose command line names ``flwr_home`` (a SuperLink started there)."""
+    out = subprocess.run(["pgrep", "-f", str(flwr_home)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
 def runs(env: dict[str, str], cwd: Path) -> dict[int, str]:
     """Run id -> status of every run the SuperLink of ``env`` knows."""
     ls = subprocess.run(["flwr", "ls", "--format", "json"], env=env, capture_output=True, text=True, timeout=60,
