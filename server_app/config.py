@@ -75,7 +75,7 @@ class RunConfig:
     def from_run_config(cls, run_config: Mapping[str, Any]) -> RunConfig:
         parts = {"server": ServerConfig, "workload": WorkloadConfig, "availability": AvailabilityConfig}
         check_known_keys(run_config, set().union(*(known_keys(c) for c in parts.values())))
-        built = {name: from_run_config(c, run_config).validate() for name, c in parts.items()}
+        built: dict[str, Any] = {name: from_run_config(c, run_config).validate() for name, c in parts.items()}
         return cls(**built)
 
     def to_dict(self) -> dict[str, Any]:

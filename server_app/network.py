@@ -17,7 +17,7 @@ import logging
 import os
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
@@ -66,7 +66,7 @@ def discover_clients(grid: Grid, known: dict[int, int], timeout: float) -> dict[
             why = reply.error.reason if reply.has_error() else "no 'identity' record in its reply"
             flwr_log.warning("node %d did not say which client it is: %s", reply.metadata.src_node_id, why)
             continue
-        known[reply.metadata.src_node_id] = int(reply.content["identity"]["client-id"])
+        known[reply.metadata.src_node_id] = int(cast(int, reply.content.metric_records["identity"]["client-id"]))
     return known
 
 
