@@ -86,7 +86,7 @@ class InProcessGrid(Grid):
         if node not in self.contexts:  # as Flower's SuperLink: logged, dropped, no reply ever
             log.error("Invalid destination node ID for Message: %d", node)
             return None
-        config = msg.content.config_records.get("config", {})
+        config: Mapping[str, Any] = msg.content.config_records.get("config", {})
         if self.down and "server-round" in config and self.down(int(config["server-round"]), self.partition_of[node]):
             return None
         return self.contexts[node]

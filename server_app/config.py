@@ -103,4 +103,4 @@ def check_known_keys(run_config: Mapping[str, Any], known: set[str]) -> None:
         close = difflib.get_close_matches(key.replace("_", "-"), sorted(known), n=1, cutoff=0.5)
         hints.append(f"'{key}'" + (f" (did you mean '{close[0]}'?)" if close else ""))
     raise ConfigError(f"unknown run config key(s) {', '.join(hints)}; every key is listed in "
-                      "[tool.flwr.app.config] of pyproject.toml and in the README's run-config table")
+                      "[tool.flwr.app.config] of pyproject.toml and in docs/run-config.md")
