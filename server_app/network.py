@@ -17,16 +17,19 @@ import logging
 import os
 import time
 from collections.abc import Iterable, Mapping
-from typing import cast
+from typing import Any
 
-from flwr.app import Message, MessageType, RecordDict
+from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
 
 from availability import Schedule
-from strategies.protocol import CLIENT_ID, IGNORE_AVAILABILITY, SERVER_ROUND
-from strategies.replies import ReplyRejected, count
+from strategies.protocol import CLIENT_ID, IDENTITY_QUERY, IGNORE_AVAILABILITY, server_round_of
+from strategies.replies import ReplyRejected, count, shown
+
+IDENTITY = "identity"  # the record of a QUERY reply (client_app.app: client-id, num-partitions)
 
 log = logging.getLogger(__name__)
+flwr_log = logging.getLogger("flwr")  # Flower's logger: `flwr run --stream` shows what it says
 
 
 class NodesMissing(RuntimeError):
@@ -49,16 +52,19 @@ def wait_for_nodes(grid: Grid, expected: int, timeout: float, poll: float = 0.2)
         time.sleep(poll)
 
 
-IDENTITY = "identity"  # the record of a QUERY reply (client_app.app: client-id, num-partitions)
+def identity_query(node: int) -> Message:
+    """The query that asks ``node`` which client it is (``query.identity``: answered by the
+    project's ClientApp and by ``client_app.dropin.identity``)."""
+    return Message(RecordDict(), dst_node_id=node, message_type=IDENTITY_QUERY)
 
 
 def identity(reply: Message) -> int:
     """The client id a QUERY reply states: ``identity["client-id"]``, an integer >= 0;
     ReplyRejected (naming the problem, the value summarised) for anything else."""
     if reply.has_error():
-        raise ReplyRejected(f"error reply (code {reply.error.code})")
+        raise ReplyRejected(f"error reply: {shown(reply.error.reason)}")
     if IDENTITY not in reply.content:
-        raise ReplyRejected(f"no '{IDENTITY}' record")
+        raise ReplyRejected(f"no '{IDENTITY}' record in its reply")
     record = reply.content[IDENTITY]
     if not isinstance(record, Mapping):
         raise ReplyRejected(f"'{IDENTITY}' is a {type(record).__name__}, not a record of values")
@@ -68,8 +74,8 @@ def identity(reply: Message) -> int:
 
 def discover_clients(grid: Grid, known: dict[int, int], timeout: float,
                      refused: set[int] | None = None) -> dict[int, int]:
-    """Update ``known`` (node id -> client id) for connected nodes not in it yet (nor in
-    ``refused``).
+    """Update ``known`` (node id -> client id) for connected nodes not in it yet nor in ``refused``
+    (waiting at most ``timeout`` s for their answers).
 
     A reply counts only when it answers one of these queries, from the node asked. A node whose
     reply states no usable client id (:func:`identity`) is logged and added to ``refused`` (not
@@ -79,7 +85,7 @@ def discover_clients(grid: Grid, known: dict[int, int], timeout: float,
     unknown = [n for n in sorted(grid.get_node_ids()) if n not in known and n not in refused]
     if not unknown:
         return known
-    queries = [Message(RecordDict(), dst_node_id=n, message_type=MessageType.QUERY) for n in unknown]
+    queries = [identity_query(n) for n in unknown]
     replies = list(grid.send_and_receive(queries, timeout=timeout))
     asked = {q.metadata.message_id: q.metadata.dst_node_id for q in queries}
     for reply in replies:
@@ -87,13 +93,13 @@ def discover_clients(grid: Grid, known: dict[int, int], timeout: float,
         if "" in asked:  # a grid that gives messages no ids (a test double): trust the sender
             node = reply.metadata.src_node_id if reply.metadata.src_node_id in unknown else None
         if node is None or (node != reply.metadata.src_node_id and not reply.has_error()):
-            log.warning("a QUERY reply from node %s answers no query of this discovery: ignored",
-                        reply.metadata.src_node_id)
+            flwr_log.warning("a QUERY reply from node %s answers no query of this discovery: ignored",
+                             reply.metadata.src_node_id)
             continue
         try:
             known[node] = identity(reply)
         except ReplyRejected as exc:
-            log.warning("node %d did not say who it is: %s", node, exc)
+            flwr_log.warning("node %d did not say which client it is: %s", node, exc)
             if not reply.has_error():  # an error (node gone) may answer next time
                 refused.add(node)
     return known
@@ -170,14 +176,24 @@ def fast_pull(grid: Grid, interval: float | None = None) -> Grid:
 
 
 class AvailabilityGrid(DelegatingGrid):
-    """A grid through which clients offline in a message's round are unreachable."""
+    """A grid through which clients offline in a message's round are unreachable.
+
+    A round message (one whose config carries ``server-round``) reaches its node only when the
+    node's client is online in that round. It FAILS CLOSED: a node whose client id is not known
+    yet is asked (:func:`discover_clients`, at most ``discovery_timeout`` s the first time, at most
+    ``retry_timeout`` s in later rounds) and receives nothing until it has answered; each round
+    that withholds messages so says on Flower's logger (WARNING: ``flwr run --stream`` shows it).
+    Messages without a round (queries, the user's own) pass unchanged.
+    """
 
     def __init__(self, grid: Grid, schedule: Schedule, client_of_node: dict[int, int],
-                 discovery_timeout: float = 30.0) -> None:
+                 discovery_timeout: float = 30.0, retry_timeout: float = 10.0) -> None:
         super().__init__(grid)
         self.schedule = schedule
         self.client_of_node = client_of_node
         self.discovery_timeout = discovery_timeout
+        self.retry_timeout = min(retry_timeout, discovery_timeout)
+        self.asked: set[int] = set()  # nodes asked who they are at least once
         self.refused: set[int] = set()  # nodes whose QUERY reply stated no usable client id
         self.out_of_range: set[int] = set()  # nodes that stated a client id the schedule lacks (logged once)
 
@@ -188,34 +204,48 @@ class AvailabilityGrid(DelegatingGrid):
         keep = self.reachable(list(messages))
         return self.grid.send_and_receive(keep, timeout=timeout) if keep else []
 
+    def identify(self, messages: list[Message]) -> None:
+        """Ask the destinations of round messages whose client id is unknown (bounded wait)."""
+        unknown = {m.metadata.dst_node_id for m in messages if server_round_of(m.content) is not None
+                   and m.metadata.dst_node_id not in self.client_of_node} - self.refused
+        if unknown:
+            wait = self.retry_timeout if unknown <= self.asked else self.discovery_timeout
+            self.asked |= unknown
+            discover_clients(self.grid, self.client_of_node, wait, self.refused)
+
     def reachable(self, messages: list[Message]) -> list[Message]:
         """The messages whose destination is online in the message's round."""
-        if any(m.metadata.dst_node_id not in self.client_of_node and m.metadata.dst_node_id not in self.refused
-               for m in messages):
-            discover_clients(self.grid, self.client_of_node, self.discovery_timeout, self.refused)
-        keep, online = [], {}  # online: 0-based round -> A(·, t), computed once per round
+        self.identify(messages)
+        keep: list[Message] = []
+        online: dict[int, Any] = {}  # 0-based round -> A(·, t), computed once per round
+        withheld: dict[int, list[int]] = {}  # round -> nodes whose client id is unknown
         for m in messages:
-            client = self.client_of_node.get(m.metadata.dst_node_id)
-            config = m.content.config_records.get("config")
-            if client is None or config is None or SERVER_ROUND not in config:
-                keep.append(m)  # not a round message, or a node that never said who it is
-            elif config.get(IGNORE_AVAILABILITY, False):
-                keep.append(m)  # an oracle round (e.g. FL-FDMS's round 0, the Full baseline)
+            rnd = server_round_of(m.content)
+            node = m.metadata.dst_node_id
+            client = self.client_of_node.get(node)
+            oracle = any(r.get(IGNORE_AVAILABILITY, False) for r in m.content.config_records.values())
+            if rnd is None or oracle:
+                keep.append(m)  # not a round message, or an oracle round (FL-FDMS's round 0, Full)
+            elif client is None:
+                withheld.setdefault(rnd, []).append(node)  # fail closed: unknown until it says
             else:
-                t = int(cast(int, config[SERVER_ROUND])) - 1
+                t = rnd - 1
                 if t not in online:
                     online[t] = self.schedule.available(t)
                 if not 0 <= client < len(online[t]):
-                    self.unscheduled(m.metadata.dst_node_id, client, len(online[t]))
-                    keep.append(m)  # as a node that never said who it is: the strategy judges its replies
+                    self.unscheduled(node, client, len(online[t]))  # fail closed, as an unknown node
                 elif online[t][client]:
                     keep.append(m)
+        for rnd, nodes in withheld.items():
+            flwr_log.warning("availability, round %d: %d node(s) have not said which client they are (%s): they "
+                             "receive nothing until they do (does their ClientApp use "
+                             "client_app.dropin.availability_mod, with a partition-id in its node config?)",
+                             rnd, len(nodes), ", ".join(str(n) for n in sorted(nodes)[:5]))
         return keep
 
     def unscheduled(self, node: int, client: int, n: int) -> None:
         """Log once that ``node`` states a client id outside the schedule's [0, n)."""
         if node not in self.out_of_range:
             self.out_of_range.add(node)
-            log.warning("node %d says it hosts client %d, outside the schedule's clients [0, %d): its "
-                        "messages are delivered regardless of availability, and the strategy judges its "
-                        "replies", node, client, n)
+            flwr_log.warning("availability: node %d says it hosts client %d, outside the schedule's clients "
+                             "[0, %d): it receives no round message", node, client, n)
