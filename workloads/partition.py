@@ -41,6 +41,9 @@ from typing import Any
 import numpy as np
 
 from availability.spec import SpecError, parse_spec
+from runconfig.extensions import Reference, resolve
+
+from .extensions import user_partition
 
 PARTITIONERS = ("iid", "dirichlet", "client-dirichlet", "shards", "clustered", "natural")
 MAX_REDRAWS = 100  # client-dirichlet draws of q before min_size gives up
@@ -78,9 +81,22 @@ def _flwr_partition(make: Any, labels: np.ndarray, n: int, seed: int) -> list[np
                 for i in range(n)]
 
 
+def partitioner_reference(spec: str) -> Reference | None:
+    """The user's partitioner a spec names (``module:attr`` or an entry point), None for a built-in."""
+    return resolve(spec, "partitioner", builtin=lambda name: name in _PARAMS)
+
+
 def partition(spec: str, labels: np.ndarray, num_partitions: int, seed: int,
-              groups: np.ndarray | None = None) -> list[np.ndarray]:
-    """Split example indices among ``num_partitions`` clients; see the module docstring."""
+              groups: np.ndarray | None = None, features: np.ndarray | None = None) -> list[np.ndarray]:
+    """Split example indices among ``num_partitions`` clients; see the module docstring.
+
+    A ``module:attr`` spec or an entry point's name runs the user's partitioner (any
+    flwr-datasets ``Partitioner``, see :mod:`workloads.extensions`), which also sees ``features``.
+    """
+    ref = partitioner_reference(spec)
+    if ref is not None:
+        return user_partition(ref, np.asarray(labels).reshape(-1).astype(np.int64), int(num_partitions), seed,
+                              features=features, groups=groups)
     name, p = _params(spec)
     labels = np.asarray(labels).reshape(-1).astype(np.int64)
     n = int(num_partitions)
@@ -171,6 +187,8 @@ def _client_dirichlet(labels: np.ndarray, n: int, seed: int, alpha: float, min_s
 
 def cluster_of(spec: str, num_partitions: int) -> np.ndarray | None:
     """Cluster id of every client for a ``clustered`` spec (contiguous blocks), else None."""
+    if partitioner_reference(spec) is not None:
+        return None
     name, p = _params(spec)
     if name != "clustered":
         return None
