@@ -87,16 +87,20 @@ def _hf_split(ds: Any, what: str) -> tuple[torch.Tensor, torch.Tensor, int | Non
     if label is None:
         raise DatasetError(f"dataset {what}: no label column among {cols}; name it one of {_LABELS}")
     feature = next((c for c in _FEATURES if c in cols), None)
-    numpy = ds.with_format("numpy")
-    y = torch.from_numpy(np.asarray(numpy[label]).astype(np.int64).reshape(-1))
+    table = ds.with_format("numpy")[:]  # column -> array (rows stacked)
+
+    def column(name: str) -> np.ndarray:
+        values = table[name]
+        return np.stack([np.asarray(v) for v in values]) if isinstance(values, list) else np.asarray(values)
+
+    y = torch.from_numpy(column(label).astype(np.int64).reshape(-1))
     if feature is not None:
-        x = np.stack([np.asarray(v) for v in numpy[feature]]) if ds.features[feature].dtype == "PIL.Image.Image" \
-            else np.asarray(numpy[feature])
+        x = column(feature)
     else:
         rest = [c for c in cols if c != label]
         if not rest:
             raise DatasetError(f"dataset {what}: no feature columns besides {label!r}")
-        x = np.stack([np.asarray(numpy[c], dtype=np.float32) for c in rest], axis=1)
+        x = np.stack([column(c).astype(np.float32) for c in rest], axis=1)
     if x.dtype == np.uint8:
         x = x.astype(np.float32) / 255.0
         if x.ndim == 3:  # (n, H, W) grey images
@@ -142,9 +146,9 @@ def user_dataset(ref: Reference, *, data_dir: str | None, download: bool, seed: 
     what = repr(ref.name)
     obj = ref.obj
     if callable(obj) and not hasattr(obj, "load_split"):
-        params = _params(ref, obj, ("seed", "num_clients", "data_dir", "download"), "dataset")
+        params = _params(ref, obj, ("num_clients", "data_dir", "download"), "dataset")  # ``seed`` may be set
         offered = {"seed": seed, "num_clients": num_clients, "data_dir": data_dir, "download": download}
-        obj = obj(**accepted(obj, offered), **params)
+        obj = obj(**{**accepted(obj, offered), **params})
     elif ref.params:
         raise SpecError(f"dataset {what} is data, not a loader: it takes no parameters ({ref.params!r})")
     return as_tensor_data(obj, what)
@@ -175,7 +179,7 @@ def user_partition(ref: Reference, labels: np.ndarray, n: int, seed: int, *,
     from flwr_datasets.partitioner import Partitioner
 
     obj = ref.obj
-    skip = ("num_partitions", "seed", "labels", "features", "groups")
+    skip = ("num_partitions", "labels", "features", "groups")  # a spec may set ``seed`` (default: data-seed)
     if isinstance(obj, Partitioner):
         if ref.params:
             raise SpecError(f"partitioner {ref.name!r} is an instance: it takes no parameters ({ref.params!r})")

@@ -23,3 +23,19 @@ def blobs_hf(seed: int, n: int = 300):
         "train": datasets.Dataset.from_dict({"x": xtr, "label": ytr}),
         "test": datasets.Dataset.from_dict({"x": xte, "label": yte}),
     })
+
+
+def blobs_federated(data_dir: str, seed: int, n: int = 300):
+    """The same blobs as a flwr-datasets FederatedDataset over parquet files in the run's data-dir
+    (flchurn reads its "train" and "test" splits; the partition is the run config's)."""
+    from pathlib import Path
+
+    from flwr_datasets import FederatedDataset
+
+    folder = Path(data_dir) / "blobs"
+    folder.mkdir(parents=True, exist_ok=True)
+    files = {}
+    for split, data in blobs_hf(seed, n).items():
+        files[split] = str(folder / f"{split}.parquet")
+        data.to_parquet(files[split])
+    return FederatedDataset(dataset="parquet", data_files=files, partitioners={"train": 1}, shuffle=False)
