@@ -166,3 +166,26 @@ def test_the_example_package_lives_outside_the_project_packages():
 
     packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["targets"]["wheel"]
     assert not any(str(MYEXT.relative_to(ROOT)).startswith(p) for p in packages["packages"])
+
+
+@pytest.mark.slow
+def test_the_recipes_under_flwr_run_on_the_ray_simulation(myext, tmp_path):
+    """`flwr run .` (Flower's Ray simulation on a fresh local SuperLink) with the user's model,
+    dataset, partitioner and availability model, reached through the exported PYTHONPATH; two
+    rounds, the same participants and numbers as the in-process run."""
+    import shutil
+
+    from test_engines import flwr_run
+
+    if shutil.which("flwr") is None:
+        pytest.skip("the flwr CLI is not on PATH")
+    specs = " ".join(f"{k}='{v}'" for k, v in MODULE_SPECS.items())
+    results = tmp_path / "results"
+    log, status = flwr_run(tmp_path, f"num-clients=4 num-server-rounds=2 local-steps='steps:n=2' batch-size=8 "
+                                     f"lr=0.1 checkpoint-every=0 round-timeout=600.0 device='cpu' {specs} "
+                                     f"results-dir='{results}' run-name='flwr'")
+    assert status == "finished:completed", log[-3000:]
+    reference = run_inprocess({**SMALL, **MODULE_SPECS, "results-dir": str(tmp_path), "run-name": "inprocess"})
+    got, want = read_metrics(results / "flwr"), read_metrics(reference)
+    assert [r["participants"] for r in got] == [r["participants"] for r in want]
+    assert got[-1]["test-loss"] == pytest.approx(want[-1]["test-loss"], rel=1e-5)
