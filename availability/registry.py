@@ -21,8 +21,9 @@ from .spec import Spec, SpecError, parse_params, parse_spec
 
 
 def _all_subclasses(cls: type) -> list[type]:
-    out = []
-    for sub in cls.__subclasses__():
+    out: list[type] = []
+    subs: list[type] = cls.__subclasses__()
+    for sub in subs:
         out += [sub, *_all_subclasses(sub)]
     return out
 
