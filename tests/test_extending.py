@@ -189,3 +189,20 @@ def test_the_recipes_under_flwr_run_on_the_ray_simulation(myext, tmp_path):
     got, want = read_metrics(results / "flwr"), read_metrics(reference)
     assert [r["participants"] for r in got] == [r["participants"] for r in want]
     assert got[-1]["test-loss"] == pytest.approx(want[-1]["test-loss"], rel=1e-5)
+
+
+def test_the_projects_partitioners_are_flwr_datasets_partitioners():
+    import datasets
+    from flwr_datasets.partitioner import Partitioner
+
+    from workloads.partition import flwr_partitioner
+
+    labels = np.random.default_rng(0).integers(0, 5, 200)
+    part = flwr_partitioner("client-dirichlet:alpha=0.3,min-size=2", 8, seed=4)
+    assert isinstance(part, Partitioner) and part.num_partitions == 8
+    part.dataset = datasets.Dataset.from_dict({"label": labels, "row": np.arange(200)})
+    ours = partition("client-dirichlet:alpha=0.3,min_size=2", labels, 8, 4)
+    for i in range(8):
+        assert sorted(part.load_partition(i)["row"]) == sorted(ours[i].tolist())
+    with pytest.raises(SpecError, match="unknown partitioner"):
+        flwr_partitioner("dirichlett", 8)
