@@ -17,7 +17,7 @@ from runconfig import AvailabilityConfig, WorkloadConfig, from_run_config
 from runconfig.extensions import Reference, accepted, keyword_defaults, resolve
 
 from .base import Schedule, ScheduleError
-from .spec import Spec, SpecError, parse_params, parse_spec
+from .spec import Spec, SpecError, canonical_key, parse_params, parse_spec
 
 
 def _all_subclasses(cls: type) -> list[type]:
@@ -70,8 +70,9 @@ def _user_model(ref: Reference) -> tuple[Any, dict[str, Any], frozenset[str]]:
         raise ScheduleError(f"availability model {ref.name!r} is a {type(obj).__name__}: expected a Schedule "
                             "subclass or a factory(num_clients, seed, **params) -> Schedule")
     allowed, _ = keyword_defaults(obj, ("num_clients", "seed", "label_dists", "clusters"))
-    params = Spec(ref.name, given).take(allowed, what="availability model")
-    params = {k: v for k, v in params.items() if k in {p.replace("-", "_") for p in given} or k in given}
+    named = {canonical_key(k) for k in given}
+    params = {k: v for k, v in Spec(ref.name, given).take(allowed, what="availability model").items()
+              if canonical_key(k) in named}  # the factory's own defaults fill the rest
     inputs, _ = keyword_defaults(obj)
     return obj, params, frozenset(inputs) & {"label_dists", "clusters"}
 
