@@ -5,7 +5,7 @@ Classification", arXiv:1909.06335, Sec. 3).
 
 Composed with Flower's classes, not rewritten. The base has already bound replies to clients,
 validated them and applied the sanity bounds; the rule averages the accepted updates as
-``fedavg-active`` does (Δ̄ = Σ_i w_i Δ_i, the run's weighting) and hands Flower's own strategy
+``fedavg-active`` does (Δ̄ = Σ_i w_i Δ_i, the run's weighting; ``auto`` is Flower's n_i / n) and hands Flower's own strategy
 (``flwr.serverapp.strategy.FedAdam``, ...) one reply holding the averaged model x + Δ̄. Flower's
 ``aggregate_train`` takes the pseudo-gradient Δ̄ and applies its optimizer with its own parameters
 and defaults; spec keys are Flower's keyword names in kebab-case
@@ -53,6 +53,7 @@ class _FlowerOptimizer(AvailabilityStrategy):
     """A rule whose server step is one of Flower's strategies' (``flower_class``)."""
 
     flower_class: ClassVar[type] = type(None)
+    paper_weighting = "num-examples"  # Flower's FedAvg inside its optimizers weights by num-examples
     step_key: ClassVar[str] = "eta"  # the spec key that is this optimizer's learning rate
 
     def _setup_optimizer(self, **options: Any) -> None:
