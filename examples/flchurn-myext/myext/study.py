@@ -4,7 +4,7 @@ from experiments.study import Sweep
 
 STUDY = Sweep(
     name="myext-compare",
-    base={"dataset": "myext.data:blobs:n=400", "model": "myext.nets:tiny_mlp:width=16",
+    base={"dataset": "myext.data:blobs:n=400,noise=4.0", "model": "myext.nets:tiny_mlp:width=16",
           "partition": "myext.splits:FeatureSkew", "availability": "myext.schedules:Diurnal:period=6",
           "num-clients": 6, "num-server-rounds": 4, "local-steps": "steps:n=2", "batch-size": 16,
           "lr": 0.1, "eval-every": 2, "checkpoint-every": 0, "engine": "per-client", "device": "cpu"},
