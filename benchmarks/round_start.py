@@ -14,7 +14,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from deploy.local import Deployment
+from deploy.local import ProcessSite
 from deploy.procs import exit_on_signals
 from deploy.run import run_deployment
 
@@ -40,7 +40,7 @@ def main() -> None:
         for k in range(a.repeats):
             for name, kw in VARIANTS.items():
                 loads.append(os.getloadavg()[0])
-                with Deployment(4, Path(d) / f"w{k}-{len(out[name])}-{hash(name) % 1000}") as dep:
+                with ProcessSite(4, Path(d) / f"w{k}-{len(out[name])}-{hash(name) % 1000}") as dep:
                     res = run_deployment(dep, {**cfg, "results-dir": str(Path(d) / "results")}, **kw)
                 if not res.ok:
                     print(f"{name}: {res.status}; {res.report and res.report.summary()}")

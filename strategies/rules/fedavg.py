@@ -19,8 +19,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .base import AvailabilityStrategy, ClientReport
-from .weighting import weighted_sum
+from ..base import AvailabilityStrategy, ClientReport
+from ..weighting import weighted_sum
 
 
 class FedAvgActive(AvailabilityStrategy):

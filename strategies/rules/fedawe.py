@@ -61,6 +61,7 @@ from __future__ import annotations
 import logging
 import math
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -68,9 +69,9 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType
 from flwr.serverapp import Grid
 
-from .base import AvailabilityStrategy, ClientReport, Layout, ReplyRejected, named_arrays, safe_norm
-from .bounds import NormBounds
-from .protocol import (  # noqa: F401  (re-exported: FedAWE's wire format)
+from ..base import AvailabilityStrategy, ClientReport, Layout, ReplyRejected, named_arrays, safe_norm
+from ..bounds import NormBounds
+from ..protocol import (  # noqa: F401  (re-exported: FedAWE's wire format)
     ADOPT,
     CLIENT_RULE,
     FEDAWE_ECHO_FACTOR as ECHO_FACTOR,
@@ -83,8 +84,7 @@ from .protocol import (  # noqa: F401  (re-exported: FedAWE's wire format)
     FEDAWE_UPDATE_PREFIX as UPDATE_PREFIX,
     SERVER_ROUND,
 )
-from .replies import decode, split
-from .state import capture, restore
+from ..replies import decode, split
 
 log = logging.getLogger(__name__)
 
@@ -97,26 +97,39 @@ def clip_norm(v: np.ndarray, threshold: float) -> np.ndarray:
     return v
 
 
-@dataclass
+@dataclass(kw_only=True)
 class EchoReport(ClientReport):
-    """A FedAWE reply: ``delta`` = x_i^† − x^t, plus the echo factor and (server clip) u_i."""
+    """A FedAWE reply, parsed once (:meth:`FedAWE.parse_reply`): ``delta`` = x_i^† − x^t, the echo
+    factor t − τ_i, u_i = (t − τ_i) Δ_i (flat float32) and ‖u_i‖."""
 
-    echo_factor: int = 1
-    echo_update: np.ndarray | None = None  # u_i = (t − τ_i) Δ_i, flat
-    echo_norm: float | None = None  # ‖u_i‖
+    echo_factor: int
+    echo_update: np.ndarray
+    echo_norm: float
+
+    @classmethod
+    def of(cls, report: ClientReport) -> EchoReport:
+        """``report`` itself, or a plain report as a client that started from x^t with echo
+        factor 1 (u_i = Δ_i)."""
+        if isinstance(report, EchoReport):
+            return report
+        values = {f.name: getattr(report, f.name) for f in fields(ClientReport)}
+        norm = report.norm if report.norm is not None else safe_norm(report.delta)
+        return cls(**values, echo_factor=1, echo_update=report.delta, echo_norm=norm)
 
 
 @dataclass
 class FedAWEState:
-    """The run key naming the clients' state, x^0 (name -> array) and x̄ (flat float64)."""
+    """The run key naming the clients' state, x^0 (name -> array), x̄ (flat float64) and, per
+    client id, the last round its reply was accepted (caps the echo factor)."""
 
     run_key: str
     initial: dict[str, np.ndarray] | None
-    xbar: np.ndarray | None = None  # checkpoints before x̄ tracking lack it
-    # client id -> last round its reply was accepted (caps the echo factor); older checkpoints
-    # lack it: the cap is then t + 1 for every client until it is accepted again
+    xbar: np.ndarray | None = None
     last_accepted: dict[int, int] = field(default_factory=dict)
-    distance_norms: list[float] = field(default_factory=list)  # the distance bound's history
+
+    def __post_init__(self) -> None:
+        if not RUN_KEY_PATTERN.fullmatch(str(self.run_key)):
+            raise ValueError(f"fedawe: bad run key in the checkpoint: {self.run_key!r}")
 
 
 class FedAWE(AvailabilityStrategy):
@@ -150,7 +163,7 @@ class FedAWE(AvailabilityStrategy):
         self._t = 0  # 0-based round being collected (bounds the echo factor)
         self._adopters: tuple[int, list[int]] = (0, [])  # (server round, node ids of A_t)
         self.last_accepted: dict[int, int] = {}  # client id -> last round its reply was accepted
-        self.distance_bounds = NormBounds(self.max_update_norm, self.max_norm_ratio)  # ‖x_i^† − x^t‖
+        self.distance_bounds = self.params.bounds()  # ‖x_i^† − x^t‖
 
     # ------------------------------------------------------------------ messages out
     def client_config(self) -> dict[str, Any]:
@@ -167,6 +180,7 @@ class FedAWE(AvailabilityStrategy):
                                     strict=True))
         sent = list(super().configure_train(server_round, arrays, config, grid))
         self._t = server_round - 1
+        assert self.initial is not None and self.layout is not None
         initial = named_arrays(self.initial)
         if Layout.of(initial) != self.layout:
             raise ValueError("fedawe: the stored initial model does not match the global model's layout")
@@ -174,7 +188,7 @@ class FedAWE(AvailabilityStrategy):
             self.xbar = self.layout.flatten(initial).astype(np.float64)
         if not sent:
             return sent
-        content = self.keys.content(initial, sent[0].content[self.keys.configrecord_key])
+        content = self.keys.content(initial, sent[0].content.config_records[self.keys.configrecord_key])
         self._sent = [Message(content, dst_node_id=m.metadata.dst_node_id, message_type=MessageType.TRAIN)
                       for m in sent]
         return self._sent
@@ -251,20 +265,22 @@ class FedAWE(AvailabilityStrategy):
         """x^{t+1} = Σ w_i x_i^† (w equal over A_t), optionally with the server clip; updates x̄.
 
         ``reports`` are :class:`EchoReport` (parsed replies); a plain :class:`ClientReport` counts as
-        a client that started from x^t with echo factor 1 (u_i = Δ_i).
+        a client that started from x^t with echo factor 1 (:meth:`EchoReport.of`).
         """
-        self._adopters = (t + 1, [r.node_id for r in reports])
-        if not reports:
+        echoes = [EchoReport.of(r) for r in reports]
+        self._adopters = (t + 1, [r.node_id for r in echoes])
+        for r in echoes:  # caps the echo factor of this client's next reply
+            self.last_accepted[r.client_id] = t
+        if not echoes:
             return x, self._xbar_metrics(x)
         w = self.weights(reports)
-        deltas = self.stacked("deltas", [r.delta for r in reports])  # x_i^† − x^t
-        updates = self.stacked("updates", [u if (u := getattr(r, "echo_update", None)) is not None else r.delta
-                                           for r in reports])
+        deltas = self.stacked("deltas", [r.delta for r in echoes])  # x_i^† − x^t
+        updates = self.stacked("updates", [r.echo_update for r in echoes])
         x64 = np.asarray(x, np.float64)
         u = np.einsum("i,ij->j", w, updates)  # ū, float64 (einsum: no BLAS threads on a busy host)
         new = x64 + np.einsum("i,ij->j", w, deltas)
         norm = float(np.linalg.norm(u))
-        metrics = {"mean-echo-factor": float(np.mean([getattr(r, "echo_factor", 1) for r in reports])),
+        metrics = {"mean-echo-factor": float(np.mean([r.echo_factor for r in echoes])),
                    "echo-update-norm": norm}
         if self.clip > 0:
             # mean x_i^† = mean x_i^{t,0} + η_g ū  ->  mean x_i^{t,0} + η_g clip(ū)
@@ -293,41 +309,17 @@ class FedAWE(AvailabilityStrategy):
         Not ‖x_i^† − x^t‖, which measures how stale the client's copy is, and not ‖u_i‖, which the
         echo factor (up to t + 1, legitimately above 100 for rare clients) inflates.
         """
-        u = getattr(report, "echo_update", None)
-        if u is None:
-            return super().update_norm(report)
-        norm = getattr(report, "echo_norm", None)
-        return (safe_norm(u) if norm is None else norm) / getattr(report, "echo_factor", 1)
+        echo = EchoReport.of(report)
+        return echo.echo_norm / echo.echo_factor
 
-    def check_norms(self, reports: list[ClientReport]) -> list[ClientReport]:
+    def norm_checks(self) -> list[tuple[NormBounds, Callable[[ClientReport], float]]]:
         """The client's own step (:meth:`update_norm`) through the bounds, then the returned model's
         distance ‖x_i^† − x^t‖ through the same bounds, with its own running median."""
-        kept = super().check_norms(reports)
         def distance(r: ClientReport) -> float:
             return r.norm if r.norm is not None else safe_norm(r.delta)
 
-        return self.distance_bounds.check(kept, distance, lambda r: r.node_id, self.reject)
-
-    def accepted(self, reports: list[ClientReport]) -> None:
-        super().accepted(reports)
-        self.distance_bounds.commit(reports)
-        for r in reports:  # caps the echo factor of this client's next reply
-            self.last_accepted[r.client_id] = self._t
+        return [*super().norm_checks(), (self.distance_bounds, distance)]
 
     def summary(self) -> None:
         log.info("fedawe: N=%s, server_lr=%s (applied by the clients), clip=%s, run key %s",
                  self.num_clients, self.server_lr, self.clip or "off", self.run_key)
-
-    # -------------------------------------------------------------------- checkpoints
-
-    def get_state(self) -> FedAWEState:
-        return capture(self, self.State, distance_norms=list(self.distance_bounds.history))
-
-    def set_state(self, state: FedAWEState) -> None:
-        if not RUN_KEY_PATTERN.fullmatch(str(state.run_key)):
-            raise ValueError(f"fedawe: bad run key in the checkpoint: {state.run_key!r}")
-        restore(self, state, skip=("distance_norms",))
-        self.distance_bounds.load_state_dict({"history": state.distance_norms})
-        self.run_key = str(state.run_key)
-        if self.xbar is None and self.initial is not None:
-            log.warning("fedawe: the checkpoint predates x̄ tracking; this run records no x̄ score")

@@ -14,11 +14,12 @@ from typing import Any
 
 import numpy as np
 
-from .base import ClientReport, ReplyRejected
-from .memory import StoredUpdates, TableState
-from .protocol import LR, NUM_EXAMPLES
-from .replies import positive
-from .weighting import weighted_sum
+from ..base import ClientReport, ReplyRejected
+from ..memory import StoredUpdates, TableState
+from ..protocol import LR, NUM_EXAMPLES
+from ..replies import positive
+from ..state import kept_as
+from ..weighting import weighted_sum
 
 LR_HISTORY = 64  # accepted lrs whose median is the reference
 
@@ -29,7 +30,8 @@ class MIFAState(TableState):
 
     last_lr: float | None = None
     filled: bool = False
-    lr_history: list[float] = field(default_factory=list)  # recently accepted lrs (gradient units)
+    lr_history: list[float] = field(default_factory=list, metadata=kept_as(  # recently accepted lrs
+        list, lambda saved, rule: deque(saved, maxlen=LR_HISTORY)))
 
 
 class MIFA(StoredUpdates):
@@ -60,7 +62,6 @@ class MIFA(StoredUpdates):
 
     name = "mifa"
     State = MIFAState
-    legacy_key = "mifa"
 
     def __init__(self, *, gradient_units: bool = False, wait_for_all: bool = False,
                  memory_dir: str = "", lr: float = 0.0, max_lr_ratio: float = 100.0, **kwargs: Any) -> None:
@@ -87,6 +88,8 @@ class MIFA(StoredUpdates):
         except ReplyRejected as exc:
             raise ReplyRejected(f"{exc} (strategy '{self.name}' with gradient_units needs it)") from None
         reference = float(np.median(self.lr_history)) if self.lr_history else self.lr
+        if lr is None:
+            raise ReplyRejected(f"the reply lacks metric '{LR}' (strategy '{self.name}' with gradient_units needs it)")
         if reference and not reference / self.max_lr_ratio <= lr <= reference * self.max_lr_ratio:
             raise ReplyRejected(f"metric '{LR}'={lr:.3g} is not within a factor max-lr-ratio {self.max_lr_ratio:g} "
                                 f"of the reference lr {reference:.3g} (the median of recently accepted lrs)")
@@ -95,15 +98,6 @@ class MIFA(StoredUpdates):
         super().accepted(reports)
         if self.gradient_units:
             self.lr_history.extend(float(r.metrics[LR]) for r in reports)
-
-    def get_state(self) -> MIFAState:
-        state = super().get_state()
-        state.lr_history = list(self.lr_history)
-        return state
-
-    def set_state(self, state: MIFAState) -> None:
-        super().set_state(state)
-        self.lr_history = deque(state.lr_history, maxlen=LR_HISTORY)
 
     def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
         table = self._table(x.size)

@@ -1,5 +1,5 @@
 """A user-space TCP relay that adds latency and TCP-level loss to one node's path to the SuperLink:
-the fallback for ``rtt_ms``/``loss`` where the kernel has no ``netem`` qdisc (:mod:`deploy.netns`).
+the fallback for ``rtt_ms``/``loss`` where the kernel has no ``netem`` qdisc (:mod:`deploy.edge.netns`).
 
 The node's SuperNode connects to the relay instead of the SuperLink's Fleet API; the relay opens
 one upstream connection per node connection and forwards both directions. Each chunk read from
@@ -16,8 +16,8 @@ held back an extra RTO of ``max(200 ms, 2 * rtt_ms)`` (Linux's minimum RTO is 20
 delivered before it. No byte is dropped or reordered; this is loss as TCP's user sees it, not
 packet loss on the wire (no congestion-window reduction, one draw per chunk, not per segment).
 
-Run as ``python -m deploy.relay --listen HOST:PORT --to HOST:PORT --rtt-ms 100 --loss 0.01
---seed 0``; the process launcher starts one per node that needs it (:mod:`deploy.edge`).
+Run as ``python -m deploy.edge.relay --listen HOST:PORT --to HOST:PORT --rtt-ms 100 --loss 0.01
+--seed 0``; the process launcher starts one per node that needs it (:mod:`deploy.edge.limits`).
 """
 
 from __future__ import annotations
@@ -174,7 +174,7 @@ def _address(text: str) -> tuple[str, int]:
 
 def argv(listen: tuple[str, int], target: tuple[str, int], imp: Impairment) -> list[str]:
     """The command line of a relay process (see the module docstring)."""
-    return [sys.executable, "-m", "deploy.relay", "--listen", f"{listen[0]}:{listen[1]}",
+    return [sys.executable, "-m", "deploy.edge.relay", "--listen", f"{listen[0]}:{listen[1]}",
             "--to", f"{target[0]}:{target[1]}", "--rtt-ms", f"{imp.rtt_ms:g}", "--loss", f"{imp.loss:g}",
             "--seed", str(imp.seed)]
 
@@ -199,7 +199,7 @@ async def _main(args: argparse.Namespace) -> None:
 
 
 def main(args: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m deploy.relay", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m deploy.edge.relay", description=__doc__.split("\n\n")[0])
     p.add_argument("--listen", type=_address, required=True, help="HOST:PORT to listen on")
     p.add_argument("--to", type=_address, required=True, help="HOST:PORT to forward to (the Fleet API)")
     p.add_argument("--rtt-ms", type=float, default=0.0, help="added round-trip time, ms")

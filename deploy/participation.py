@@ -4,7 +4,7 @@ every difference and a verdict on whether it lies within the documented timing s
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,7 +52,7 @@ class ParticipationReport:
 
 def participation_report(
     expected: np.ndarray,
-    rows: list[Mapping[str, Any]],
+    rows: Sequence[Mapping[str, Any]],
     *,
     explained: Mapping[tuple[int, int], str] | None = None,
     client_of_node: Mapping[int, int] | None = None,

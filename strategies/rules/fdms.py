@@ -25,10 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from .base import AvailabilityStrategy, ClientReport
+from ..base import AvailabilityStrategy, ClientReport
+from ..memory import StoredUpdates
+from ..protocol import IGNORE_AVAILABILITY
 from .fedavg import FedAvgActive
-from .memory import StoredUpdates
-from .protocol import IGNORE_AVAILABILITY
 
 
 @dataclass
@@ -100,7 +100,6 @@ class FLFDMS(AvailabilityStrategy):
     needs_client_ids = True  # R, counts and candidates are indexed by client id
     name = "fl-fdms"
     State = FLFDMSState
-    legacy_key = "fl-fdms"
     rows_fraction = 0.2  # a block goes row by row (gemv) when it needs under this share of its pairs
 
     def __init__(self, *, reduction: bool = False, k: int = 0, t_max: int = 500, b_max: float = 3.0,
@@ -277,7 +276,6 @@ class Stale(StoredUpdates):
     """
 
     name = "stale"
-    legacy_key = "stale"
 
     def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
         table = self._table(x.size)

@@ -3,8 +3,6 @@ it from a checkpoint. Pure functions of the run config (and of the files a run l
 
 from __future__ import annotations
 
-import dataclasses
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -13,15 +11,14 @@ from flwr.common.config import parse_config_args
 
 from availability import Schedule, schedule_for
 from runconfig import ConfigError, WorkloadConfig, from_run_config
+from runconfig.defaults import ROOT, default_run_config
 from server_app import checkpoint
-from server_app.config import RunConfig, ServerConfig
+from server_app.config import RunConfig
 from server_app.experiment import run_folder
 from server_app.results import RunRecorder, default_run_name
 from workloads.workload import get_workload
 
 from .errors import DeployError
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def parse_run_config(text: str | None) -> dict[str, Any]:
@@ -29,17 +26,6 @@ def parse_run_config(text: str | None) -> dict[str, Any]:
     if not text:
         return {}
     return dict(parse_config_args([text]))
-
-
-def default_run_config(project: str | Path = ROOT) -> dict[str, Any]:
-    """``[tool.flwr.app.config]`` of the project's pyproject.toml (what Flower starts from)."""
-    doc = tomllib.loads((Path(project) / "pyproject.toml").read_text())
-    return dict(doc["tool"]["flwr"]["app"]["config"])
-
-
-def server_supports(key: str) -> bool:
-    """Whether the ServerApp's run config has ``key`` (e.g. ``round-start-delay``)."""
-    return key.replace("-", "_") in {f.name for f in dataclasses.fields(ServerConfig)}
 
 
 def build_run_config(num_nodes: int, user: Mapping[str, Any], *, grace: float = 0.0,

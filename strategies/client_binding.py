@@ -2,15 +2,15 @@
 
 A reply reports its ``client-id`` (the partition id; the node id when it reports none). The first
 node whose reply for a client id is accepted is bound to that id for the run, so no node can write
-into another client's stored state. :class:`Identities` holds the binding (part of every
-checkpoint), decides which claims of a round stand (:meth:`Identities.check`) and binds the
-accepted ones (:meth:`Identities.bind`).
+into another client's stored state. :class:`ClientBinding` holds the binding (part of every
+checkpoint), decides which claims of a round stand (:meth:`ClientBinding.check`) and binds the
+accepted ones (:meth:`ClientBinding.bind`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 log = logging.getLogger(__name__)
@@ -27,7 +27,7 @@ class Claim(Protocol):
 C = TypeVar("C", bound=Claim)
 
 
-class Identities:
+class ClientBinding:
     """The node <-> client id binding of a run.
 
     ``node_of_client``: client id -> the node bound to it; ``client_of_node``: node id -> client
@@ -78,7 +78,7 @@ class Identities:
             kept.append(winner)
         return kept
 
-    def bind(self, accepted: list[Claim]) -> None:
+    def bind(self, accepted: Sequence[Claim]) -> None:
         """Bind the accepted claims (a rejected one must leave no trace: bind only these)."""
         for r in accepted:
             owner = self.node_of_client.get(r.client_id)
@@ -130,6 +130,4 @@ class Identities:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.client_of_node = dict(state["client_of_node"])
-        # checkpoints from before identity binding: bind as their last replies did
-        self.node_of_client = dict(state.get("node_of_client")
-                                   or {client: node for node, client in self.client_of_node.items()})
+        self.node_of_client = dict(state["node_of_client"])

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from .base import ClientReport
-from .memory import StoredUpdates, TableState
+from ..base import ClientReport
+from ..memory import StoredUpdates, TableState
 
 
 class FedVARP(StoredUpdates):
@@ -36,7 +36,6 @@ class FedVARP(StoredUpdates):
     """
 
     name = "fedvarp"
-    legacy_key = "fedvarp"
 
     def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
         table = self._table(x.size)
@@ -78,7 +77,6 @@ class ClusterFedVARP(StoredUpdates):
 
     name = "cluster-fedvarp"
     State = ClusterFedVARPState
-    legacy_key = "cluster-fedvarp"
 
     def __init__(self, *, clusters: int = 0, memory_dir: str = "", **kwargs: Any) -> None:
         super().__init__(memory_dir=memory_dir, **kwargs)

@@ -8,7 +8,7 @@ A devices file (TOML, ``--devices FILE``) has one table per class::
     mem_mb = 256       # memory cap of the SuperNode and everything it starts, MiB
     up_kbps = 1000     # node -> SuperLink bandwidth, kbit/s
     down_kbps = 1000   # SuperLink -> node bandwidth, kbit/s
-    rtt_ms = 100       # added round-trip time, ms (netem, or the node's relay: deploy.relay)
+    rtt_ms = 100       # added round-trip time, ms (netem, or the node's relay: deploy.edge.relay)
     loss = 0.01        # loss probability in [0, 1) (netem; relay: a chunk held one RTO)
 
     [fast]
@@ -31,7 +31,6 @@ import csv
 import difflib
 import json
 import math
-import os
 import sys
 import tomllib
 from collections.abc import Callable, Mapping
@@ -41,7 +40,8 @@ from typing import Any
 
 import numpy as np
 
-from .errors import DeployError
+from ..errors import DeployError
+from ..tuning import host_capacity  # noqa: F401  (the host check's numbers; re-exported)
 
 LIMITS = ("cpus", "mem_mb", "up_kbps", "down_kbps", "rtt_ms", "loss")
 KEYS = ("count", "clients", *LIMITS)
@@ -196,16 +196,6 @@ def load_devices(path: str | Path, num_nodes: int) -> DevicePlan:
 
 
 # ---------------------------------------------------------------------- what the host can honour
-def host_capacity() -> tuple[float, int]:
-    """(CPUs this process may use, MiB of memory available now)."""
-    cpus = float(len(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else float(os.cpu_count() or 1)
-    mem = 0
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemAvailable:"):
-            mem = int(line.split()[1]) // 1024
-    return cpus, mem
-
-
 def check_host(plan: DevicePlan, cpus: float | None = None, mem_mb: int | None = None) -> None:
     """Refuse caps that add up to more than the host can honour (each node's cap times its
     clients, summed over classes), naming the numbers."""

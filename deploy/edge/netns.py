@@ -9,8 +9,8 @@ at the host end's address; its own loopback (ClientAppIo, the client worker's so
 inside the namespace.
 
 Latency and loss: Linux's ``netem`` qdisc where the kernel has it (:func:`netem_available`);
-otherwise both go through a user-space TCP relay per node (:mod:`deploy.relay`, started by
-:mod:`deploy.edge`): rtt/2 each way, and loss as TCP sees it (a lost chunk costs an RTO).
+otherwise both go through a user-space TCP relay per node (:mod:`deploy.edge.relay`, started by
+:mod:`deploy.edge.limits`): rtt/2 each way, and loss as TCP sees it (a lost chunk costs an RTO).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from .errors import DeployError
+from ..errors import DeployError
 
 CLONE_NEWNET = 0x40000000
 NETNS_DIR = Path("/run/netns")

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord
 
-from .base import AvailabilityStrategy, ClientReport
+from ..base import AvailabilityStrategy, ClientReport
 
 
 class FedExP(AvailabilityStrategy):

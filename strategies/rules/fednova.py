@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
-from .base import AvailabilityStrategy, ClientReport, ReplyRejected
-from .protocol import A_NORM, NUM_EXAMPLES, NUM_STEPS
-from .weighting import weighted_sum
+from ..base import AvailabilityStrategy, ClientReport, ReplyRejected
+from ..protocol import A_NORM, NUM_EXAMPLES, NUM_STEPS
+from ..weighting import weighted_sum
 
 NEEDS_A_NORM = (
     "FedNova needs the 'a-norm' metric (‖a_i‖_1 of the local solver: the number of local steps "
@@ -96,7 +96,7 @@ class FedNova(AvailabilityStrategy):
         p = self.weights(reports)
         a = np.array([r.a_norm for r in reports], np.float64)
         tau_eff = float(p @ a)
-        u = tau_eff * weighted_sum(p / a, (r.delta for r in reports))
+        u = cast(np.ndarray, tau_eff * weighted_sum(p / a, (r.delta for r in reports)))
         if self.server_momentum > 0:
             self.buffer = u if self.buffer is None else self.server_momentum * self.buffer + u
             u = self.buffer

@@ -1,32 +1,33 @@
-"""``python -m deploy compose-devices``: the device classes of a devices file (:mod:`deploy.devices`)
+"""``python -m deploy compose-devices``: the device classes of a devices file (:mod:`deploy.edge.devices`)
 as a compose override for the stack's SuperNode containers (``docker/compose.yml``).
 
 Per node ``supernode-I`` of a limited class:
 
 - ``cpu_period`` / ``cpu_quota`` with the launcher's short CFS period
-  (:data:`deploy.cgroups.PERIOD_US`, 10 ms: Docker's ``cpus`` uses 100 ms, in which a short burst
+  (:data:`deploy.edge.cgroups.PERIOD_US`, 10 ms: Docker's ``cpus`` uses 100 ms, in which a short burst
   of local training runs at full speed), and ``cpus: 0`` to clear the base file's ``cpus``
   (Docker refuses both at once); one compute thread per whole CPU of the quota
   (``OMP_NUM_THREADS``..., as :meth:`deploy.edge.EdgeLimits.env`);
 - ``mem_limit`` = ``memswap_limit`` (no swap beyond the cap);
 - bandwidth, latency and loss: the container shapes its own link at every start
-  (:mod:`deploy.edgenode` as the entrypoint, ``cap_add: [NET_ADMIN]``, started as root and
+  (:mod:`deploy.edge.edgenode` as the entrypoint, ``cap_add: [NET_ADMIN]``, started as root and
   dropping to the image's ``app`` user before the SuperNode starts).
 
 Caps that add up to more than the host has are refused, as by the launcher
-(:func:`deploy.devices.check_host`). Unlimited nodes keep the base file's settings.
+(:func:`deploy.edge.devices.check_host`). Unlimited nodes keep the base file's settings.
 """
 
 from __future__ import annotations
 
+import argparse
 import math
 
 import yaml
 
+from ..tuning import compute_threads_env
 from .cgroups import PERIOD_US
 from .devices import DevicePlan, check_host, emit_text, load_devices
 from .edgenode import ENV_LIMITS
-from .tuning import compute_threads_env
 
 SERVICE = "supernode-{i}"
 APP_USER = "1000:1000"  # the images' `app` user (docker/Dockerfile, docker/Dockerfile.client)
@@ -50,7 +51,7 @@ def node_override(plan: DevicePlan, i: int) -> dict:
     if dc.shaped:
         env.update({var: f"{getattr(dc, key):g}" for key, var in ENV_LIMITS.items() if getattr(dc, key) is not None})
         env["FLCHURN_RUN_AS"] = APP_USER
-        out.update({"user": "root", "cap_add": ["NET_ADMIN"], "entrypoint": ["python", "-m", "deploy.edgenode"]})
+        out.update({"user": "root", "cap_add": ["NET_ADMIN"], "entrypoint": ["python", "-m", "deploy.edge.edgenode"]})
     out["environment"] = env
     return out
 
@@ -65,15 +66,8 @@ def compose_override(plan: DevicePlan, source: str = "") -> str:
     return "\n".join(head) + "\n" + yaml.safe_dump({"services": services}, sort_keys=False)
 
 
-def add_compose_devices_args(p) -> None:
-    p.add_argument("--devices", required=True, help="the devices file (TOML), as for python -m deploy launch")
-    p.add_argument("--num-nodes", type=int, required=True, help="SuperNodes in the stack (supernode-0..N-1)")
-    p.add_argument("--output", "-o", default=None, help="write the override here (default: print it)")
-    p.add_argument("--no-host-check", action="store_true",
-                   help="skip the caps-exceed-this-host check (the stack runs on another Docker host)")
-
-
-def compose_devices_main(args) -> int:
+def compose_devices_main(args: argparse.Namespace) -> int:
+    """``python -m deploy compose-devices``: the override, printed or written."""
     def make() -> str:
         plan = load_devices(args.devices, args.num_nodes)
         if not args.no_host_check:

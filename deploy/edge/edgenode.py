@@ -1,17 +1,17 @@
-"""``python -m deploy.edgenode COMMAND...``: a SuperNode's network limits applied from inside its
+"""``python -m deploy.edge.edgenode COMMAND...``: a SuperNode's network limits applied from inside its
 own network namespace (a container of the compose stack), then ``COMMAND`` exec'd in its place.
 
-The process launcher shapes a node from the host (:mod:`deploy.netns`, :mod:`deploy.edge`); a
+The process launcher shapes a node from the host (:mod:`deploy.edge.netns`, :mod:`deploy.edge.limits`); a
 container already has its own namespace, which Docker recreates at every ``docker start``, so
 the container shapes itself at each start. The limits come from the environment that
 ``python -m deploy compose-devices`` writes into the compose override:
 
-- ``FLCHURN_UP_KBPS``: a token bucket (``tbf``, :func:`deploy.netns.tbf_args`) on the egress of
+- ``FLCHURN_UP_KBPS``: a token bucket (``tbf``, :func:`deploy.edge.netns.tbf_args`) on the egress of
   ``FLCHURN_NET_DEV`` (default ``eth0``): node -> SuperLink;
 - ``FLCHURN_DOWN_KBPS``: the same bucket on an IFB device that the link's ingress is redirected
   to (SuperLink -> node);
 - ``FLCHURN_RTT_MS`` / ``FLCHURN_LOSS``: this kernel family may have no ``netem``, so a
-  user-space relay (:mod:`deploy.relay`) runs in the container on ``127.0.0.1`` and the
+  user-space relay (:mod:`deploy.edge.relay`) runs in the container on ``127.0.0.1`` and the
   ``--superlink HOST:PORT`` argument of ``COMMAND`` is pointed at it (TLS: the server
   certificate must name 127.0.0.1, as ``docker/gen-certs.sh`` does).
 
@@ -28,9 +28,9 @@ import subprocess
 import sys
 import time
 
-from .errors import DeployError
+from ..errors import DeployError
+from ..procs import port_open
 from .netns import tbf_args
-from .procs import port_open
 from .relay import Impairment, argv as relay_argv
 
 ENV_LIMITS = {"up_kbps": "FLCHURN_UP_KBPS", "down_kbps": "FLCHURN_DOWN_KBPS",
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
     if argv[:1] == ["--"]:
         argv = argv[1:]
     if not argv:
-        sys.exit("usage: python -m deploy.edgenode COMMAND [ARGS...]  (limits from FLCHURN_* variables)")
+        sys.exit("usage: python -m deploy.edge.edgenode COMMAND [ARGS...]  (limits from FLCHURN_* variables)")
     env = dict(os.environ)
     try:
         limits = limits_from_env(env)
@@ -147,8 +147,8 @@ def main(argv: list[str] | None = None) -> None:
             start_relay(_superlink_value(argv), limits.get("rtt_ms", 0.0), limits.get("loss", 0.0), port)
             argv = with_superlink(argv, f"127.0.0.1:{port}")
     except (DeployError, OSError, ValueError) as err:
-        sys.exit(f"deploy.edgenode: {err}")
-    print(f"deploy.edgenode: {shaped or 'no network limits'} on {dev}; exec {argv[0]}", flush=True)
+        sys.exit(f"deploy.edge.edgenode: {err}")
+    print(f"deploy.edge.edgenode: {shaped or 'no network limits'} on {dev}; exec {argv[0]}", flush=True)
     os.execvp(argv[0], argv)
 
 

@@ -31,9 +31,9 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType
 from flwr.serverapp import Grid
 
-from .base import AvailabilityStrategy, ClientReport
-from .metrics import canonical, names
-from .protocol import (
+from ..base import AvailabilityStrategy, ClientReport
+from ..metrics import canonical, names
+from ..protocol import (
     CLIENT_ID,
     CLIENT_RULE,
     EVAL_LOSS,
@@ -43,8 +43,8 @@ from .protocol import (
     SERVER_ROUND,
     TRAIN_LOSS,
 )
-from .replies import ReplyRejected, count, destinations, finite, source_node
-from .weighting import weighted_sum
+from ..replies import ReplyRejected, count, destinations, finite, source_node
+from ..weighting import weighted_sum
 
 VARIANTS = ("pow-d", "cpow-d", "rpow-d")
 flwr_log = logging.getLogger("flwr")
@@ -131,13 +131,13 @@ class PowerOfChoice(AvailabilityStrategy):
 
     def _probe_client(self, node: int, metrics: dict[str, Any]) -> None:
         client = count(metrics, CLIENT_ID, 0, (self.num_clients or 2**63) - 1, default=None)
-        if client is not None and self.identities.may_claim(node, client):  # never another node's client
+        if client is not None and self.binding.may_claim(node, client):  # never another node's client
             self.client_of_node[node] = client
 
     def _probe_size(self, node: int, metrics: dict[str, Any]) -> None:
         size = count(metrics, NUM_EXAMPLES, 1, self.max_num_examples, default=None)
         if size is not None:
-            self.size_of[self.identities.client(node, node)] = size
+            self.size_of[self.binding.client(node, node)] = size
 
     def choose(self, candidates: list[int], losses: dict[int, float]) -> list[int]:
         """The m candidates with the largest loss (ties keep the random draw order)."""

@@ -17,12 +17,17 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
 from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
 
 from .failures import check_broadcast
 from .metrics import weighted_mean
+from .options import RecordKeys
 from .protocol import CLIENT_RULE, PLAIN_RULE, SERVER_ROUND
+from .rule import Rule
+from .sampling import Sampling
 
 EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
 
@@ -46,9 +51,15 @@ def scored_evaluate_fn(strategy: Any, evaluate_fn: EvaluateFn | None) -> Evaluat
     return evaluate
 
 
-class EvaluateRound:
-    """The evaluate half of :class:`strategies.base.AvailabilityStrategy` (a mixin: it uses the
-    base's ``sampling``, ``keys``, ``rng``, ``message_timeout`` and the rule's hooks)."""
+class EvaluateRound(Rule, Strategy):
+    """The evaluate half of Flower's round for :class:`strategies.base.AvailabilityStrategy`,
+    which holds the train half and sets the parts declared here; the rule's hooks come from
+    :class:`Rule`."""
+
+    sampling: Sampling
+    keys: RecordKeys
+    rng: np.random.Generator
+    message_timeout: float  # the broadcasts' deadline (start's timeout)
 
     def deliver_broadcast(self, server_round: int, arrays: ArrayRecord, grid: Grid) -> None:
         """Send what :meth:`configure_broadcast` has for ``server_round`` and check the replies."""

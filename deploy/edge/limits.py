@@ -1,10 +1,10 @@
 """Real device limits for the process launcher: every SuperNode (and all it starts) in its own
 cgroup (CPU quota, memory cap; CPU time and peak memory measured), and a node whose class limits
-bandwidth, latency or loss in its own network namespace (:mod:`deploy.netns`); latency and loss
+bandwidth, latency or loss in its own network namespace (:mod:`deploy.edge.netns`); latency and loss
 by ``netem`` where the kernel has it, otherwise through a user-space relay per node
-(:mod:`deploy.relay`: the node's SuperNode reaches the SuperLink through it, on its veth pair's
+(:mod:`deploy.edge.relay`: the node's SuperNode reaches the SuperLink through it, on its veth pair's
 host end; started with the SuperLink, stopped with the deployment). :class:`EdgeLimits` makes them
-from a :class:`deploy.devices.DevicePlan`, hands the launcher what a node's process must do
+from a :class:`deploy.edge.devices.DevicePlan`, hands the launcher what a node's process must do
 before exec (:meth:`EdgeLimits.preexec`) and the SuperLink address it must use, and removes
 everything it made at :meth:`EdgeLimits.close` (the launcher's exit, failure, Ctrl-C).
 """
@@ -19,13 +19,13 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
+from ..errors import DeployError
+from ..procs import Proc, free_port, port_open
+from ..tuning import compute_threads_env
 from .cgroups import NodeCgroup, cgroup_version, leftover_cgroups, remove_group
 from .devices import DevicePlan, check_host
-from .errors import DeployError
 from .netns import NodeNet, leftover_net, netem_available, subnet_free
-from .procs import Proc, free_port, port_open
 from .relay import Impairment, argv as relay_argv
-from .tuning import compute_threads_env
 
 
 def requirements(plan: DevicePlan) -> str | None:

@@ -41,8 +41,8 @@ from typing import Any
 
 import numpy as np
 
-from .base import AvailabilityStrategy, ClientReport
-from .weighting import weighted_sum
+from ..base import AvailabilityStrategy, ClientReport
+from ..weighting import weighted_sum
 
 log = logging.getLogger(__name__)
 BLOCK = 1 << 22  # elements of one block of columns (16 MiB float32) in the scaled Gram product
@@ -126,7 +126,7 @@ def _wolfe_polish(m: np.ndarray, lam: np.ndarray, rel_tol: float = 1e-12) -> np.
     n = len(lam)
     lam = np.where(lam > 1e-15, lam, 0.0)
     lam /= lam.sum()
-    corral = list(np.flatnonzero(lam))
+    corral = [int(i) for i in np.flatnonzero(lam)]
     for _ in range(10 * n + 50):
         k = len(corral)
         kkt = np.zeros((k + 1, k + 1))
@@ -143,7 +143,7 @@ def _wolfe_polish(m: np.ndarray, lam: np.ndarray, rel_tol: float = 1e-12) -> np.
             lam = np.zeros(n)
             lam[corral] = alpha
             mlam = m @ lam
-            f = lam @ mlam
+            f = float(lam @ mlam)
             j = int(np.argmin(mlam))
             if mlam[j] >= f - rel_tol * max(1.0, abs(f)) or j in corral:
                 break

@@ -1,4 +1,4 @@
-"""``python -m deploy.calibrate RUN_CONFIG_JSON CLIENT``: seconds per local step of ``CLIENT``'s
+"""``python -m deploy.edge.calibrate RUN_CONFIG_JSON CLIENT``: seconds per local step of ``CLIENT``'s
 local training under the run config's workload, measured in the calling process (the launcher
 starts it inside a device class's cgroup and namespace). Prints one JSON line:
 ``{"seconds-per-step": s, "num-steps": k, "peak-rss-mb": m}``. The first training call warms up

@@ -18,7 +18,7 @@ import signal
 import time
 from pathlib import Path
 
-from .errors import DeployError
+from ..errors import DeployError
 
 ROOT = Path("/sys/fs/cgroup")
 # CFS period: the quota is cpus x PERIOD_US of CPU per PERIOD_US. A short period (10 ms, not the
