@@ -24,6 +24,8 @@ _WHERE = {
     "FedExP": "rules.fedexp", "FedNova": "rules.fednova", "FedVARP": "rules.fedvarp",
     "ClusterFedVARP": "rules.fedvarp", "MIFA": "rules.mifa", "FLFDMS": "rules.fdms",
     "Stale": "rules.fdms", "Full": "rules.fdms", "PowerOfChoice": "rules.power_of_choice",
+    "FedAdam": "rules.flower_opt", "FedYogi": "rules.flower_opt", "FedAdagrad": "rules.flower_opt",
+    "FedAvgM": "rules.flower_opt",
 }
 __all__ = list(_WHERE)
 

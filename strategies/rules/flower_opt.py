@@ -28,8 +28,8 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import strategy as flower
 
-from .base import AvailabilityStrategy, ClientReport
-from .weighting import weighted_sum
+from ..base import AvailabilityStrategy, ClientReport
+from ..weighting import weighted_sum
 
 KEY = "x"  # the one flat array Flower's optimizer sees (its updates are elementwise)
 
