@@ -161,7 +161,7 @@ class Workload:
         data = self.test if data is None else data
         model = model.to(self.device).eval()
         if getattr(model, "is_regression", False):
-            x = model.x.detach().cpu()
+            x = getattr(model, "x").detach().cpu()  # noqa: B009 (the quadratic model's one parameter)
             points = data.x
             loss = 0.5 * ((points - x) ** 2).sum(dim=1).mean().item()
             return {"loss": loss, "distance-to-optimum": (x - points.mean(0)).norm().item()}
