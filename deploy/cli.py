@@ -1,5 +1,5 @@
 """The ``deploy`` commands, their arguments in one place: ``python -m deploy launch | churn |
-devices | compose-devices`` (see ``deploy/__init__.py`` and ``docker/README.md``; the compose
+devices | compose-devices`` (see ``deploy/__init__.py``, docs/deployment.md and docs/containers.md; the compose
 files call ``churn``). Each command imports its module only when run: ``launch`` without
 ``--devices`` never imports :mod:`deploy.edge`."""
 
@@ -36,7 +36,7 @@ def add_launch_args(p: argparse.ArgumentParser) -> None:
                         "(pass the same --run-config; clients' state-dir survives only with the same --work-dir)")
     p.add_argument("--timeout", type=float, default=3600.0, help="give up (and stop the run) after this many seconds")
     p.add_argument("--devices", default=None,
-                   help="device classes (TOML): CPU, memory and bandwidth limits per SuperNode (root; see README)")
+                   help="device classes (TOML): CPU, memory and bandwidth limits per SuperNode (root; see docs/edge.md)")
 
 
 def add_churn_args(p: argparse.ArgumentParser) -> None:

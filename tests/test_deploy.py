@@ -224,10 +224,10 @@ def test_a_node_stopped_out_of_schedule_makes_the_launcher_fail_naming_round_and
     assert "round 2: client 1" in text and "round 3: client 1" in text
 
 
-# ---------------------------------------------------------------------- the README's command, as written
+# ------------------------------------------------------------ docs/deployment.md's command, as written
 def readme_deploy_command() -> list[str]:
-    """The ``python -m deploy launch`` command of the README's "Real deployment" section."""
-    section = (ROOT / "README.md").read_text().split("## Real deployment", 1)[1]
+    """The first ``python -m deploy launch`` command of docs/deployment.md."""
+    section = (ROOT / "docs" / "deployment.md").read_text()
     block = section.split("```bash", 1)[1].split("```", 1)[0]
     argv = shlex.split(block.replace("\\\n", " "))
     assert argv[:4] == ["python", "-m", "deploy", "launch"], argv

@@ -17,7 +17,7 @@ client and says so); a dry vmapped step catches what it does not know.
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn.functional as F
@@ -42,6 +42,8 @@ class MaskedDropout(nn.Module):
     per-client path draws them (every dropout layer of a forward pass, step after step); on the CPU
     ``torch.empty(shape).bernoulli_(1 - p, generator)`` is exactly what ``nn.Dropout`` draws.
     """
+
+    mask: torch.Tensor  # the buffer registered below
 
     def __init__(self, p: float) -> None:
         super().__init__()
@@ -204,7 +206,7 @@ class CohortTrainer:
             everyone = k < shortest
             with torch.no_grad():
                 if solver.max_grad_norm is not None:  # torch.nn.utils.clip_grad_norm_, per client
-                    total = torch.sqrt(sum(g.pow(2).flatten(1).sum(1) for g in grads.values()))
+                    total = torch.sqrt(cast(torch.Tensor, sum(g.pow(2).flatten(1).sum(1) for g in grads.values())))
                     coef = torch.clamp(solver.max_grad_norm / (total + 1e-6), max=1.0)
                     grads = {key: g * _per(coef, g) for key, g in grads.items()}
                 for key, p in params.items():
@@ -237,7 +239,7 @@ class CohortTrainer:
         return out
 
     def _p(self, mask_name: str) -> float:
-        return self.model.get_submodule(mask_name.rsplit(".", 1)[0]).p
+        return cast(float, self.model.get_submodule(mask_name.rsplit(".", 1)[0]).p)
 
 
 def _per(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
