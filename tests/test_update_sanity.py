@@ -10,11 +10,10 @@ import logging
 
 import numpy as np
 import pytest
-from replies import reply, start_round
+from replies import rule_reply, start_round
 
 from strategies import STRATEGIES, FedAvgActive, build_strategy
 from strategies.rules.fedaware import FedAWARE
-from strategies.rules.fedawe import ECHO_FACTOR, UPDATE_PREFIX
 
 DIM, N = 3, 4
 
@@ -25,12 +24,9 @@ def make(name, **kwargs):
 
 
 def honest(name, sent, model, client, update):
-    """A reply every rule accepts: FedNova's a-norm; FedAWE's echo factor (1: seen every round)
-    and echoed update u_i (= Δ_i with factor 1)."""
-    extra = None
-    if name == "fedawe":
-        extra = {ECHO_FACTOR: np.array([1.0]), UPDATE_PREFIX + "w": np.asarray(update, np.float32)}
-    return reply(sent, model, extra_arrays=extra, **{"client-id": client, "a-norm": 2.0, "num-steps": 2})
+    """A reply every rule accepts (:func:`replies.rule_reply`: FedNova's a-norm and num-steps;
+    FedAWE's and FedPBC's echo factor 1 and u_i = Δ_i; SCAFFOLD's Δc_i)."""
+    return rule_reply(name, sent, model, client, np.asarray(update, np.float32))
 
 
 def play(strategy, name, rnd, x, updates, silent=()):
