@@ -17,7 +17,7 @@ from torch import nn
 from experiments.inprocess import run_inprocess
 from strategies import STRATEGIES
 from workloads import workload as workload_module
-from workloads.cohort import CohortTrainer
+from workloads.vmapped import CohortTrainer
 from workloads.models import Classifier
 from workloads.solvers import SolverConfig
 from workloads.workload import Workload, get_workload
@@ -112,11 +112,11 @@ def test_dropout_masks_are_each_clients_own(tmp_path, model_with):
 
 def test_a_model_it_cannot_batch_falls_back_says_why_once_and_is_equal(tmp_path, model_with, caplog):
     model_with(nn.AlphaDropout(0.3))
-    with caplog.at_level(logging.WARNING, logger="experiments.cohort"):
+    with caplog.at_level(logging.WARNING, logger="experiments.cohort_grid"):
         cfg, _, _ = same_run(tmp_path)
     assert cfg["engine-used"] == "per-client"
     assert "AlphaDropout" in cfg["engine-reason"]
-    warnings = [r for r in caplog.records if r.name == "experiments.cohort"]
+    warnings = [r for r in caplog.records if r.name == "experiments.cohort_grid"]
     assert len(warnings) == 1 and "AlphaDropout" in warnings[0].getMessage()
 
 
@@ -124,7 +124,7 @@ def test_a_custom_client_app_is_never_bypassed(tmp_path):
     from flwr.clientapp import ClientApp
 
     from client_app.app import app as client_app
-    from experiments.cohort import CohortGrid
+    from experiments.cohort_grid import CohortGrid
 
     custom = ClientApp()
 

@@ -6,12 +6,12 @@ round's train messages together; for each it runs the ClientApp's own *start*
 (:func:`client_app.app.train_start`: decode, the availability gate, the client rule's start model
 such as FedAWE's own copy) and *reply* (:func:`client_app.app.train_reply`: metrics, FedAWE's
 echo, FedNova's a-norm), and replaces only the local training in between by
-:class:`workloads.cohort.CohortTrainer` (vmapped over the stacked parameters). Every other message
+:class:`workloads.vmapped.CohortTrainer` (vmapped over the stacked parameters). Every other message
 (identity queries, evaluation, FedAWE's adoption) goes through the ClientApp as in
 :class:`~experiments.inprocess.InProcessGrid`. Replies come back in the messages' order, so the
 strategy, the schedule, the checkpoints and the results folder cannot tell the engines apart.
 
-A workload the cohort engine cannot batch (see :func:`workloads.cohort.cohort_unsupported`) runs
+A workload the cohort engine cannot batch (see :func:`workloads.vmapped.cohort_unsupported`) runs
 per client; the reason is logged once and recorded in ``config.json`` (``engine-used``,
 ``engine-reason``).
 """
@@ -27,7 +27,7 @@ from flwr.app import Message, MessageType
 from client_app.app import TrainStart, train_reply, train_start
 from runconfig import WorkloadConfig, from_run_config
 from server_app.config import ENGINES
-from workloads.cohort import CohortTrainer
+from workloads.vmapped import CohortTrainer
 from workloads.workload import Workload, get_workload
 
 from .grid import InProcessGrid, default_client_app
