@@ -17,9 +17,9 @@ from torch import nn
 from experiments.inprocess import run_inprocess
 from strategies import STRATEGIES
 from workloads import workload as workload_module
-from workloads.vmapped import CohortTrainer
 from workloads.models import Classifier
 from workloads.solvers import SolverConfig
+from workloads.vmapped import CohortTrainer
 from workloads.workload import Workload, get_workload
 
 SMALL = {"num-server-rounds": 3, "num-clients": 6, "model": "mlp", "availability": "bernoulli:p=0.7",
