@@ -7,7 +7,7 @@ for the counter-based randomness and the meaning of ``prob(t)``.
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import numpy as np
 
@@ -190,7 +190,7 @@ class Markov(_FedAU):
         rows[:have] = self._rows
         for t in range(have, len(rows)):
             u = self._rng(MARKOV, t).random(self.num_clients)
-            rows[t] = u < self.base if t == 0 else np.where(rows[t - 1], u >= self.p_off, u < self.p_on)
+            rows[t] = u < cast(np.ndarray, self.base) if t == 0 else np.where(rows[t - 1], u >= self.p_off, u < self.p_on)
         self._rows = rows
 
     def _available(self, t):

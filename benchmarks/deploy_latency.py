@@ -79,7 +79,7 @@ def ray(n: int, rounds: int, tmp: Path) -> float:
 
 
 def variant_options(name: str, n: int) -> dict:
-    """Deployment(...) keyword arguments of a variant. ``tuned`` is deploy.tuning as the launcher
+    """ProcessSite(...) keyword arguments of a variant. ``tuned`` is deploy.tuning as the launcher
     applies it (given explicitly, in case the launcher does not yet); ``defaults`` overrides it
     back to Flower's defaults on the nodes."""
     from deploy import tuning
@@ -95,14 +95,14 @@ def variant_options(name: str, n: int) -> dict:
 
 
 def deployment_class(variant: str):
-    """The launcher's Deployment; for ``defaults``, with plain ``flower-supernode`` nodes and the
+    """The launcher's ProcessSite; for ``defaults``, with plain ``flower-supernode`` nodes and the
     ServerApp pulling replies every 3 s (Flower's HttpGrid)."""
     from deploy import local, tuning
     from server_app.network import PULL_INTERVAL_VAR
 
     k = len(tuning.SUPERNODE)
 
-    class Bench(local.Deployment):
+    class Bench(local.ProcessSite):
         def _spawn(self, name, argv, flwr_home, cwd, extra_env=None, preexec=None):
             if variant == "defaults" and argv[:k] == tuning.SUPERNODE:
                 argv = ["flower-supernode", *argv[k:]]
@@ -116,8 +116,8 @@ def deployment_class(variant: str):
 def deployment(n: int, rounds: int, tmp: Path, variant: str, project: Path = ROOT) -> dict:
     from deploy.run import run_deployment
 
-    Deployment = deployment_class(variant)
-    with Deployment(n, tmp / f"dep-{variant}", project=project, **variant_options(variant, n)) as dep:
+    Site = deployment_class(variant)
+    with Site(n, tmp / f"dep-{variant}", project=project, **variant_options(variant, n)) as dep:
         res = run_deployment(dep, workload(n, rounds, tmp, f"dep-{variant}"))
         rs = rows(res.run_dir)
         times = [r["round-time"] for r in rs]
@@ -127,11 +127,11 @@ def deployment(n: int, rounds: int, tmp: Path, variant: str, project: Path = ROO
 
 
 def churn_costs(n: int, tmp: Path, project: Path) -> dict:
-    from deploy.local import Deployment
+    from deploy.local import ProcessSite
     from deploy.run import run_deployment
 
     out: dict = {}
-    with Deployment(n, tmp / "restart", project=project) as dep:  # a node's restart: start -> registered
+    with ProcessSite(n, tmp / "restart", project=project) as dep:  # a node's restart: start -> registered
         for i in range(n):
             dep.start_node(i)
         t = []
@@ -145,12 +145,12 @@ def churn_costs(n: int, tmp: Path, project: Path) -> dict:
     # SIGTERM in round 2, SIGKILL in round 3 (all nodes scheduled on; nobody restarted after)
     trace = tmp / "all-on.csv"
     trace.write_text("\n".join([",".join(["1"] * n)] * 3) + "\n")
-    with Deployment(n, tmp / "churn", project=project) as dep:
+    with ProcessSite(n, tmp / "churn", project=project) as dep:
         cfg = {**workload(n, 3, tmp, "churn"), "availability": f"trace-matrix:path={trace}"}
         res = run_deployment(dep, cfg, churn="rounds", crashes={2: [(n - 1, 2.0, "term")], 3: [(n - 2, 2.0, "kill")]})
         ev = {e["action"]: e["t"] for e in res.driver.events if e["action"] in ("term", "crash")}
         ends = {r["round"]: r["wall-time"] for r in rows(res.run_dir)}  # from the server's round-1 start
-        t_first = res.driver.follow.started_at  # ~ the server's round-1 start (monotonic)
+        t_first = res.driver.started_at  # ~ the server's round-1 start (monotonic)
         out["term->round-end"] = ends[2] - (ev["term"] - t_first)
         out["kill->round-end"] = ends[3] - (ev["crash"] - t_first)
         out["churn-status"] = res.status
@@ -194,7 +194,6 @@ def main() -> None:
     ap.add_argument("--variants", nargs="+", default=["tuned", "defaults"], help="deployment variants to time")
     a = ap.parse_args()
     from deploy import tuning
-    from deploy.runconfig import server_supports
 
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="deploy-bench-") as d:
@@ -227,8 +226,7 @@ def main() -> None:
         if k in res:
             print(f"| {label} | {res[k]:.1f} |")
     if not a.no_churn:
-        grace = "round-start-delay supported" if server_supports("round-start-delay") else "no round-start-delay yet"
-        print(f"| churn grace per round ({grace}) | D (a sleep); 0 with look-ahead starts |")
+        print("| churn grace per round (round-start-delay) | D (a sleep); 0 with look-ahead starts |")
     for v, r in deps.items():
         print(f"rounds, `{v}`: " + " ".join(f"{t:.2f}" for t in r["rounds"]))
     poll = float(tuning.ENV.get("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", 1.0))

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
-from deploy.devices import load_devices
-from deploy.edgerun import run_recorded
-from deploy.local import Deployment
+from deploy.edge.devices import load_devices
+from deploy.local import ProcessSite
 from deploy.procs import exit_on_signals
+from deploy.record import run_recorded
 from experiments.inprocess import run_inprocess
 from server_app.results import read_matrix, read_metrics
 
@@ -53,7 +53,7 @@ def replay(cfg: dict, trace: Path, results: Path, name: str) -> dict:
 def deployed(a: argparse.Namespace, plan, tmp: Path, strategy: str) -> dict:
     cfg = workload(a, tmp / "results", strategy)
     t0 = time.monotonic()
-    with Deployment(a.nodes, tmp / f"work-{strategy}", devices=plan, log=print) as dep:
+    with ProcessSite(a.nodes, tmp / f"work-{strategy}", devices=plan, log=print) as dep:
         out, rec, counts = run_recorded(dep, cfg, timeout=3600)
     if not out.completed:
         raise SystemExit(f"{strategy}: run did not complete ({out.status})")

@@ -27,8 +27,8 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from strategies.base import ClientReport
-from strategies.fdms import FLFDMS
-from strategies.fedavg import FedAvgActive
+from strategies.rules.fdms import FLFDMS
+from strategies.rules.fedavg import FedAvgActive
 
 CODE_THETA = {"theta_scale": 0.5, "beta": 1.0, "theta_offset": 0.01}
 

@@ -21,8 +21,8 @@ import time
 import numpy as np
 
 from strategies.base import ClientReport
-from strategies.fedavg import FedAvgActive
-from strategies.fedaware import FedAWARE, min_norm_solve
+from strategies.rules.fedavg import FedAvgActive
+from strategies.rules.fedaware import FedAWARE, min_norm_solve
 
 
 def available_bytes() -> int:

@@ -1,4 +1,4 @@
-"""Round start under churn: the README's churn example (4 SuperNodes, 10 rounds,
+"""Round start under churn: the churn example of docs/deployment.md (4 SuperNodes, 10 rounds,
 group-cyclic:groups=2,window=2) with the round-start signal (each round starts once its nodes are
 registered), with the old fixed 3 s grace, and without churn. Prints the median round time
 (rounds 2+) and the late nodes of each; asserts nothing.
@@ -14,7 +14,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from deploy.local import Deployment
+from deploy.local import ProcessSite
 from deploy.procs import exit_on_signals
 from deploy.run import run_deployment
 
@@ -40,7 +40,7 @@ def main() -> None:
         for k in range(a.repeats):
             for name, kw in VARIANTS.items():
                 loads.append(os.getloadavg()[0])
-                with Deployment(4, Path(d) / f"w{k}-{len(out[name])}-{hash(name) % 1000}") as dep:
+                with ProcessSite(4, Path(d) / f"w{k}-{len(out[name])}-{hash(name) % 1000}") as dep:
                     res = run_deployment(dep, {**cfg, "results-dir": str(Path(d) / "results")}, **kw)
                 if not res.ok:
                     print(f"{name}: {res.status}; {res.report and res.report.summary()}")
@@ -48,7 +48,7 @@ def main() -> None:
                 out[name].append(statistics.median(times))
                 if res.driver is not None:
                     late[name] += sum(len(v) for v in res.driver.late.values())
-    print(f"\nREADME churn example: 4 nodes, {a.rounds} rounds, {os.cpu_count()} CPUs, "
+    print(f"\nchurn example (docs/deployment.md): 4 nodes, {a.rounds} rounds, {os.cpu_count()} CPUs, "
           f"load {min(loads):.1f}-{max(loads):.1f} (shared host: noisy)")
     print("| variant | median round, rounds 2+ (s), per repeat | late (round, node) |\n|---|---|---|")
     for name, meds in out.items():

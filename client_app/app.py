@@ -16,9 +16,9 @@ from __future__ import annotations
 import functools
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
-from flwr.app import ArrayRecord, Context, Error, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from availability import Schedule, schedule_for
@@ -96,7 +96,7 @@ def rule_of(config):
 
 
 def server_round(msg: Message) -> int:
-    return int(msg.content["config"][SERVER_ROUND])
+    return int(cast(int, msg.content.config_records["config"][SERVER_ROUND]))
 
 
 @app.query()
@@ -136,7 +136,7 @@ def train_start(msg: Message, context: Context) -> TrainStart | Message:
         return Message(Error(code=UNAVAILABLE, reason=f"client {pid} unavailable in round {rnd}"), reply_to=msg)
     config = msg.content["config"]
     rule = rule_of(config)
-    start = rule.start(msg.content["arrays"].to_torch_state_dict(), context, pid, rnd, config)
+    start = rule.start(msg.content.array_records["arrays"].to_torch_state_dict(), context, pid, rnd, config)
     return TrainStart(msg, context, wl, pid, rnd, config, rule, start, received)
 
 
@@ -190,7 +190,7 @@ def adopt(msg: Message, context: Context) -> Message:
     pid, _ = identity(context)
     config = msg.content["config"]
     rule = rule_of(config)
-    rule.adopt(msg.content["arrays"].to_torch_state_dict(), context, pid, server_round(msg) - 1, config)
+    rule.adopt(msg.content.array_records["arrays"].to_torch_state_dict(), context, pid, server_round(msg) - 1, config)
     return Message(RecordDict({"metrics": MetricRecord({CLIENT_ID: pid})}), reply_to=msg)
 
 
@@ -201,12 +201,12 @@ def evaluate(msg: Message, context: Context) -> Message:
     With config ``probe-batches`` = k > 0, only on k seeded mini-batches (cpow-d's cheap probe).
     """
     wl, pid = workload_of(context)
-    config = msg.content.config_records.get("config", {})
-    model = wl.scratch_model(msg.content["arrays"].to_torch_state_dict())
+    config = msg.content.config_records.get("config", ConfigRecord())
+    model = wl.scratch_model(msg.content.array_records["arrays"].to_torch_state_dict())
     data = wl.client_data(pid)
-    if (k := int(config.get(PROBE_BATCHES, 0))) > 0:
-        data = wl.probe_data(pid, int(config.get(SERVER_ROUND, 1)) - 1, k)
+    if (k := int(cast(int, config.get(PROBE_BATCHES, 0)))) > 0:
+        data = wl.probe_data(pid, int(cast(int, config.get(SERVER_ROUND, 1))) - 1, k)
     scores = wl.evaluate(model, data)
-    metrics = {CLIENT_ID: pid, NUM_EXAMPLES: wl.num_examples(pid),
+    metrics: dict[str, int | float | list[int] | list[float]] = {CLIENT_ID: pid, NUM_EXAMPLES: wl.num_examples(pid),
                **{f"eval-{k}": float(v) for k, v in scores.items()}}
     return Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)

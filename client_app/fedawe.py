@@ -2,7 +2,7 @@
 
 Xiang et al., "Efficient Federated Learning against Heterogeneous and Non-stationary Client
 Unavailability", NeurIPS 2024, Alg. 1 (the server side and the message protocol:
-``strategies.fedawe``). In round t an available client
+``strategies.rules.fedawe``). In round t an available client
 
 1. starts local training from ITS OWN copy x_i (its first message's model when it has none:
    the server sends the initial model x^0 there, so every copy starts at x^0, τ_i = −1);
@@ -31,7 +31,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context
@@ -93,9 +93,10 @@ class StateStore:
 
     def load(self) -> ClientState | None:
         cached = self.context.state
-        meta = cached[META_RECORD] if META_RECORD in cached else None
-        if meta is not None and meta.get("key") == self.key and COPY_RECORD in cached:
-            return ClientState(cached[COPY_RECORD].to_torch_state_dict(), int(meta["tau"]))
+        meta = cached.config_records.get(META_RECORD)
+        copy = cached.array_records.get(COPY_RECORD)
+        if meta is not None and meta.get("key") == self.key and copy is not None:
+            return ClientState(copy.to_torch_state_dict(), int(cast(int, meta["tau"])))
         if self.path is None or not self.path.is_file():
             return None
         saved = torch.load(self.path, map_location="cpu", weights_only=True)

@@ -5,32 +5,34 @@ the availability schedule. One job per module; arrows point down the list, never
 - ``errors``: :class:`DeployError`;
 - ``procs``: free ports, tagged processes, children, kill; :class:`procs.Spawner` leaves nothing behind;
 - ``flwr_cli``: the ``flwr`` CLI (``config.toml``, submit, status, log, Flower's JSON);
-- ``tuning``: round-latency settings applied to every SuperNode;
-- ``runconfig``: the submitted run config, its folder, its schedule, resume and latest checkpoint;
+- ``tuning``: round-latency settings applied to every SuperNode, the host's CPUs;
+- ``submission``: the submitted run config, its folder, its schedule, resume and latest checkpoint;
 - ``follow``: tails the run folder (``config.json``, ``metrics.jsonl``);
 - ``nodes``: the :class:`nodes.Nodes` protocol (start/stop/signal/running/registered id) and
   :class:`nodes.Site` (nodes + their SuperLink);
-- ``local`` (processes: :class:`local.Deployment`) and ``containers`` (Docker: ``DockerNodes``,
+- ``local`` (processes: :class:`local.ProcessSite`) and ``containers`` (Docker: ``DockerNodes``,
   ``ComposeSite``): the two implementations;
 - ``churn``: :class:`churn.RoundChurn` / :class:`churn.WallClockChurn`, typed against ``Nodes``;
-- ``report``: the participation report (pure);
+- ``participation``: the participation report (pure); ``realised``: per-client statuses and
+  the realised trace (pure);
 - ``run``: :func:`run.run_deployment`, one run on any ``Site``;
-- edge emulation: ``devices`` (device classes from TOML or a FedScale-style trace, host check),
-  ``cgroups`` and ``netns`` (one node's CPU/memory cgroup, its network namespace + veth + tbf),
-  ``edge`` (all nodes' limits: made, entered before exec, removed), ``realised`` (per-client
-  statuses, the realised trace; pure), ``edgerun`` (calibration, sampling, the files of a run),
-  ``calibrate`` (seconds per local step, run under a class's limits);
-- ``launch`` / ``compose`` / ``__main__``: the CLIs (``python -m deploy launch|churn|devices``).
+- ``record``: :func:`record.run_recorded`, a process run plus its per-client files
+  (``clients.jsonl``, ``realised-trace.csv``);
+- ``launch`` (``python -m deploy launch``) and ``churn_service`` (``python -m deploy churn``, the
+  compose stack's churn service); ``cli``: every command's arguments (``python -m deploy``);
+- ``edge/``: edge emulation (device classes, cgroups, namespaces, relay, calibration, the
+  compose override and the in-container entrypoint), imported only with device classes.
 
-A deployed round: ``launch`` starts a :class:`Deployment` and calls :func:`run.run_deployment`, which
-builds the run config (``runconfig``), lets ``churn`` start the round-1 nodes, submits through
-``flwr_cli``, then steps the driver as ``follow`` sees each round's line in ``metrics.jsonl``
-(stopping the nodes off in the next round, starting the returning ones), and at the end compares
-who replied with the schedule (``report``). ``compose`` does the same on containers.
+A deployed round: ``launch`` starts a :class:`ProcessSite` and calls :func:`record.run_recorded`
+and so :func:`run.run_deployment`, which builds the run config (``submission``), lets ``churn``
+start the round-1 nodes, submits through ``flwr_cli``, then steps the driver as ``follow`` sees
+each round's line in ``metrics.jsonl`` (stopping the nodes off in the next round, starting the
+returning ones), and at the end compares who replied with the schedule (``participation``).
+``churn_service`` does the same on containers.
 
 The package imports nothing itself: every SuperNode starts as ``python -m deploy.tuning``, which
 imports this package first, and must stay light (no torch). Import the modules:
-``from deploy.local import Deployment``, ``from deploy.run import run_deployment``.
+``from deploy.local import ProcessSite``, ``from deploy.run import run_deployment``.
 
 CLI: ``python -m deploy launch --num-nodes 4 --run-config "..." [--churn] [--churn-mode term|kill]
 [--resume-from CKPT|RUN_DIR] [--keep-workdir]``; after the run it compares participation with the

@@ -43,7 +43,7 @@ leaves after S_r still gets a message (its reply is an error or never comes).
   SIGKILLs (default; a power cut) or SIGTERMs a node in the middle of round r; the schedule
   decides when it comes back.
 
-After the run (:func:`deploy.report.participation_report`): every recorded round's participants are compared
+After the run (:func:`deploy.participation.participation_report`): every recorded round's participants are compared
 with the schedule. A difference is within the timing slack when it has a reason: the node was
 late or taken down on purpose (:meth:`RoundChurn.explained`), or its reply was rejected (the
 round's ``rejected`` list). Anything else (a client on in the schedule with no reply and no
@@ -59,7 +59,10 @@ For ``trace-intervals`` specs: client i is connected while the elapsed time (x `
 the trace's period lies in one of its on-intervals, independent of rounds; the server just
 trains whoever is connected when a round starts.
 
-The drivers are stepped from the caller's loop (``step()``): single-threaded on purpose.
+One interface (:class:`ChurnDriver`): the run loop hands every driver the same typed events
+(:mod:`deploy.follow`: ``Submitted``, ``RunStarted``, ``RoundFinished``, ``Tick``, ``RunDone``)
+through ``on_event``, from its own loop: single-threaded on purpose. Round mode acts on the
+start and the round lines, wall-clock mode on the submission and the ticks.
 """
 
 from __future__ import annotations
@@ -68,15 +71,36 @@ import signal
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from availability import Schedule, read_trace_intervals
+from availability.traces import TraceIntervals
 
 from .errors import DeployError
-from .follow import RunFollower
+from .follow import Event, RoundFinished, RunDone, RunStarted, Submitted, Tick
 from .nodes import MODES, Nodes
+
+#: a crash on purpose: (client, seconds after the round's start[, "kill" (default) | "term"])
+Crash = tuple[int, float] | tuple[int, float, str]
+
+
+class ChurnDriver(Protocol):
+    """What the run loop needs of a churn driver (:class:`RoundChurn`, :class:`WallClockChurn`)."""
+
+    events: list[dict[str, Any]]  # what it did: {"t", "action", "client", ...}
+
+    @property
+    def min_nodes(self) -> int:
+        """The nodes up when the run starts (the run config's ``min-nodes``)."""
+        ...
+
+    def prepare(self, timeout: float = 90.0) -> None:
+        """Put the first round's nodes in place, registered, before ``flwr run``."""
+
+    def on_event(self, event: Event) -> None:
+        """Act on one event of the run (see :mod:`deploy.follow`)."""
 
 
 class RoundChurn:
@@ -87,14 +111,13 @@ class RoundChurn:
         nodes: Nodes,
         schedule: Schedule,
         num_rounds: int,
-        run_dir: str | Path,
         *,
         mode: str = "term",
         grace: float = 0.0,
         lookahead: bool = True,
         margin: float = 1.0,
         signal_dir: str | Path | None = None,
-        crashes: Mapping[int, list[tuple[int, float]]] | None = None,
+        crashes: Mapping[int, list[Crash]] | None = None,
         log: Callable[[str], None] | None = None,
         start_round: int = 1,
     ) -> None:
@@ -105,7 +128,6 @@ class RoundChurn:
         self.nodes = nodes
         self.schedule = schedule
         self.num_rounds = num_rounds
-        self.follow = RunFollower(Path(run_dir))
         self.start_round = int(start_round)  # a resumed run starts at its checkpoint's round + 1
         self.mode = mode
         self.grace = float(grace)
@@ -127,6 +149,7 @@ class RoundChurn:
         self.up_at_end: dict[int, dict[int, int]] = {}
         self.crashed: dict[int, list[int]] = {}
         self.events: list[dict[str, Any]] = []
+        self.started_at: float | None = None  # the server's start (RunStarted)
         self.done = False
         if not self.on(self.start_round):
             raise DeployError(f"the schedule has nobody online in round {self.start_round}; min-nodes cannot "
@@ -186,23 +209,27 @@ class RoundChurn:
         for i in sorted(first):
             self.nodes.wait_registered(i, timeout)
 
-    def step(self) -> None:
-        """Act on new rounds and due timers; call every ~0.1 s."""
+    def on_event(self, event: Event) -> None:
+        """The server's start begins round ``start_round``; round t's line begins round t + 1 (the
+        last ends the driving); a tick fires the due timers (look-ahead starts, crashes)."""
         if self.done:
             return
-        was_started = self.follow.started_at is not None
-        new_rows = self.follow.poll()
-        if not was_started and self.follow.started_at is not None:
-            self._begin(self.start_round, self.follow.started_at)
-        for row in new_rows:
-            finished = int(row["round"])
-            self.up_at_end[finished] = self._up()
-            if finished >= self.num_rounds:
+        if isinstance(event, RunStarted):
+            self.started_at = event.t
+            self._begin(self.start_round, event.t)
+        elif isinstance(event, RoundFinished):
+            self.up_at_end[event.round] = self._up()
+            if event.round >= self.num_rounds:
                 self.done = True
                 self.timers.clear()
                 return
-            self._begin(finished + 1, time.monotonic())
-        now = time.monotonic()
+            self._begin(event.round + 1, event.t)
+        elif isinstance(event, Tick):
+            self._fire(event.t)
+        elif isinstance(event, RunDone):
+            self.done = True
+
+    def _fire(self, now: float) -> None:
         due = [t for t in self.timers if t[0] <= now]
         self.timers = [t for t in self.timers if t[0] > now]
         for _, action, r, client in sorted(due):
@@ -247,10 +274,11 @@ class RoundChurn:
         if self.signal_dir is not None:
             (self.signal_dir / f"round-{r}").touch()
             at = time.monotonic() - self.grace  # the round starts now: timers below count from here
-        for client, after, *how in self.crashes.get(r, []):
+        for crash in self.crashes.get(r, []):
+            client, after = crash[0], crash[1]
+            how = crash[2] if len(crash) > 2 else "kill"
             if client in want:
-                self.timers.append((at + self.grace + after, "crash" if not how or how[0] == "kill" else "term",
-                                    r, client))
+                self.timers.append((at + self.grace + after, "crash" if how == "kill" else "term", r, client))
         if self.lookahead and r < self.num_rounds:
             when = at + self.grace + self.margin
             for i in sorted(self.on(r + 1) - want):
@@ -272,7 +300,7 @@ class WallClockChurn:
                  speedup: float = 1.0, log: Callable[[str], None] | None = None) -> None:
         if mode not in MODES:
             raise ValueError(f"churn mode must be one of {MODES}, not {mode!r}")
-        if schedule.name != "trace-intervals":
+        if not isinstance(schedule, TraceIntervals):
             raise DeployError(f"wall-clock churn needs a trace-intervals schedule, not {schedule.name!r}")
         if speedup <= 0:
             raise ValueError("speedup must be > 0")
@@ -302,12 +330,18 @@ class WallClockChurn:
             self.nodes.start_node(i)
         for i in sorted(self.on_at(0.0)):
             self.nodes.wait_registered(i, timeout)
-        self.t0 = time.monotonic()
 
-    def step(self) -> None:
-        if self.t0 is None or self.done:
-            return
-        elapsed = (time.monotonic() - self.t0) * self.speedup
+    def on_event(self, event: Event) -> None:
+        """The clock starts at the submission; every tick puts the nodes where the trace has
+        them; the run's end stops the driving."""
+        if isinstance(event, Submitted):
+            self.t0 = event.t
+        elif isinstance(event, RunDone):
+            self.done = True
+        elif isinstance(event, Tick) and self.t0 is not None and not self.done:
+            self._follow_trace((event.t - self.t0) * self.speedup)
+
+    def _follow_trace(self, elapsed: float) -> None:
         want = self.on_at(elapsed)
         running = self.nodes.running_nodes()
         for i in sorted(running - want):

@@ -1,10 +1,12 @@
-"""The ``flwr`` CLI, in one place: its ``config.toml`` connection, submitting a run, its status
-(blocking, or polled in the background so that a churn driver is never held up), its log, and
-the JSON Flower prints (``--format json``).
+"""The ``flwr`` CLI, in one place (deployments and ``python -m experiments.run`` both use it):
+its ``config.toml`` connection, submitting a run, its status (blocking, or polled in the
+background so that a churn driver is never held up), its log, the JSON Flower prints
+(``--format json``), and the environment every Flower process gets (:data:`FLOWER_ENV`).
 
-A connection named ``deploy`` (``[superlink.deploy]``) is written to ``<home>/config.toml``:
-``insecure = true``, or ``root-certificates = "<CA file>"`` for TLS. ``FLWR_HOME=<home>`` points
-the CLI at it.
+With an ``address``, a connection named ``deploy`` (``[superlink.deploy]``) is written to
+``<home>/config.toml``: ``insecure = true``, or ``root-certificates = "<CA file>"`` for TLS.
+Without one, the commands name no connection: ``flwr run`` uses the app's default federation
+(the local simulation SuperLink). ``FLWR_HOME=<home>`` points the CLI at its home.
 """
 
 from __future__ import annotations
@@ -22,6 +24,12 @@ from .procs import find_exe
 CONNECTION = "deploy"
 FINISHED = "finished"
 COMPLETED = "finished:completed"
+FLOWER_ENV = {  # every Flower process we start (SuperLink, SuperNodes, the CLI): quiet and offline
+    "FLWR_TELEMETRY_ENABLED": "0",
+    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+    "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",  # Ray's accelerator FutureWarning
+    "PYTHONUNBUFFERED": "1",
+}
 
 
 def toml_value(value: Any) -> str:
@@ -40,22 +48,33 @@ def parse_json(stdout: str) -> dict[str, Any]:
         return {}
 
 
-def run_status(doc: Mapping[str, Any], run_id: int) -> str:
-    """The status of ``run_id`` in a ``flwr ls --format json`` document (``""`` if absent)."""
+def run_entry(doc: Mapping[str, Any], run_id: int) -> tuple[str, str]:
+    """(status, status details) of ``run_id`` in a ``flwr ls --format json`` document
+    (``("", "")`` if absent)."""
     for run in doc.get("runs", []):
         if int(run.get("run-id", -1)) == run_id:
-            return str(run.get("status", ""))
-    return ""
+            return str(run.get("status", "")), str(run.get("status-details", ""))
+    return "", ""
+
+
+def run_status(doc: Mapping[str, Any], run_id: int) -> str:
+    """The status of ``run_id`` in a ``flwr ls --format json`` document (``""`` if absent)."""
+    return run_entry(doc, run_id)[0]
+
+
+class FlwrError(DeployError):
+    """A ``flwr`` command failed (e.g. ``flwr run`` did not start the run)."""
 
 
 class FlwrCli:
-    """The ``flwr`` CLI against one SuperLink (``address``), with its home in ``home``.
+    """The ``flwr`` CLI against one SuperLink (``address``; None: the app's default federation),
+    with its home in ``home``.
 
     ``env``: the environment of every ``flwr`` call (``FLWR_HOME`` is set to ``home``);
     ``cwd``: where it runs.
     """
 
-    def __init__(self, home: str | Path, address: str, *, root_certificates: str | None = None,
+    def __init__(self, home: str | Path, address: str | None, *, root_certificates: str | None = None,
                  env: Mapping[str, str] | None = None, cwd: str | Path | None = None,
                  log: Any = None) -> None:
         self.home = Path(home)
@@ -65,7 +84,9 @@ class FlwrCli:
         self.cwd = Path(cwd) if cwd else self.home
         self.log = log or (lambda line: None)
         self._ls: subprocess.Popen | None = None
-        self.write_config()
+        self.target = [CONNECTION] if address is not None else []  # the connection the commands name
+        if address is not None:
+            self.write_config()
 
     def write_config(self) -> Path:
         self.home.mkdir(parents=True, exist_ok=True)
@@ -83,28 +104,38 @@ class FlwrCli:
         return subprocess.run(self._argv(*args), env=self.env, cwd=self.cwd, capture_output=True, text=True,
                               timeout=timeout, stdin=subprocess.DEVNULL)
 
-    def submit(self, project: str | Path, run_config: Mapping[str, Any], timeout: float = 300.0) -> int:
-        """``flwr run`` (detached) with ``run_config`` written to a TOML file; returns the run id."""
+    def submit(self, project: str | Path, run_config: Mapping[str, Any], timeout: float = 300.0,
+               federation_config: str | None = None) -> int:
+        """``flwr run`` (detached) with ``run_config`` written to a TOML file (and
+        ``--federation-config``, e.g. a simulation's ``num-supernodes=4``); returns the run id, or
+        raises :class:`FlwrError`."""
         path = self.home / f"run-config-{uuid.uuid4().hex[:6]}.toml"
         path.write_text("".join(f"{k} = {toml_value(v)}\n" for k, v in run_config.items()))
-        res = self("run", str(project), CONNECTION, "--run-config", str(path), "--format", "json", timeout=timeout)
+        fed = ["--federation-config", federation_config] if federation_config else []
+        res = self("run", str(project), *self.target, "--run-config", str(path), *fed, "--format", "json",
+                   timeout=timeout)
         doc = parse_json(res.stdout)
         if res.returncode != 0 or not doc.get("success", False) or "run-id" not in doc:
-            raise DeployError(f"flwr run failed (rc {res.returncode}):\n{res.stdout}\n{res.stderr}")
+            raise FlwrError(f"flwr run did not start the run (exit {res.returncode}): "
+                            f"{(res.stdout + res.stderr).strip()[-2000:]}")
         run_id = int(doc["run-id"])
         self.log(f"submitted run {run_id}")
         return run_id
 
+    def run_info(self, run_id: int) -> tuple[str, str]:
+        """(status, status details) of the run, e.g. ``("finished:failed", "<the error>")``."""
+        res = self("ls", *self.target, "--run-id", str(run_id), "--format", "json", timeout=60)
+        return run_entry(parse_json(res.stdout), run_id)
+
     def status(self, run_id: int) -> str:
         """The run's status, e.g. ``running`` or ``finished:completed`` (``""`` if unknown)."""
-        res = self("ls", CONNECTION, "--run-id", str(run_id), "--format", "json", timeout=60)
-        return run_status(parse_json(res.stdout), run_id)
+        return self.run_info(run_id)[0]
 
     def poll_status(self, run_id: int) -> str | None:
         """Non-blocking status: the first call starts ``flwr ls`` in the background and returns
         None; a later call returns its answer once it has exited (None while it runs)."""
         if self._ls is None:
-            self._ls = subprocess.Popen(self._argv("ls", CONNECTION, "--run-id", str(run_id), "--format", "json"),
+            self._ls = subprocess.Popen(self._argv("ls", *self.target, "--run-id", str(run_id), "--format", "json"),
                                         env=self.env, cwd=self.cwd, stdin=subprocess.DEVNULL,
                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
             return None
@@ -114,11 +145,15 @@ class FlwrCli:
         return run_status(parse_json(out), run_id)
 
     def stop(self, run_id: int) -> None:
-        self("stop", str(run_id), CONNECTION, timeout=60)
+        self("stop", str(run_id), *self.target, timeout=60)
 
     def run_log(self, run_id: int) -> str:
-        res = self("log", str(run_id), CONNECTION, "--show", timeout=60)
+        res = self("log", str(run_id), *self.target, "--show", timeout=60)
         return res.stdout + res.stderr
+
+    def stream_argv(self, run_id: int) -> list[str]:
+        """``flwr log --stream``: the run's log as it comes, until the run ends."""
+        return self._argv("log", str(run_id), *self.target, "--stream")
 
     def close(self) -> None:
         """End a background ``flwr ls`` still running."""

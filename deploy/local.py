@@ -1,5 +1,5 @@
 """A real Flower deployment on loopback, as processes: one SuperLink and N SuperNodes
-(:class:`Deployment`, a :class:`deploy.nodes.Site`).
+(:class:`ProcessSite`, a :class:`deploy.nodes.Site`).
 
 - ``flower-superlink --insecure`` on a free 127.0.0.1 port, its own ``FLWR_HOME`` and cwd under the
   work dir, runtime dependency installation and telemetry off;
@@ -10,7 +10,7 @@
   node id;
 - a ``flwr`` CLI (:class:`deploy.flwr_cli.FlwrCli`) connected to the SuperLink.
 
-No process outlives the deployment (:mod:`deploy.procs`): :meth:`Deployment.close`
+No process outlives the deployment (:mod:`deploy.procs`): :meth:`ProcessSite.close`
 (context-manager exit, ``atexit``, the CLI's SIGINT/SIGTERM handlers) kills every process it
 started and reaps the helpers. A temp work dir (``/tmp/flchurn-deploy-*``) is removed by
 ``close`` unless ``keep_workdir`` (``--keep-workdir``). Everything is single-threaded: the churn
@@ -31,17 +31,15 @@ import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from client_app.timing import SWITCH as TIMING  # clients time their training (client_app/timing.py)
+from runconfig.defaults import ROOT
 
-from .devices import DevicePlan
-from .edge import EdgeLimits
 from .errors import DeployError
-from .flwr_cli import FlwrCli, toml_value
+from .flwr_cli import FLOWER_ENV, FlwrCli, toml_value
 from .nodes import MODES, NODE_ID_RE
 from .procs import Proc, Spawner, free_port, hold_signals, port_open, release_signals
-from .runconfig import ROOT
 from .tuning import (  # round-latency settings: env, node config, the SuperNode command
     ENV as TUNING_ENV,
     NODE_CONFIG as TUNING_NODE_CONFIG,
@@ -50,14 +48,12 @@ from .tuning import (  # round-latency settings: env, node config, the SuperNode
     host_share,
 )
 
-_LIVE: weakref.WeakSet[Deployment] = weakref.WeakSet()
-BASE_ENV = {
-    **TUNING_ENV,
-    "FLWR_TELEMETRY_ENABLED": "0",
-    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-    "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
-    "PYTHONUNBUFFERED": "1",
-}
+if TYPE_CHECKING:  # edge emulation is imported only when a site has device classes
+    from .edge.devices import DevicePlan
+    from .edge.limits import EdgeLimits
+
+_LIVE: weakref.WeakSet[ProcessSite] = weakref.WeakSet()
+BASE_ENV = {**TUNING_ENV, **FLOWER_ENV}
 
 
 @dataclass
@@ -73,7 +69,7 @@ class Node:
         return self.proc is not None and self.proc.alive
 
 
-class Deployment:
+class ProcessSite:
     """SuperLink + N SuperNodes on loopback. Use as a context manager; always closes."""
 
     local_files = True  # the ServerApp runs here: it sees the churn driver's round-start signal
@@ -116,7 +112,11 @@ class Deployment:
         if devices is not None and devices.num_nodes != num_nodes:
             raise DeployError(f"the device plan is for {devices.num_nodes} nodes, not {num_nodes}")
         # device limits (root): made with the SuperLink, removed by close()
-        self.edge = EdgeLimits(devices, self.tag, self.log) if devices is not None else None
+        self.edge: EdgeLimits | None = None
+        if devices is not None:
+            from .edge.limits import EdgeLimits
+
+            self.edge = EdgeLimits(devices, self.tag, self.log)
         self.spawner = Spawner(self.tag, self.logs, BASE_ENV)
         self.cli: FlwrCli | None = None  # once the SuperLink listens
         _LIVE.add(self)
@@ -218,10 +218,11 @@ class Deployment:
         deadline = time.monotonic() + timeout
         while (nid := self.registered_id(i)) is None:
             node = self.nodes[i]
+            log = node.proc.log if node.proc is not None else self.logs
             if not node.running:
-                raise DeployError(f"SuperNode {i} exited before registering; see {node.proc.log}")
+                raise DeployError(f"SuperNode {i} exited before registering; see {log}")
             if time.monotonic() > deadline:
-                raise DeployError(f"SuperNode {i} did not register within {timeout:.0f} s; see {node.proc.log}")
+                raise DeployError(f"SuperNode {i} did not register within {timeout:.0f} s; see {log}")
             time.sleep(0.1)
         return nid
 
@@ -253,11 +254,11 @@ class Deployment:
     def signal_node(self, i: int, sig: int = signal.SIGTERM) -> None:
         """Send ``sig`` to SuperNode ``i`` and return at once (:meth:`stop_node` then finishes it):
         lets several nodes shut down at the same time."""
-        node = self.nodes[i]
-        if node.running:
+        proc = self.nodes[i].proc
+        if proc is not None and proc.alive:
             self.registered_id(i)  # remember its id before it goes
-            node.proc.popen.send_signal(sig)
-            node.proc.term_sent |= sig == signal.SIGTERM
+            proc.popen.send_signal(sig)
+            proc.term_sent |= sig == signal.SIGTERM
 
     def running_nodes(self) -> set[int]:
         return {i for i, n in self.nodes.items() if n.running}
@@ -323,7 +324,7 @@ class Deployment:
     def leftovers(self) -> list[int]:
         return self.spawner.leftovers()
 
-    def __enter__(self) -> Deployment:
+    def __enter__(self) -> ProcessSite:
         try:
             self.start_superlink()
         except BaseException:

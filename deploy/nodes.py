@@ -1,6 +1,6 @@
 """What the churn driver and :func:`deploy.run.run_deployment` need of a set of SuperNodes,
 whatever they run as: :class:`Nodes`. Two implementations: processes on loopback
-(:class:`deploy.local.Deployment`) and Docker containers (:class:`deploy.containers.DockerNodes`).
+(:class:`deploy.local.ProcessSite`) and Docker containers (:class:`deploy.containers.DockerNodes`).
 
 Node ``i`` is client ``i`` (its ``partition-id``). Each start is a new *incarnation* that
 registers with the SuperLink under a new Flower node id (ephemeral identity); a SuperNode logs
@@ -27,8 +27,9 @@ class Nodes(Protocol):
     num_nodes: int
     log: Callable[[str], None]
 
-    def start_node(self, i: int) -> None:
-        """Start node ``i`` (a no-op while it runs); returns at once."""
+    def start_node(self, i: int) -> object:
+        """Start node ``i`` (a no-op while it runs); returns at once (what it returns is the
+        implementation's)."""
 
     def stop_node(self, i: int, mode: str = "term") -> None:
         """Take node ``i`` down (``mode`` in :data:`MODES`) and return once it is down."""
@@ -56,7 +57,9 @@ class Nodes(Protocol):
 class Site(Nodes, Protocol):
     """Nodes plus the SuperLink they talk to: what one run needs (:func:`deploy.run.run_deployment`)."""
 
-    cli: FlwrCli  # the flwr CLI connected to the SuperLink
+    @property
+    def cli(self) -> FlwrCli | None:
+        """The flwr CLI connected to the SuperLink (None until one serves)."""
     project: Path  # the Flower app that is submitted
     local_files: bool  # the ServerApp sees this machine's files (the round-start signal folder)
 

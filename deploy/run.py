@@ -1,11 +1,11 @@
 """One deployed run, end to end, on any :class:`deploy.nodes.Site` (processes of
 :mod:`deploy.local` or the containers of :mod:`deploy.containers`): :func:`run_deployment`.
 
-The run config is built once (:func:`deploy.runconfig.build_run_config`: one run name, so the
+The run config is built once (:func:`deploy.submission.build_run_config`: one run name, so the
 churn driver and the server follow the same folder), the nodes started, the run submitted and
 followed; a run can continue from a checkpoint (``resume_from``: a fresh SuperLink and fresh
 nodes, the same run folder). Afterwards the realised participation is compared with the
-schedule (:func:`deploy.report.participation_report`); :attr:`Outcome.ok` requires both a
+schedule (:func:`deploy.participation.participation_report`); :attr:`Outcome.ok` requires both a
 completed run and no difference beyond the timing slack.
 """
 
@@ -21,19 +21,18 @@ from typing import Any
 
 import numpy as np
 
-from .churn import RoundChurn, WallClockChurn
+from .churn import ChurnDriver, Crash, RoundChurn, WallClockChurn
 from .errors import DeployError
 from .flwr_cli import COMPLETED, FINISHED
-from .follow import RunFollower
+from .follow import RoundFinished, RunDone, RunFollower, Submitted
 from .nodes import Site
-from .report import ParticipationReport, participation_report
-from .runconfig import (
+from .participation import ParticipationReport, participation_report
+from .submission import (
     build_run_config,
     build_run_schedule,
     check_run_config,
     prepare_resume,
     run_dir_of,
-    server_supports,
 )
 
 # seconds before each round under churn (round-start-delay): a returning SuperNode, started one round
@@ -50,7 +49,7 @@ class Outcome:
     run_dir: Path
     rows: list[dict[str, Any]]  # the rounds this run recorded (a resumed run: checkpoint + 1 on)
     run_config: dict[str, Any]
-    driver: RoundChurn | WallClockChurn | None = None
+    driver: ChurnDriver | None = None
     wall: float = 0.0
     submitted_at: float = 0.0
     report: ParticipationReport | None = None  # realised participation vs the schedule
@@ -65,15 +64,10 @@ class Outcome:
         return self.completed and (self.report is None or not self.report.failures)
 
 
-def churn_grace(site: Site, grace: float | None, signal: bool = False) -> float:
-    """``round-start-delay`` under churn: ``grace`` (default :data:`DEFAULT_GRACE`, or
-    :data:`DEFAULT_BOUND` with the round-start signal) if the ServerApp has that key, else 0."""
-    supported = server_supports("round-start-delay")
-    g = ((DEFAULT_BOUND if signal else DEFAULT_GRACE) if supported else 0.0) if grace is None else float(grace)
-    if g > 0 and not supported:
-        site.log(f"the ServerApp has no 'round-start-delay' key: grace {g} s ignored (see deploy/churn.py)")
-        g = 0.0
-    return g
+def churn_grace(grace: float | None, signal: bool = False) -> float:
+    """``round-start-delay`` under churn: ``grace``, by default :data:`DEFAULT_BOUND` with the
+    round-start signal (the most a round waits), else :data:`DEFAULT_GRACE` (a fixed wait)."""
+    return (DEFAULT_BOUND if signal else DEFAULT_GRACE) if grace is None else float(grace)
 
 
 def run_deployment(
@@ -84,7 +78,7 @@ def run_deployment(
     churn_mode: str = "term",
     grace: float | None = None,
     lookahead: bool = True,
-    crashes: Mapping[int, list[tuple[int, float]]] | None = None,
+    crashes: Mapping[int, list[Crash]] | None = None,
     speedup: float = 1.0,
     timeout: float = 1800.0,
     on_row: Callable[[dict[str, Any]], None] | None = None,
@@ -97,8 +91,7 @@ def run_deployment(
 
     ``churn``: None (all nodes stay up), ``"rounds"`` (:class:`deploy.churn.RoundChurn`) or
     ``"wallclock"`` (:class:`deploy.churn.WallClockChurn`, trace-intervals specs). ``grace`` is
-    passed as ``round-start-delay`` when the ServerApp supports it (default 3 s under churn),
-    otherwise ignored with a note. ``resume_from``: a checkpoint file; the run continues from
+    passed as ``round-start-delay`` (default 3 s under churn). ``resume_from``: a checkpoint file; the run continues from
     it in its own run folder, on a fresh SuperLink and freshly started nodes.
     ``round_start_signal`` (default: round churn on a site whose ServerApp sees our files): each
     round starts as soon as its nodes are registered, ``grace`` (default 30 s) being the most it
@@ -108,8 +101,8 @@ def run_deployment(
     after ``timeout`` seconds (after ``flwr stop``).
     """
     if round_start_signal is None:
-        round_start_signal = churn == "rounds" and site.local_files and server_supports("round-start-signal")
-    g = churn_grace(site, grace, bool(round_start_signal)) if churn else 0.0
+        round_start_signal = churn == "rounds" and site.local_files
+    g = churn_grace(grace, bool(round_start_signal)) if churn else 0.0
     user = {**user_config, **({"resume-from": str(resume_from)} if resume_from else {})}
     cfg = build_run_config(site.num_nodes, user, grace=g, project=site.project)  # the one run name
     signal_dir = Path(tempfile.mkdtemp(prefix="flchurn-signal-")) if round_start_signal and churn else None
@@ -125,7 +118,7 @@ def run_deployment(
 
 
 def _run(site: Site, cfg: dict[str, Any], *, churn: str | None, churn_mode: str, g: float, lookahead: bool,
-         crashes: Mapping[int, list[tuple[int, float]]] | None, speedup: float, timeout: float,
+         crashes: Mapping[int, list[Crash]] | None, speedup: float, timeout: float,
          on_row: Callable[[dict[str, Any]], None] | None, status_every: float,
          signal_dir: Path | None) -> Outcome:
     check_run_config(cfg)  # every key checked before any process trains
@@ -137,11 +130,11 @@ def _run(site: Site, cfg: dict[str, Any], *, churn: str | None, churn_mode: str,
     elif (run_dir / "metrics.jsonl").exists():
         raise DeployError(f"{run_dir} already holds a run; pick another run-name (or resume it)")
     schedule = build_run_schedule(cfg) if churn else None
-    driver: RoundChurn | WallClockChurn | None = None
-    if churn == "rounds":
-        driver = RoundChurn(site, schedule, num_rounds, run_dir, mode=churn_mode, grace=g, lookahead=lookahead,
+    driver: ChurnDriver | None = None
+    if churn == "rounds" and schedule is not None:
+        driver = RoundChurn(site, schedule, num_rounds, mode=churn_mode, grace=g, lookahead=lookahead,
                             crashes=crashes, start_round=start_round, signal_dir=signal_dir)
-    elif churn == "wallclock":
+    elif churn == "wallclock" and schedule is not None:
         driver = WallClockChurn(site, schedule, mode=churn_mode, speedup=speedup)
     elif churn is not None:
         raise ValueError(f"churn must be None, 'rounds' or 'wallclock', not {churn!r}")
@@ -155,25 +148,28 @@ def _run(site: Site, cfg: dict[str, Any], *, churn: str | None, churn_mode: str,
             site.start_node(i)
         for i in range(site.num_nodes):
             site.wait_registered(i)
-    follow = RunFollower(run_dir)  # the same folder as the driver's: both come from cfg
+    cli = site.cli
+    if cli is None:
+        raise DeployError("the site has no flwr CLI: its SuperLink did not start")
+    follow = RunFollower(run_dir)  # the one follower: the driver gets its events, on_row its rows
     t0 = time.monotonic()
-    run_id = site.cli.submit(site.project, cfg)
-    if isinstance(driver, WallClockChurn):
-        driver.t0 = t0
+    run_id = cli.submit(site.project, cfg)
+    if driver is not None:
+        driver.on_event(Submitted(t0))
     out = Outcome("", run_id, run_dir, follow.rows, cfg, driver, submitted_at=t0)
     next_status = t0 + status_every
     while True:
-        if driver is not None:
-            driver.step()
-        for row in follow.poll():
-            if on_row:
-                on_row(row)
+        for event in follow.events():
+            if driver is not None:
+                driver.on_event(event)
+            if on_row and isinstance(event, RoundFinished):
+                on_row(event.row)
         if not site.superlink_alive():
             out.status = "superlink-died"
             break
         now = time.monotonic()
         if now >= next_status:
-            status = site.cli.poll_status(run_id)
+            status = cli.poll_status(run_id)
             if status is not None:  # an answer came: ask again later
                 site.housekeeping()
                 out.status = status
@@ -182,19 +178,20 @@ def _run(site: Site, cfg: dict[str, Any], *, churn: str | None, churn_mode: str,
                 done = bool(out.rows) and out.rows[-1]["round"] >= num_rounds
                 next_status = now + (1.0 if done else status_every)
         if now - t0 > timeout:
-            site.cli.close()
-            site.cli.stop(run_id)
+            cli.close()
+            cli.stop(run_id)
             raise DeployError(f"run {run_id} not finished after {timeout:.0f} s (stopped)")
         time.sleep(0.1)
-    site.cli.close()
+    cli.close()
     follow.poll()
     if driver is not None:
-        driver.done = True
+        driver.on_event(RunDone(time.monotonic()))
     out.wall = time.monotonic() - t0
     if not isinstance(driver, WallClockChurn):  # wall-clock churn follows time, not rounds
         expected = (schedule.matrix(num_rounds).astype(bool) if schedule is not None
                     else np.ones((num_rounds, site.num_nodes), dtype=bool))
+        rounds = driver if isinstance(driver, RoundChurn) else None
         out.report = participation_report(
-            expected, out.rows, explained=driver.explained() if driver is not None else {},
-            client_of_node=site.client_of_node(), diagnose=driver.diagnose if driver is not None else None)
+            expected, out.rows, explained=rounds.explained() if rounds is not None else {},
+            client_of_node=site.client_of_node(), diagnose=rounds.diagnose if rounds is not None else None)
     return out

@@ -24,9 +24,11 @@ round after the first. ``SUPERNODE`` caps both hard-coded sleeps of that loop at
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 if __name__ == "__main__":
     # A SuperNode stopped while it starts (the churn driver's `docker stop` of a node that is off
@@ -53,13 +55,21 @@ def compute_threads_env(threads: int) -> dict[str, str]:
     return {"OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n, "OPENBLAS_NUM_THREADS": n}
 
 
+def host_capacity() -> tuple[float, int]:
+    """(CPUs this process may use, MiB of memory available now)."""
+    cpus = float(len(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else float(os.cpu_count() or 1)
+    mem = 0
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            mem = int(line.split()[1]) // 1024
+    return cpus, mem
+
+
 def host_share(num_nodes: int) -> int:
     """Compute threads per node when ``num_nodes`` nodes share this host: its CPUs split evenly,
     at least one. torch's default (a thread per CPU in every node) makes the nodes' OpenMP threads
     spin against each other: measured here, 4 nodes on 2 CPUs took 0.7-3.2 s for 10 local CNN
     steps that take 0.03 s alone."""
-    from .devices import host_capacity
-
     return max(1, int(host_capacity()[0]) // max(1, num_nodes))
 
 
@@ -85,7 +95,7 @@ def run_supernode(argv: list[str]) -> None:
     from flwr.supernode import start_client_internal as pull_loop
     from flwr.supernode.cli import flower_supernode
 
-    pull_loop.time = _CappedSleep(IDLE_SLEEP)  # the loop calls time.sleep(3) / time.sleep(0.5)
+    pull_loop.time = _CappedSleep(IDLE_SLEEP)  # type: ignore[assignment]  # the loop calls time.sleep(3) / (0.5)
     sys.argv = ["flower-supernode", *argv]
     flower_supernode()
 

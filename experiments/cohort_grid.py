@@ -100,6 +100,7 @@ class CohortGrid(InProcessGrid):
             starts.append((len(replies), ts))
             replies.append(None)
         if starts:
+            assert self._trainer is not None  # built above, with the first train message
             by_round: dict[int, list[tuple[int, TrainStart]]] = {}
             for slot, ts in starts:
                 by_round.setdefault(ts.rnd, []).append((slot, ts))

@@ -76,7 +76,7 @@ class InProcessGrid(Grid):
         msg.metadata.__dict__["_message_id"] = uuid.uuid4().hex
         self.delivered.append(msg)
         node = msg.metadata.dst_node_id
-        config = msg.content.config_records.get("config", {})
+        config: Mapping[str, Any] = msg.content.config_records.get("config", {})
         if self.down and "server-round" in config and self.down(int(config["server-round"]), self.partition_of[node]):
             return None
         return self.contexts[node]

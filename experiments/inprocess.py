@@ -16,6 +16,7 @@ from typing import Any
 
 from rich.console import Console
 
+from runconfig.defaults import default_run_config
 from server_app.config import RunConfig
 from server_app.experiment import run
 
@@ -23,14 +24,6 @@ from .cohort_grid import CohortGrid
 from .grid import NODE_ID_BASE, InProcessGrid
 
 __all__ = ["NODE_ID_BASE", "CohortGrid", "InProcessGrid", "default_run_config", "run_inprocess"]
-
-
-def default_run_config() -> dict[str, Any]:
-    """The app's defaults from pyproject.toml, as Flower would pass them."""
-    import tomllib
-
-    pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
-    return dict(tomllib.loads(pyproject.read_text())["tool"]["flwr"]["app"]["config"])
 
 
 def run_inprocess(overrides: Mapping[str, Any] | None = None, *, console: Console | None = None,

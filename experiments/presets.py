@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from experiments.study import Claim, Sweep
 
@@ -79,7 +80,7 @@ FDMS_LATE = (
     "paper's claim is about the learning curve: the report over the first 20% of rounds "
     "(`--early --fraction 0.2`, fdms_clustered_early.md) checks the same claims while the rules still learn."
 )
-FEDNOVA_SOLVERS = {
+FEDNOVA_SOLVERS: dict[str, dict[str, Any]] = {
     "vanilla": {"solver": "sgd"},
     "momentum": {"solver": "momentum", "momentum": 0.9},
     "proximal": {"solver": "prox", "prox-mu": 0.1},

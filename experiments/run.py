@@ -28,7 +28,6 @@ submitted (a bad run config or flag, or ``flwr run`` refused it); 130 Ctrl-C.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shutil
@@ -43,23 +42,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from deploy.flwr_cli import toml_value
-from deploy.procs import free_port, kill_pids, tagged_pids
-from deploy.runconfig import default_run_config, parse_run_config
+from deploy.errors import DeployError
+from deploy.flwr_cli import COMPLETED, FINISHED, FLOWER_ENV, FlwrCli
+from deploy.procs import find_exe, free_port, kill_pids, tagged_pids
+from deploy.submission import parse_run_config
 from runconfig import ConfigError
+from runconfig.defaults import ROOT, default_run_config
 from server_app.config import RunConfig
 from server_app.results import METRICS, default_run_name
 
-ROOT = Path(__file__).resolve().parent.parent
 TAG_VAR = "FLCHURN_RUN_TAG"  # inherited by the detached SuperLink and everything it starts
 PATH_KEYS = ("results-dir", "data-dir", "state-dir", "resume-from")
-COMPLETED = "finished:completed"
-QUIET_ENV = {  # Flower and Ray, quiet and offline
-    "FLWR_TELEMETRY_ENABLED": "0",
-    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-    "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
-    "PYTHONUNBUFFERED": "1",
-}
 
 
 class RunnerError(RuntimeError):
@@ -133,47 +126,37 @@ def failure_paragraph(log_text: str, details: str) -> str:
 
 
 class FlowerRun:
-    """``flwr`` commands against one private local SuperLink (its own FLWR_HOME, ports and tag)."""
+    """``flwr`` commands (:class:`deploy.flwr_cli.FlwrCli`, the app's default federation) against
+    one private local SuperLink (its own FLWR_HOME, ports and tag)."""
 
     def __init__(self, flwr_home: Path) -> None:
         self.flwr_home = flwr_home
         self.tag = uuid.uuid4().hex
-        self.env = {**os.environ, **QUIET_ENV, "FLWR_HOME": str(flwr_home), TAG_VAR: self.tag,
-                    "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_port()),
-                    "FLWR_LOCAL_CONTROL_API_PORT": str(free_port())}
-        exe = shutil.which("flwr", path=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
-        if exe is None:
-            raise RunnerError("the flwr CLI is not on PATH: activate the venv (pip install -e .)")
-        self.exe = exe
-
-    def flwr(self, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess:
-        return subprocess.run([self.exe, *args], env=self.env, capture_output=True, text=True,
-                              timeout=timeout, stdin=subprocess.DEVNULL)
+        env = {**os.environ, **FLOWER_ENV, TAG_VAR: self.tag,
+               "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_port()),
+               "FLWR_LOCAL_CONTROL_API_PORT": str(free_port())}
+        try:
+            find_exe("flwr")
+        except DeployError:
+            raise RunnerError("the flwr CLI is not on PATH: activate the venv (pip install -e .)") from None
+        self.cli = FlwrCli(flwr_home, None, env=env, cwd=Path.cwd())
 
     def submit(self, run_config: Mapping[str, Any], federation_config: str) -> int:
-        path = self.flwr_home / f"run-config-{uuid.uuid4().hex[:6]}.toml"
-        path.write_text("".join(f"{k} = {toml_value(v)}\n" for k, v in run_config.items()))
-        res = self.flwr("run", str(ROOT), "--run-config", str(path), "--federation-config", federation_config,
-                        "--format", "json")
         try:
-            doc = json.loads(res.stdout[res.stdout.index("{"):])
-        except ValueError:
-            doc = {}
-        if res.returncode != 0 or not doc.get("success") or "run-id" not in doc:
-            raise RunnerError(f"flwr run did not start the run (exit {res.returncode}): "
-                              f"{(res.stdout + res.stderr).strip()[-2000:]}")
-        return int(doc["run-id"])
+            return self.cli.submit(ROOT, run_config, timeout=120.0, federation_config=federation_config)
+        except DeployError as err:
+            raise RunnerError(str(err)) from None
 
     def stream(self, run_id: int, timeout: float) -> str:
         """Print the run's log as it comes (until the run ends); return it. After ``timeout`` s the
         run is stopped (``flwr stop``) and RunnerError raised."""
-        proc = subprocess.Popen([self.exe, "log", str(run_id), "--stream"], env=self.env, text=True,
+        proc = subprocess.Popen(self.cli.stream_argv(run_id), env=self.cli.env, cwd=self.cli.cwd, text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         expired = threading.Event()
 
         def stop() -> None:
             expired.set()
-            self.flwr("stop", str(run_id), timeout=60)
+            self.cli.stop(run_id)
             proc.terminate()
 
         watchdog = threading.Timer(timeout, stop)
@@ -196,17 +179,10 @@ class FlowerRun:
 
     def status(self, run_id: int, wait: float = 30.0) -> tuple[str, str]:
         """(status, status details) once the run has finished, or the last seen after ``wait`` s."""
-        deadline, status, details = time.monotonic() + wait, "", ""
+        deadline = time.monotonic() + wait
         while True:
-            res = self.flwr("ls", "--run-id", str(run_id), "--format", "json", timeout=60)
-            try:
-                runs = json.loads(res.stdout[res.stdout.index("{"):]).get("runs", [])
-            except ValueError:
-                runs = []
-            for run in runs:
-                if int(run.get("run-id", -1)) == run_id:
-                    status, details = str(run.get("status", "")), str(run.get("status-details", ""))
-            if status.startswith("finished") or time.monotonic() > deadline:
+            status, details = self.cli.run_info(run_id)
+            if status.startswith(FINISHED) or time.monotonic() > deadline:
                 return status, details
             time.sleep(1.0)
 

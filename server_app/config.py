@@ -75,7 +75,7 @@ class RunConfig:
     def from_run_config(cls, run_config: Mapping[str, Any]) -> RunConfig:
         parts = {"server": ServerConfig, "workload": WorkloadConfig, "availability": AvailabilityConfig}
         check_known_keys(run_config, set().union(*(known_keys(c) for c in parts.values())))
-        built = {name: from_run_config(c, run_config).validate() for name, c in parts.items()}
+        built: dict[str, Any] = {name: from_run_config(c, run_config).validate() for name, c in parts.items()}
         return cls(**built)
 
     def to_dict(self) -> dict[str, Any]:
@@ -103,4 +103,4 @@ def check_known_keys(run_config: Mapping[str, Any], known: set[str]) -> None:
         close = difflib.get_close_matches(key.replace("_", "-"), sorted(known), n=1, cutoff=0.5)
         hints.append(f"'{key}'" + (f" (did you mean '{close[0]}'?)" if close else ""))
     raise ConfigError(f"unknown run config key(s) {', '.join(hints)}; every key is listed in "
-                      "[tool.flwr.app.config] of pyproject.toml and in the README's run-config table")
+                      "[tool.flwr.app.config] of pyproject.toml and in docs/run-config.md")

@@ -172,8 +172,7 @@ def evaluate_models(workload: Workload, strategy: AvailabilityStrategy, arrays: 
     """The strategy's evaluation model as ``test-<metric>``, its extra models as ``test-<metric>-<name>``
     (e.g. FedAWE's ``test-accuracy-xbar``)."""
     out = evaluate(workload, strategy.evaluation_arrays(arrays))
-    extras = getattr(strategy, "extra_evaluation_arrays", lambda _: {})(arrays)
-    for name, extra in extras.items():
+    for name, extra in strategy.extra_evaluation_arrays(arrays).items():
         out.update({f"{k}-{name}": v for k, v in evaluate(workload, extra).items()})
     return out
 

@@ -17,6 +17,7 @@ import logging
 import os
 import time
 from collections.abc import Iterable
+from typing import cast
 
 from flwr.app import Message, MessageType, RecordDict
 from flwr.serverapp import Grid
@@ -57,7 +58,7 @@ def discover_clients(grid: Grid, known: dict[int, int], timeout: float) -> dict[
         if reply.has_error() or "identity" not in reply.content:
             log.warning("node %d did not say who it is", reply.metadata.src_node_id)
             continue
-        known[reply.metadata.src_node_id] = int(reply.content["identity"]["client-id"])
+        known[reply.metadata.src_node_id] = int(cast(int, reply.content.metric_records["identity"]["client-id"]))
     return known
 
 
@@ -161,7 +162,7 @@ class AvailabilityGrid(DelegatingGrid):
             elif config.get(IGNORE_AVAILABILITY, False):
                 keep.append(m)  # an oracle round (e.g. FL-FDMS's round 0, the Full baseline)
             else:
-                t = int(config[SERVER_ROUND]) - 1
+                t = int(cast(int, config[SERVER_ROUND])) - 1
                 if t not in online:
                     online[t] = self.schedule.available(t)
                 if not 0 <= client < len(online[t]):

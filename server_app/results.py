@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -105,7 +105,7 @@ def plot_run(run_dir: Path, rows: list[dict[str, Any]], participation: np.ndarra
         plt.close(fig)
 
 
-def integer_ticks(*axes: Any, nbins: int | str = "auto") -> None:
+def integer_ticks(*axes: Any, nbins: int | Literal["auto"] = "auto") -> None:
     """Only whole numbers on these axes (rounds, client ids, counts): no 2.5th round."""
     from matplotlib.ticker import MaxNLocator
 

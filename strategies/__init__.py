@@ -3,7 +3,8 @@
 The names below load on first use (PEP 562), so that importing a light submodule such as
 ``strategies.protocol`` (the wire protocol the ClientApp imports) or ``strategies.weighting``
 imports no rule module; ``from strategies import build_strategy`` loads the registry, which
-imports every rule.
+imports every rule. The layout: the rules, one module each, in :mod:`strategies.rules`; the
+plumbing they share here (:mod:`strategies.base`, the Flower adapter, composes the others).
 """
 
 from __future__ import annotations
@@ -12,11 +13,17 @@ import importlib
 from typing import Any
 
 _WHERE = {
+    # plumbing
     "AvailabilityStrategy": "base", "ClientReport": "replies", "Layout": "layout",
     "ReplyRejected": "replies", "RoundLog": "replies", "named_arrays": "layout",
-    "FedAvgActive": "fedavg", "FedAvgAll": "fedavg", "FedAvgKnownP": "fedavg",
     "ORACLES": "registry", "STRATEGIES": "registry", "build_strategy": "registry",
-    "StrategyFailure": "failures",
+    "StrategyFailure": "failures", "StoredUpdates": "memory", "StrategyParams": "params",
+    # the rules (strategies.rules), to build or subclass: ``from strategies import FedAU``
+    "FedAvgActive": "rules.fedavg", "FedAvgAll": "rules.fedavg", "FedAvgKnownP": "rules.fedavg",
+    "FedAU": "rules.fedau", "FedAWARE": "rules.fedaware", "FedAWE": "rules.fedawe",
+    "FedExP": "rules.fedexp", "FedNova": "rules.fednova", "FedVARP": "rules.fedvarp",
+    "ClusterFedVARP": "rules.fedvarp", "MIFA": "rules.mifa", "FLFDMS": "rules.fdms",
+    "Stale": "rules.fdms", "Full": "rules.fdms", "PowerOfChoice": "rules.power_of_choice",
 }
 __all__ = list(_WHERE)
 

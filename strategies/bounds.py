@@ -98,5 +98,5 @@ class NormBounds:
     def state_dict(self) -> dict[str, Any]:
         return {"history": list(self.history)}
 
-    def load_state_dict(self, state: dict[str, Any] | None) -> None:
-        self.history = deque((state or {}).get("history", ()), maxlen=HISTORY)
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.history = deque(state["history"], maxlen=HISTORY)

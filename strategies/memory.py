@@ -16,14 +16,14 @@ from __future__ import annotations
 import os
 import tempfile
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from .base import AvailabilityStrategy
-from .state import capture, restore
+from .state import kept_as
 
 
 def _remove(path: str) -> None:
@@ -148,7 +148,9 @@ class ClientTable:
 class TableState:
     """The stored updates: :meth:`ClientTable.state_dict` (None before the first round)."""
 
-    table: dict[str, Any] | None = None
+    table: dict[str, Any] | None = field(default=None, metadata=kept_as(
+        lambda table: None if table is None else table.state_dict(),
+        lambda saved, rule: None if saved is None else ClientTable.from_state(saved, rule.memory_dir, name=rule.name)))
 
 
 class StoredUpdates(AvailabilityStrategy):
@@ -159,7 +161,6 @@ class StoredUpdates(AvailabilityStrategy):
     equal_weights_only = True
     needs_client_ids = True
     State = TableState
-    legacy_key = "table"  # format-1 checkpoints: under the rule's table key
 
     def __init__(self, *, memory_dir: str = "", **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -173,11 +174,3 @@ class StoredUpdates(AvailabilityStrategy):
         if self.table is None or self.table.dim != dim:
             self.table = ClientTable(self.num_rows(), dim, self.memory_dir, name=self.name)
         return self.table
-
-    def get_state(self) -> TableState:
-        return capture(self, self.State, table=None if self.table is None else self.table.state_dict())
-
-    def set_state(self, state: TableState) -> None:
-        restore(self, state, skip=("table",))
-        own = state.table
-        self.table = None if own is None else ClientTable.from_state(own, self.memory_dir, name=self.name)

@@ -28,7 +28,7 @@ TRAIN_TIME = "train-time"  # seconds of local training (only with node config re
 EVAL_LOSS = "eval-loss"
 EVAL_ACCURACY = "eval-accuracy"
 
-# FedAWE (strategies.fedawe, client_app.fedawe): config and reply keys
+# FedAWE (strategies.rules.fedawe, client_app.fedawe): config and reply keys
 FEDAWE_RULE = "fedawe"  # the client rule's name (config ``client-rule``)
 FEDAWE_SERVER_LR = "fedawe-server-lr"  # config: η_g, applied by the client in its echo
 FEDAWE_SEND_UPDATE = "fedawe-send-update"  # config: also reply u_i = (t − τ_i) Δ_i (server clip)

@@ -1,11 +1,11 @@
 """Strategy names -> classes, and one place to build a strategy from a spec string.
 
-Every module of this package is imported and every :class:`AvailabilityStrategy` subclass with
-a ``name`` is registered, so a new rule is one new module. A strategy spec uses the same grammar
-as schedules: ``fedau:cutoff=50``; its parameters are the class's own keyword arguments
-(beyond the shared ones) and the base's sanity bounds ``max-update-norm``, ``max-norm-ratio`` and
-``max-weight-share``,
-type-checked against their defaults.
+Every module of :mod:`strategies.rules` is imported and every :class:`AvailabilityStrategy`
+subclass with a ``name`` is registered, so a new rule is one new module there. A strategy spec
+uses the same grammar as schedules: ``fedau:cutoff=50``; its parameters are the rule's own
+keyword arguments (its constructors', beyond :class:`StrategyParams`) and the shared sanity bounds
+``max-update-norm``, ``max-norm-ratio`` and ``max-weight-share``, type-checked against their
+defaults.
 """
 
 from __future__ import annotations
@@ -14,31 +14,34 @@ import importlib
 import inspect
 import pkgutil
 from collections.abc import Callable, Mapping
+from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from availability.spec import SpecError, parse_spec
 
 from .base import AvailabilityStrategy
+from .params import SPEC_FIELDS, StrategyParams
 
-# keyword arguments of the base that a spec may set for every rule (e.g. "mifa:max-norm-ratio=50")
-SPEC_SHARED = {"max_update_norm", "max_norm_ratio", "max_weight_share"}
-# the other base arguments come from the run config (build_strategy's ``shared``), not a spec
-SHARED = set(inspect.signature(AvailabilityStrategy.__init__).parameters) - {"self"} - SPEC_SHARED
+# the shared parameters a spec may set for every rule (e.g. "mifa:max-norm-ratio=50")
+SPEC_SHARED = set(SPEC_FIELDS)
+# the other shared parameters come from the run config (build_strategy's ``shared``), not a spec
+SHARED = set(StrategyParams.names()) - SPEC_SHARED
+T = TypeVar("T")
 
 
-def _all_subclasses(cls: type) -> list[type]:
-    out = []
+def _all_subclasses(cls: type[T]) -> list[type[T]]:
+    out: list[type[T]] = []
     for sub in cls.__subclasses__():
         out += [sub, *_all_subclasses(sub)]
     return out
 
 
 def _collect() -> dict[str, type[AvailabilityStrategy]]:
-    for module in pkgutil.iter_modules([str(Path(__file__).parent)]):
-        importlib.import_module(f"{__package__}.{module.name}")
+    for module in pkgutil.iter_modules([str(Path(__file__).parent / "rules")]):
+        importlib.import_module(f"{__package__}.rules.{module.name}")
     return {cls.name: cls for cls in _all_subclasses(AvailabilityStrategy) if cls.name}
 
 
@@ -48,12 +51,12 @@ ORACLES = frozenset(n for n, c in STRATEGIES.items() if "probabilities" in inspe
 
 def strategy_params(cls: type[AvailabilityStrategy]) -> dict[str, Any]:
     """The rule's own keyword arguments and their defaults (what a spec may set)."""
-    out = {}
+    out = {f.name.replace("_", "-"): f.default for f in fields(StrategyParams) if f.name in SPEC_SHARED}
     for klass in reversed(cls.__mro__):
         if klass is object or not issubclass(klass, AvailabilityStrategy):
             continue
         for name, p in inspect.signature(klass.__init__).parameters.items():
-            if p.kind is p.KEYWORD_ONLY and name not in SHARED and name != "probabilities":
+            if p.kind is p.KEYWORD_ONLY and name not in SHARED | {"params", "probabilities"}:
                 out[name.replace("_", "-")] = p.default
     return out
 
@@ -67,7 +70,7 @@ def build_strategy(
 ) -> AvailabilityStrategy:
     """Build the strategy ``spec`` names; only oracles receive ``probabilities``.
 
-    ``shared``: the base's keyword arguments (Flower's ``FedAvg`` arguments among them); any other
+    ``shared``: :class:`StrategyParams` fields (Flower's ``FedAvg`` arguments among them); any other
     is a ValueError that lists them. ``run_config`` (a ServerApp's ``context.run_config``): its
     ``num-clients``, when it has one and ``num_clients`` is not given, is N.
     """

@@ -24,7 +24,7 @@ class Rule:
     """A rule's declarations and hooks (defaults: FedAvg's needs, no extra messages)."""
 
     name: ClassVar[str] = ""
-    required_metrics: ClassVar[tuple[str, ...]] = (NUM_EXAMPLES,)
+    required_metrics: tuple[str, ...] = (NUM_EXAMPLES,)  # a rule may narrow it per instance (MIFA)
     # a missing metric's own reason (FedNova: what a-norm is)
     metric_hints: ClassVar[dict[str, str]] = {}
     # rules that keep per-client state in rows 0..N-1 need a client id in [0, N): the reported one,
@@ -40,8 +40,14 @@ class Rule:
     paper_weighting: ClassVar[str] = "equal"
     # the rule's state (a dataclass whose fields name the attributes a resumed run needs)
     State: ClassVar[type] = rule_state.NoState
-    # format-1 checkpoints kept this rule's state in a dict under this key (None: at the top)
-    legacy_key: ClassVar[str | None] = None
+
+    num_clients: int | None  # N (set by the base; the nodes connected at the first round when None)
+
+    def require_num_clients(self) -> int:
+        """N, or ValueError when the rule runs without it."""
+        if self.num_clients is None:
+            raise ValueError(f"strategy '{self.name}' needs num_clients (N)")
+        return self.num_clients
 
     # ----------------------------------------------------------------- the rule (override)
     def aggregate(
@@ -92,5 +98,5 @@ class Rule:
 
     @classmethod
     def read_state(cls, saved: dict[str, Any]) -> Any:
-        """The rule's ``State`` in a checkpoint (``state_dict()``, any format), for reports."""
-        return rule_state.unpack(saved, cls.name, cls.State, cls.legacy_key)[3]
+        """The rule's ``State`` in a checkpoint (``state_dict()``), for reports."""
+        return rule_state.unpack(saved, cls.name, cls.State)[3]

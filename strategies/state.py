@@ -2,27 +2,28 @@
 
 Every rule declares its state as a small dataclass (as optax declares ``ScaleByAdamState``), the
 class attribute ``State`` of the rule; its fields name the rule's attributes that a resumed run
-needs. The base reads and writes them (:func:`capture`, :func:`restore`), and checkpoints every
+needs. The base reads and writes them through the declared fields (:func:`capture`,
+:func:`restore`; a field that is not saved as a deep copy says how in its metadata,
+:func:`kept_as`), so a rule names its state once, and checkpoints every
 rule under one layout (:func:`pack`):
 
-    {"format": 2, "rule": <rule name>, "rng": <the strategy generator's state>,
-     "identity": {"client_of_node": ..., "node_of_client": ...},
-     "bounds": {"history": [recently accepted update norms]}, "state": {<State field>: value}}
+    {"format": 3, "rule": <rule name>, "rng": <the strategy generator's state>,
+     "binding": {"client_of_node": ..., "node_of_client": ...},
+     "bounds": [{"history": [recently accepted norms]}, one per norm check],
+     "state": {<State field>: value}}
 
 Reports read a checkpoint through the rule (``STRATEGIES["fl-fdms"].read_state(ckpt["strategy"])``
--> ``FLFDMSState``), never through raw keys. Checkpoints written before this layout (format 1:
-the base's keys at the top, a rule's keys at the top or in a dict under ``legacy_key``) are read
-as well (:func:`unpack`).
+-> ``FLFDMSState``), never through raw keys. Other layouts are refused (:func:`unpack`).
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
-FORMAT = 2
-BASE_KEYS = ("rng", "client_of_node", "node_of_client")  # format 1: the base's own keys
+FORMAT = 3
 
 
 @dataclass
@@ -30,50 +31,48 @@ class NoState:
     """The state of a rule that keeps none beyond the base's (FedAvg, FedExP)."""
 
 
-def capture(obj: Any, state_cls: type, **given: Any) -> Any:
-    """A ``state_cls`` holding copies of ``obj``'s same-named attributes (``given`` overrides)."""
-    values = {f.name: given[f.name] if f.name in given else copy.deepcopy(getattr(obj, f.name))
-              for f in fields(state_cls)}
-    return state_cls(**values)
+def kept_as(save: Callable[[Any], Any], load: Callable[[Any, Any], Any]) -> dict[str, Any]:
+    """A State field's metadata: how the rule's attribute is saved (``save(attribute)``) and
+    loaded back (``load(saved value, rule)``), where a deep copy each way is not it
+    (``field(metadata=kept_as(...))``; MIFA's deque of lrs, the stored-updates table)."""
+    return {"save": save, "load": load}
 
 
-def restore(obj: Any, state: Any, skip: tuple[str, ...] = ()) -> None:
-    """Set ``obj``'s attributes from copies of ``state``'s fields (except ``skip``)."""
+def capture(obj: Any, state_cls: type) -> Any:
+    """A ``state_cls`` holding ``obj``'s attributes named by its fields, saved (a deep copy or the
+    field's :func:`kept_as`)."""
+    return state_cls(**{f.name: f.metadata.get("save", copy.deepcopy)(getattr(obj, f.name))
+                        for f in fields(state_cls)})
+
+
+def restore(obj: Any, state: Any) -> None:
+    """Set ``obj``'s attributes named by ``state``'s fields, loaded (a deep copy or the field's
+    :func:`kept_as`), in field order."""
     for f in fields(state):
-        if f.name not in skip:
-            setattr(obj, f.name, copy.deepcopy(getattr(state, f.name)))
+        value = getattr(state, f.name)
+        load = f.metadata.get("load")
+        setattr(obj, f.name, copy.deepcopy(value) if load is None else load(value, obj))
 
 
-def pack(rule: str, rng: dict[str, Any], identity: dict[str, Any], bounds: dict[str, Any],
+def pack(rule: str, rng: dict[str, Any], binding: dict[str, Any], bounds: list[dict[str, Any]],
          state: Any) -> dict[str, Any]:
-    """The checkpoint of a strategy (format 2)."""
-    return {"format": FORMAT, "rule": rule, "rng": rng, "identity": identity, "bounds": bounds,
+    """The checkpoint of a strategy."""
+    return {"format": FORMAT, "rule": rule, "rng": rng, "binding": binding, "bounds": bounds,
             "state": {f.name: getattr(state, f.name) for f in fields(state)}}
 
 
-def unpack(saved: dict[str, Any], rule: str, state_cls: type,
-           legacy_key: str | None = None) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], Any]:
-    """(rng state, identity state, bounds state, rule state) of a checkpoint of ``rule``, or
-    ValueError saying why it is not one. Checkpoints without the bounds' history start it empty."""
+def unpack(saved: dict[str, Any], rule: str,
+           state_cls: type) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]], Any]:
+    """(rng state, binding state, bounds' states, rule state) of a checkpoint of ``rule``, or
+    ValueError saying why it is not one."""
     if not isinstance(saved, dict):
         raise ValueError(f"a strategy checkpoint is a dict, got {type(saved).__name__}")
-    fmt = saved.get("format", 1)
-    if fmt == FORMAT:
-        if saved.get("rule") != rule:
-            raise ValueError(f"the checkpoint holds the state of strategy {saved.get('rule')!r}, not {rule!r}")
-        own, rng, identity = saved["state"], saved["rng"], saved["identity"]
-        bounds = saved.get("bounds") or {}
-    elif fmt == 1:
-        own = {k: v for k, v in saved.items() if k not in BASE_KEYS}
-        if legacy_key is not None:
-            if legacy_key not in own:
-                raise ValueError(f"the checkpoint has no '{legacy_key}' entry: it was not written by "
-                                 f"strategy {rule!r} (keys: {sorted(saved)[:8]})")
-            own = dict(own.pop(legacy_key) or {})  # FedAU wrote None before its first round
-        rng, identity, bounds = saved["rng"], {k: saved.get(k) for k in BASE_KEYS[1:]}, {}
-    else:
-        raise ValueError(f"unknown strategy checkpoint format {fmt!r} (this code writes {FORMAT})")
-    return rng, identity, bounds, build(state_cls, own, rule)
+    if saved.get("format") != FORMAT:
+        raise ValueError(f"strategy checkpoint format {saved.get('format')!r} is not the one this code "
+                         f"reads and writes ({FORMAT})")
+    if saved.get("rule") != rule:
+        raise ValueError(f"the checkpoint holds the state of strategy {saved.get('rule')!r}, not {rule!r}")
+    return saved["rng"], saved["binding"], saved["bounds"], build(state_cls, saved["state"], rule)
 
 
 def build(state_cls: type, values: dict[str, Any], rule: str) -> Any:

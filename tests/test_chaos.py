@@ -47,14 +47,14 @@ def run_config(results) -> dict:
 def chaos(tmp_path_factory):
     if shutil.which("flower-superlink") is None or shutil.which("flwr") is None:
         pytest.skip("flower-superlink / flwr not on PATH")
-    from deploy.local import Deployment
+    from deploy.local import ProcessSite
     from deploy.run import run_deployment
-    from deploy.runconfig import latest_checkpoint
+    from deploy.submission import latest_checkpoint
 
     tmp = tmp_path_factory.mktemp("chaos")
     (nan_env, nan_cfg), (huge_env, huge_cfg) = fault_node("nan", NAN[0]), fault_node("huge", HUGE[0])
     lines: list[str] = []
-    dep = Deployment(N, tmp / "work", node_env={NAN[1]: nan_env, HUGE[1]: huge_env},
+    dep = ProcessSite(N, tmp / "work", node_env={NAN[1]: nan_env, HUGE[1]: huge_env},
                      node_config_extra={NAN[1]: nan_cfg, HUGE[1]: huge_cfg}, log=lines.append)
     cfg = run_config(tmp / "results")
     t0 = time.monotonic()

@@ -8,9 +8,9 @@ import sys
 import pytest
 import yaml
 
-from deploy import edgenode
-from deploy.composedevices import compose_override, node_override
-from deploy.devices import parse_devices
+from deploy.edge import edgenode
+from deploy.edge.composedevices import compose_override, node_override
+from deploy.edge.devices import parse_devices
 from deploy.errors import DeployError
 
 PLAN_DOC = {"board": {"count": 1, "cpus": 0.2, "mem_mb": 256, "up_kbps": 1000, "down_kbps": 2000,
@@ -27,7 +27,7 @@ def test_override_sets_each_limited_node_and_leaves_the_rest_alone():
     assert board["mem_limit"] == "256m" and board["memswap_limit"] == "256m"
     assert board["stop_grace_period"] == "50s"  # 10 s at full speed, 5x longer at 0.2 CPU
     assert board["cap_add"] == ["NET_ADMIN"] and board["user"] == "root"
-    assert board["entrypoint"] == ["python", "-m", "deploy.edgenode"]
+    assert board["entrypoint"] == ["python", "-m", "deploy.edge.edgenode"]
     env = board["environment"]
     assert env["FLCHURN_UP_KBPS"] == "1000" and env["FLCHURN_DOWN_KBPS"] == "2000"
     assert env["FLCHURN_RTT_MS"] == "80" and env["FLCHURN_LOSS"] == "0.01"
@@ -99,7 +99,7 @@ def test_superlink_argument_is_pointed_at_the_relay():
 
 
 def test_wrapper_without_limits_execs_the_command_unchanged():
-    res = subprocess.run([sys.executable, "-m", "deploy.edgenode", sys.executable, "-c", "print('ran')"],
+    res = subprocess.run([sys.executable, "-m", "deploy.edge.edgenode", sys.executable, "-c", "print('ran')"],
                          capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
     assert res.returncode == 0, res.stderr
     assert "no network limits" in res.stdout and res.stdout.rstrip().endswith("ran")
@@ -118,7 +118,7 @@ def test_wrapper_puts_a_relay_in_front_of_the_superlink(tmp_path):
         "[os.kill(int(k), signal.SIGTERM) for k in kids]\n"
         "print('relays', len(kids))\n")
     env = {"PATH": "/usr/bin:/bin", "FLCHURN_RTT_MS": "40", "FLCHURN_RELAY_PORT": str(port)}
-    res = subprocess.run([sys.executable, "-m", "deploy.edgenode", sys.executable, "-c", script,
+    res = subprocess.run([sys.executable, "-m", "deploy.edge.edgenode", sys.executable, "-c", script,
                           "--superlink", "superlink.invalid:8000"], capture_output=True, text=True, timeout=60, env=env)
     assert res.returncode == 0, res.stderr
     assert f"'--superlink', '127.0.0.1:{port}'" in res.stdout and "relays 1" in res.stdout

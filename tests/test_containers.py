@@ -142,8 +142,8 @@ def test_device_classes_apply_to_the_node_containers(tmp_path: Path) -> None:
     """python -m deploy compose-devices: node 0 gets a 0.2-CPU quota (10 ms period), 1 mbit/s each
     way and a 100 ms relay, runs its SuperNode as the app user; node 1 a memory cap; a churned run
     completes on the shaped stack."""
-    from deploy.composedevices import compose_override
-    from deploy.devices import parse_devices
+    from deploy.edge.composedevices import compose_override
+    from deploy.edge.devices import parse_devices
 
     override = tmp_path / "devices.yml"
     override.write_text(compose_override(parse_devices(DEVICES, stack.NUM_NODES)))
@@ -164,7 +164,7 @@ def test_device_classes_apply_to_the_node_containers(tmp_path: Path) -> None:
                                text=True, check=True).stdout.splitlines()
         procs = [u.split(" ", 1) for u in users if u[:1].isdigit() and " " in u]  # (uid, cmdline)
         supernode = [" ".join(u) for u in procs if u[1].startswith("python -m deploy.tuning supernode")]
-        relay = [" ".join(u) for u in procs if "deploy.relay" in u[1]]  # tini (root) only wraps them
+        relay = [" ".join(u) for u in procs if "deploy.edge.relay" in u[1]]  # tini (root) only wraps them
         assert supernode and all(u.split()[0] == "1000" for u in supernode), users  # not root
         assert relay and "127.0.0.1:9099" in " ".join(supernode), users  # --superlink points at the relay
 

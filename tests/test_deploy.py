@@ -12,6 +12,7 @@ idle 2-core box (a ClientApp process starts per message: ~6 s of imports and dat
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import shlex
@@ -69,7 +70,7 @@ def _pgrep(pattern: str) -> list[str]:
 def deployed(tmp_path_factory):
     if shutil.which("flower-superlink") is None or shutil.which("flwr") is None:
         pytest.skip("flower-superlink / flwr not on PATH")
-    from deploy.local import Deployment
+    from deploy.local import ProcessSite
     from deploy.run import run_deployment
 
     tmp = tmp_path_factory.mktemp("deploy")
@@ -77,7 +78,7 @@ def deployed(tmp_path_factory):
     trace.write_text(TRACE)
     env, extra = fault_node("nan", FAULT[0])
     lines: list[str] = []
-    dep = Deployment(N, tmp / "work", node_env={FAULT[1]: env}, node_config_extra={FAULT[1]: extra},
+    dep = ProcessSite(N, tmp / "work", node_env={FAULT[1]: env}, node_config_extra={FAULT[1]: extra},
                      log=lines.append)
     try:
         with dep:
@@ -95,8 +96,9 @@ def test_the_run_completes_through_churn_a_crash_and_a_bad_reply(deployed):
     assert out.ok, f"status {out.status}; driver log: {deployed['log']}"
     assert [r["round"] for r in out.rows] == list(range(1, R + 1))
     # no run-name was given: one default name, and the driver followed the folder the server wrote
-    assert out.run_dir.name.startswith("deploy-") and out.driver.follow.run_dir == out.run_dir
-    assert out.driver.follow.rows == out.rows
+    # (it saw the server start and every round's line: it drove round R's start)
+    assert out.run_dir.name.startswith("deploy-") and out.driver.started_at is not None
+    assert out.driver.round == R and out.driver.done
     assert (out.run_dir / "final_model.pt").is_file()
     assert out.driver.crashed == {CRASH[0]: [CRASH[1]]}
 
@@ -202,14 +204,14 @@ def test_a_node_stopped_out_of_schedule_makes_the_launcher_fail_naming_round_and
     but the launcher reports it and fails."""
     if shutil.which("flower-superlink") is None:
         pytest.skip("flower-superlink not on PATH")
-    from deploy.local import Deployment
+    from deploy.local import ProcessSite
     from deploy.run import run_deployment
 
     cfg = {"num-server-rounds": 3, "strategy": "fedavg-all", "availability": "always", "dataset": "digits",
            "model": "logreg", "local-steps": "steps:n=2", "partition": "iid", "round-timeout": 90.0,
            "checkpoint-every": 0, "device": "cpu", "results-dir": str(tmp_path / "results"), "progress": False}
 
-    with Deployment(2, tmp_path / "work") as dep:
+    with ProcessSite(2, tmp_path / "work") as dep:
         def stop_one(row: dict) -> None:
             if row["round"] == 1:
                 dep.stop_node(1, "term")
@@ -222,10 +224,10 @@ def test_a_node_stopped_out_of_schedule_makes_the_launcher_fail_naming_round_and
     assert "round 2: client 1" in text and "round 3: client 1" in text
 
 
-# ---------------------------------------------------------------------- the README's command, as written
+# ------------------------------------------------------------ docs/deployment.md's command, as written
 def readme_deploy_command() -> list[str]:
-    """The ``python -m deploy launch`` command of the README's "Real deployment" section."""
-    section = (ROOT / "README.md").read_text().split("## Real deployment", 1)[1]
+    """The first ``python -m deploy launch`` command of docs/deployment.md."""
+    section = (ROOT / "docs" / "deployment.md").read_text()
     block = section.split("```bash", 1)[1].split("```", 1)[0]
     argv = shlex.split(block.replace("\\\n", " "))
     assert argv[:4] == ["python", "-m", "deploy", "launch"], argv
@@ -261,7 +263,7 @@ def test_the_readme_deployment_command_runs_as_written(tmp_path):
 
 # ---------------------------------------------------------------------- fast: report, run config, follower
 def test_report_accepts_the_documented_slack_and_names_what_is_beyond_it():
-    from deploy.report import participation_report
+    from deploy.participation import participation_report
 
     expected = np.array([[1, 1, 0], [0, 1, 1], [1, 0, 1]], dtype=bool)
     rows = [
@@ -281,7 +283,7 @@ def test_a_driver_on_another_schedule_seed_is_caught():
     """A churn driver that followed seed 1 while the server used seed 0: the rounds where the two
     schedules differ are named."""
     from availability import build_schedule
-    from deploy.report import participation_report
+    from deploy.participation import participation_report
 
     server = build_schedule("bernoulli:p=0.5", 6, 0).matrix(8).astype(bool)
     driver = build_schedule("bernoulli:p=0.5", 6, 1).matrix(8).astype(bool)
@@ -293,7 +295,7 @@ def test_a_driver_on_another_schedule_seed_is_caught():
 
 def test_num_clients_follows_the_number_of_nodes_and_a_mismatch_says_what_to_pass(tmp_path):
     from deploy.errors import DeployError
-    from deploy.runconfig import build_run_config
+    from deploy.submission import build_run_config
 
     cfg = build_run_config(4, {"results-dir": str(tmp_path)})
     assert cfg["num-clients"] == 4 and cfg["availability-gate"] == "none" and cfg["min-nodes"] == 4
@@ -302,7 +304,7 @@ def test_num_clients_follows_the_number_of_nodes_and_a_mismatch_says_what_to_pas
 
 
 def test_the_default_run_name_is_decided_once_and_never_reuses_a_folder(tmp_path):
-    from deploy.runconfig import build_run_config, run_dir_of
+    from deploy.submission import build_run_config, run_dir_of
 
     first = build_run_config(4, {"results-dir": str(tmp_path), "strategy": "fedavg-all"})
     assert first["run-name"].startswith("deploy-") and "fedavg-all" in first["run-name"]
@@ -331,6 +333,22 @@ def test_the_follower_of_a_resumed_run_waits_for_the_new_start_and_reads_only_ne
     with (tmp_path / "metrics.jsonl").open("a") as fh:
         fh.write("4}\n")
     assert follow.poll() == [{"round": 4}] and [r["round"] for r in follow.rows] == [3, 4]
+
+
+def test_the_follower_hands_out_the_start_then_each_round_then_a_tick(tmp_path):
+    import json
+
+    from deploy.follow import RoundFinished, RunFollower, RunStarted, Tick
+
+    follow = RunFollower(tmp_path)
+    assert [type(e) for e in follow.events()] == [Tick]  # nothing written yet: time passes
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"round": 1}) + "\n" + json.dumps({"round": 2}) + "\n")
+    events = list(follow.events())
+    assert [type(e) for e in events] == [RunStarted, RoundFinished, RoundFinished, Tick]
+    assert [e.round for e in events[1:3]] == [1, 2] and events[1].row == {"round": 1}
+    assert events[0].t <= events[1].t <= events[2].t <= events[3].t
+    assert [type(e) for e in follow.events()] == [Tick]  # the start and the rounds come once
 
 
 class FakeNodes:
@@ -370,11 +388,11 @@ class FakeNodes:
 
 def test_the_process_and_container_nodes_and_the_fake_are_all_nodes(tmp_path):
     from deploy.containers import ComposeSite, DockerNodes
-    from deploy.local import Deployment
+    from deploy.local import ProcessSite
     from deploy.nodes import Nodes, Site
 
     assert isinstance(FakeNodes(2), Nodes) and not isinstance(FakeNodes(2), Site)
-    with Deployment(2, tmp_path / "work") as dep:
+    with ProcessSite(2, tmp_path / "work") as dep:
         assert isinstance(dep, Site)
     assert isinstance(DockerNodes(2), Nodes) and not isinstance(DockerNodes(2), Site)
     site = ComposeSite(2, address="127.0.0.1:1", cli_home=tmp_path / "cli", project=ROOT)
@@ -389,25 +407,32 @@ def test_the_driver_follows_the_schedule_round_by_round_on_any_nodes(tmp_path):
 
     from availability import build_schedule
     from deploy.churn import RoundChurn
+    from deploy.follow import RunFollower
 
     nodes = FakeNodes(4)
     nodes.start_node(3)  # a node left running by a previous run: off in round 1, so stopped
     schedule = build_schedule("group-cyclic:groups=2,window=1", 4, 0)
     want = schedule.matrix(4).astype(bool)
-    driver = RoundChurn(nodes, schedule, 4, tmp_path, lookahead=False)
+    driver = RoundChurn(nodes, schedule, 4, lookahead=False)
+    follow = RunFollower(tmp_path)
+
+    def step():
+        for event in follow.events():
+            driver.on_event(event)
+
     driver.prepare()
     assert nodes.running_nodes() == set(np.flatnonzero(want[0]).tolist())
     (tmp_path / "config.json").write_text("{}")
-    driver.step()
+    step()
     for t in range(1, 4):
         with (tmp_path / "metrics.jsonl").open("a") as fh:
             fh.write(json.dumps({"round": t}) + "\n")
-        driver.step()
+        step()
         assert nodes.running_nodes() == set(np.flatnonzero(want[t]).tolist()), t
     assert not driver.late and not driver.done
     with (tmp_path / "metrics.jsonl").open("a") as fh:
         fh.write(json.dumps({"round": 4}) + "\n")
-    driver.step()
+    step()
     assert driver.done
 
 
@@ -418,6 +443,7 @@ def test_the_round_start_signal_waits_for_the_rounds_nodes_and_no_longer(tmp_pat
 
     from availability import build_schedule
     from deploy.churn import RoundChurn
+    from deploy.follow import RunFollower
 
     class Stuck(FakeNodes):  # node 3 starts but never registers
         def registered_id(self, i):
@@ -426,16 +452,49 @@ def test_the_round_start_signal_waits_for_the_rounds_nodes_and_no_longer(tmp_pat
     nodes = Stuck(4)
     schedule = build_schedule("group-cyclic:groups=2,window=1", 4, 0)  # {0, 1} then {2, 3}
     signal = tmp_path / "signal"
-    driver = RoundChurn(nodes, schedule, 2, tmp_path, grace=1.5, lookahead=False, signal_dir=signal)
+    driver = RoundChurn(nodes, schedule, 2, grace=1.5, lookahead=False, signal_dir=signal)
+    follow = RunFollower(tmp_path)
+
+    def step():
+        for event in follow.events():
+            driver.on_event(event)
+
     driver.prepare()
     (tmp_path / "config.json").write_text("{}")
-    driver.step()
+    step()
     assert (signal / "round-1").exists() and not driver.late  # everyone in: signalled without waiting
     with (tmp_path / "metrics.jsonl").open("a") as fh:
         fh.write(json.dumps({"round": 1}) + "\n")
-    driver.step()
+    step()
     assert (signal / "round-2").exists()  # signalled at the bound although node 3 never registered
     assert driver.late == {2: [3]} and nodes.running_nodes() == {2, 3}
+
+
+def test_the_wall_clock_driver_counts_from_the_submission_and_acts_on_ticks(tmp_path):
+    """WallClockChurn over FakeNodes: ticks before ``Submitted`` and after ``RunDone`` do nothing;
+    in between each tick puts the nodes where the trace has them at (t - t0) x speedup."""
+    import json
+
+    from availability import build_schedule
+    from deploy.churn import WallClockChurn
+    from deploy.follow import RunDone, Submitted, Tick
+
+    trace = tmp_path / "trace.json"
+    trace.write_text(json.dumps({"period": 100, "clients": {"0": [[0, 50]], "1": [[50, 100]]}}))
+    nodes = FakeNodes(2)
+    driver = WallClockChurn(nodes, build_schedule(f"trace-intervals:path={trace}", 2, 0), speedup=2.0)
+    driver.prepare()
+    assert nodes.running_nodes() == {0}
+    driver.on_event(Tick(1000.0))  # not submitted yet: the clock has not started
+    assert nodes.running_nodes() == {0}
+    driver.on_event(Submitted(1000.0))
+    driver.on_event(Tick(1030.0))  # 60 trace seconds in: client 1's interval
+    assert nodes.running_nodes() == {1}
+    driver.on_event(Tick(1055.0))  # 110 = 10 mod 100: client 0 again
+    assert nodes.running_nodes() == {0}
+    driver.on_event(RunDone(1056.0))
+    driver.on_event(Tick(1030.0))
+    assert nodes.running_nodes() == {0} and [e["action"] for e in driver.events] == ["stop", "start"] * 2
 
 
 def test_the_driver_tells_a_slow_node_from_one_that_went_down(tmp_path):
@@ -447,7 +506,7 @@ def test_the_driver_tells_a_slow_node_from_one_that_went_down(tmp_path):
     nodes = FakeNodes(2)
     nodes.start_node(0)
     nodes.start_node(1)
-    driver = RoundChurn(nodes, build_schedule("always", 2, 0), 3, tmp_path)
+    driver = RoundChurn(nodes, build_schedule("always", 2, 0), 3)
     driver.up_at_start[2] = driver._up()
     nodes.stop_node(1)  # node 1 dies during round 2 without the driver stopping it
     driver.up_at_end[2] = driver._up()
@@ -458,15 +517,16 @@ def test_the_driver_tells_a_slow_node_from_one_that_went_down(tmp_path):
 
 @slow
 def test_the_compose_driver_runs_on_process_nodes(tmp_path):
-    """One code path: the compose churn service's run (``deploy.compose.drive``, parsed from its
+    """One code path: the compose churn service's run (``deploy.churn_service.drive``, parsed from its
     own command line) on SuperNode processes instead of containers: the run completes, churn
     follows the schedule, and nobody took part while off."""
     if shutil.which("flower-superlink") is None:
         pytest.skip("flower-superlink not on PATH")
     import argparse
 
-    from deploy.compose import add_churn_args, drive
-    from deploy.local import Deployment
+    from deploy.churn_service import drive
+    from deploy.cli import add_churn_args
+    from deploy.local import ProcessSite
     from server_app.results import read_matrix
 
     p = argparse.ArgumentParser()
@@ -477,7 +537,7 @@ def test_the_compose_driver_runs_on_process_nodes(tmp_path):
         "dataset='digits' model='logreg' local-steps='steps:n=2' partition='iid' round-timeout=120.0 "
         "checkpoint-every=0 device='cpu' progress=false run-name='compose-on-processes'"])
     lines: list[str] = []
-    with Deployment(2, tmp_path / "work", log=lines.append) as dep:
+    with ProcessSite(2, tmp_path / "work", log=lines.append) as dep:
         assert drive(dep, args) == 0, lines
         starts = {i: dep.nodes[i].incarnations for i in range(2)}
     run_dir = tmp_path / "results" / "compose-on-processes"
@@ -526,3 +586,35 @@ def test_compose_files_are_valid(files):
 def test_gen_certs_script_is_valid_shell():
     res = subprocess.run(["bash", "-n", str(DOCKER / "gen-certs.sh")], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
+
+
+EDGE_IMPORTS = """
+import sys
+from deploy.cli import parser
+from deploy import launch, local, record, run  # the launcher's modules, as launch_main uses them
+args = parser().parse_args(["launch", "--num-nodes", "2", *sys.argv[2:]])
+plan = None
+if args.devices:
+    from deploy.edge.devices import load_devices
+    plan = load_devices(args.devices, 2)
+with local.ProcessSite(2, sys.argv[1], devices=plan):
+    pass
+print(sorted(m for m in sys.modules if m.startswith("deploy.edge")))
+"""
+
+
+@pytest.mark.parametrize("with_devices", [False, True])
+def test_a_launch_without_devices_never_imports_edge_emulation(tmp_path, with_devices):
+    """Edge emulation is opt-in: the launcher's modules and a site without device classes leave
+    ``deploy.edge`` unimported; a site with device classes imports it (the control)."""
+    devices = tmp_path / "devices.toml"
+    devices.write_text('[slow]\ncount = 2\ncpus = 0.5\n')
+    extra = ["--devices", str(devices)] if with_devices else []
+    res = subprocess.run([sys.executable, "-c", EDGE_IMPORTS, str(tmp_path / "work"), *extra],
+                         capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert res.returncode == 0, res.stderr
+    imported = ast.literal_eval(res.stdout.strip().splitlines()[-1])
+    if with_devices:
+        assert "deploy.edge.limits" in imported and "deploy.edge.devices" in imported
+    else:
+        assert imported == []

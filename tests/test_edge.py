@@ -8,7 +8,7 @@ import tomllib
 
 import pytest
 
-from deploy.devices import (
+from deploy.edge.devices import (
     UNCONSTRAINED,
     check_host,
     classes_from_trace,
@@ -70,7 +70,7 @@ def test_bad_device_files_are_refused_naming_class_key_and_value(doc, match):
 
 
 def test_a_capped_node_runs_as_many_compute_threads_as_whole_cpus_it_gets():
-    from deploy.edge import EdgeLimits
+    from deploy.edge.limits import EdgeLimits
 
     plan = parse_devices({"a": {"count": 1, "cpus": 0.2}, "b": {"count": 1, "cpus": 1.5}, "c": {"count": 1}}, 3)
     limits = EdgeLimits(plan, "test")
@@ -236,7 +236,7 @@ def test_the_server_starts_a_signalled_round_without_waiting_the_whole_delay(tmp
 def _root_skip() -> str | None:
     import os
 
-    from deploy.edge import requirements
+    from deploy.edge.limits import requirements
 
     if os.environ.get("FLCHURN_EDGE_TESTS") != "1":
         return "edge limit tests are opt-in: FLCHURN_EDGE_TESTS=1 (root: cgroups, network namespaces)"
@@ -267,7 +267,7 @@ def test_a_cpu_quota_of_a_fifth_slows_a_node_at_least_twofold(tmp_path):
     import os
     import uuid
 
-    from deploy.edge import EdgeLimits
+    from deploy.edge.limits import EdgeLimits
 
     plan = parse_devices({"slow": {"count": 1, "cpus": 0.2}, "fast": {"count": 1}}, 2)
     limits = EdgeLimits(plan, uuid.uuid4().hex[:8])
@@ -294,7 +294,7 @@ def test_a_cpu_quota_of_a_fifth_slows_a_node_at_least_twofold(tmp_path):
 def test_a_memory_cap_kills_what_exceeds_it_and_counts_the_kill(tmp_path):
     import uuid
 
-    from deploy.edge import EdgeLimits
+    from deploy.edge.limits import EdgeLimits
 
     plan = parse_devices({"small": {"count": 1, "mem_mb": 200}}, 1)
     limits = EdgeLimits(plan, uuid.uuid4().hex[:8])
@@ -339,7 +339,7 @@ def test_a_one_mbit_class_measures_within_fifteen_percent_both_ways(tmp_path):
     import time
     import uuid
 
-    from deploy.edge import EdgeLimits
+    from deploy.edge.limits import EdgeLimits
 
     plan = parse_devices({"slow": {"count": 1, "up_kbps": 1000, "down_kbps": 1000}}, 1)
     limits = EdgeLimits(plan, uuid.uuid4().hex[:8])
@@ -392,8 +392,8 @@ def test_a_one_mbit_class_measures_within_fifteen_percent_both_ways(tmp_path):
 def test_a_failed_setup_leaves_nothing_behind(monkeypatch):
     import uuid
 
-    from deploy import netns
-    from deploy.edge import EdgeLimits
+    from deploy.edge import netns
+    from deploy.edge.limits import EdgeLimits
 
     plan = parse_devices({"a": {"count": 1, "cpus": 0.5, "up_kbps": 500}, "b": {"count": 1, "up_kbps": 500}}, 2)
     limits = EdgeLimits(plan, uuid.uuid4().hex[:8])
@@ -426,8 +426,8 @@ def edge_run(tmp_path_factory):
         pytest.skip(ROOT_SKIP)
     import json
 
-    from deploy.edgerun import run_recorded
-    from deploy.local import Deployment
+    from deploy.local import ProcessSite
+    from deploy.record import run_recorded
 
     tmp = tmp_path_factory.mktemp("edge")
     plan = parse_devices(EDGE_DEVICES, 3)
@@ -435,7 +435,7 @@ def edge_run(tmp_path_factory):
            "model": "logreg", "local-steps": "steps:n=1000", "partition": "iid", "round-timeout": 300.0,
            "checkpoint-every": 0, "device": "cpu", "progress": False, "results-dir": str(tmp / "results")}
     lines: list[str] = []
-    dep = Deployment(3, tmp / "work", devices=plan, log=lines.append)
+    dep = ProcessSite(3, tmp / "work", devices=plan, log=lines.append)
     try:
         with dep:
             out, rec, counts = run_recorded(dep, cfg, timeout=1200)
@@ -498,7 +498,7 @@ def test_the_client_path_never_imports_torchvision():
     code = """
 import json, sys
 import client_app.app, client_app.worker, client_app.timing
-from deploy import calibrate
+from deploy.edge import calibrate
 calibrate.main([json.dumps({"num-clients": 3, "dataset": "digits", "model": "logreg", "local-steps": "steps:n=2",
                             "partition": "iid", "device": "cpu"}), "1"])
 print("TORCHVISION", "torchvision" in sys.modules)

@@ -9,8 +9,8 @@ from replies import reply, run_round, start_round
 
 from strategies import STRATEGIES, build_strategy
 from strategies.base import ClientReport
-from strategies.fdms import FLFDMS, Full, Stale, _components
 from strategies.protocol import IGNORE_AVAILABILITY
+from strategies.rules.fdms import FLFDMS, Full, Stale, _components
 
 R_DIAG = 0.5 * (1 + 1 / math.sqrt(2))  # r of [1,0] (or [0,1]) with [1,1]
 

@@ -7,10 +7,10 @@ import pytest
 from replies import reply, run_round, start_round
 
 from strategies import STRATEGIES, build_strategy
-from strategies.fedau import FedAU
-from strategies.fedvarp import ClusterFedVARP, FedVARP
 from strategies.memory import ClientTable
-from strategies.mifa import MIFA
+from strategies.rules.fedau import FedAU
+from strategies.rules.fedvarp import ClusterFedVARP, FedVARP
+from strategies.rules.mifa import MIFA
 
 
 def rounds(strategy, x, schedule, **metrics):

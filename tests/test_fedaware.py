@@ -7,7 +7,7 @@ from scipy.optimize import minimize
 
 from strategies import build_strategy
 from strategies.base import ClientReport
-from strategies.fedaware import FedAWARE, min_norm_solve, min_norm_weights
+from strategies.rules.fedaware import FedAWARE, min_norm_solve, min_norm_weights
 
 
 def objective(gram, lam):

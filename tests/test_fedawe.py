@@ -20,7 +20,8 @@ from server_app.experiment import run
 from server_app.results import read_matrix, read_metrics
 from strategies import STRATEGIES, AvailabilityStrategy, build_strategy, named_arrays
 from strategies.failures import StrategyFailure
-from strategies.fedawe import (
+from strategies.protocol import ADOPT, CLIENT_RULE, SERVER_ROUND
+from strategies.rules.fedawe import (
     ECHO_FACTOR,
     RUN_KEY,
     SEND_UPDATE,
@@ -28,7 +29,6 @@ from strategies.fedawe import (
     UPDATE_PREFIX,
     FedAWE,
 )
-from strategies.protocol import ADOPT, CLIENT_RULE, SERVER_ROUND
 from workloads.data import load_dataset
 
 TIMES = {"round-time", "wall-time"}

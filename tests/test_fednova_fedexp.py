@@ -8,8 +8,8 @@ from experiments.inprocess import run_inprocess
 from server_app.results import read_metrics
 from strategies import FedAvgActive, build_strategy, named_arrays
 from strategies.base import ClientReport
-from strategies.fedexp import FedExP
-from strategies.fednova import FedNova
+from strategies.rules.fedexp import FedExP
+from strategies.rules.fednova import FedNova
 
 # ---------------------------------------------------------------------------------- FedNova
 

@@ -5,8 +5,8 @@ import pytest
 from replies import reply, start_round
 
 from strategies import FedAvgActive
-from strategies.fedau import FedAU
-from strategies.mifa import MIFA
+from strategies.rules.fedau import FedAU
+from strategies.rules.mifa import MIFA
 
 
 def play(strategy, rnd, connected, claims):
@@ -84,7 +84,7 @@ def test_a_rejected_reply_binds_nothing():
     assert rejected(s) == {} and s.node_of_client[0] == 102
 
 
-def test_the_binding_survives_a_checkpoint_and_old_checkpoints_load():
+def test_the_binding_survives_a_checkpoint():
     s = bound_mifa()
     state = s.state_dict()
     again = MIFA(num_clients=4)
@@ -92,10 +92,3 @@ def test_the_binding_survives_a_checkpoint_and_old_checkpoints_load():
     play(again, 2, [100, 101, 200], [(200, 0, [9.0, 9.0])])
     assert rejected(again) == {200: "client 0 belongs to node 100, still connected"}
 
-    # format 1 from before identity binding: the base's keys at the top, no node_of_client
-    old = {"rng": state["rng"], "client_of_node": state["identity"]["client_of_node"],
-           "mifa": {**state["state"], "table": state["state"]["table"]}}
-    legacy = MIFA(num_clients=4)
-    legacy.load_state_dict(old)
-    assert legacy.node_of_client == {0: 100, 1: 101}
-    np.testing.assert_array_equal(legacy.table.row(1), [0.0, 1.0])

@@ -9,8 +9,8 @@ from flwr.app import ConfigRecord, Message, MessageType, MetricRecord, RecordDic
 from experiments.inprocess import run_inprocess
 from server_app.results import read_matrix, read_metrics
 from strategies import build_strategy, named_arrays
-from strategies.power_of_choice import PowerOfChoice
 from strategies.protocol import CLIENT_RULE, PROBE_BATCHES, SERVER_ROUND
+from strategies.rules.power_of_choice import PowerOfChoice
 
 
 class FakeGrid:

@@ -15,8 +15,8 @@ import time
 import pytest
 from launching import launch_until_submitted
 
+from deploy.edge.relay import Impairment, Relay, argv
 from deploy.procs import free_port, port_open
-from deploy.relay import Impairment, Relay, argv
 
 
 async def _echo_server() -> tuple[asyncio.Server, int]:
@@ -100,7 +100,7 @@ def test_bad_impairments_are_refused_naming_the_value():
         Impairment(rtt_ms=10, loss=1.0)
     with pytest.raises(ValueError, match="rtt_ms = -1 must be"):
         Impairment(rtt_ms=-1)
-    res = subprocess.run([sys.executable, "-m", "deploy.relay", "--listen", "nowhere", "--to", "127.0.0.1:1"],
+    res = subprocess.run([sys.executable, "-m", "deploy.edge.relay", "--listen", "nowhere", "--to", "127.0.0.1:1"],
                          capture_output=True, text=True, timeout=30)
     assert res.returncode == 2 and "'nowhere' is not HOST:PORT" in res.stderr
 
@@ -139,8 +139,8 @@ def test_edge_limits_start_a_relay_per_relayed_node_and_point_its_supernode_at_i
     relay forwards to the SuperLink's port, a restart replaces it, and closing the spawner stops it."""
     from types import SimpleNamespace
 
-    from deploy.devices import parse_devices
-    from deploy.edge import EdgeLimits
+    from deploy.edge.devices import parse_devices
+    from deploy.edge.limits import EdgeLimits
     from deploy.procs import Spawner
 
     plan = parse_devices({"far": {"count": 1, "rtt_ms": 40}}, 2)
@@ -209,11 +209,11 @@ print(min(rtts[1:]))
 def _root_skip() -> str | None:
     import os
 
-    from deploy.edge import requirements
+    from deploy.edge.limits import requirements
 
     if os.environ.get("FLCHURN_EDGE_TESTS") != "1":
         return "edge limit tests are opt-in: FLCHURN_EDGE_TESTS=1 (root: cgroups, network namespaces)"
-    from deploy.devices import parse_devices
+    from deploy.edge.devices import parse_devices
     return requirements(parse_devices({"x": {"count": 1, "rtt_ms": 50}}, 1))
 
 
@@ -226,8 +226,8 @@ def test_a_real_deployment_with_an_rtt_class_completes_and_its_node_measures_the
     """Two SuperNodes, one in a 100 ms, 2 % loss class: the run completes, and an HTTP request from the far
     node's namespace to the address its SuperNode uses (its relay; Flower 1.41's Fleet API is
     HTTP) takes >= 100 ms, while the near node reaches the SuperLink directly."""
-    from deploy.devices import parse_devices
-    from deploy.local import Deployment
+    from deploy.edge.devices import parse_devices
+    from deploy.local import ProcessSite
     from deploy.run import run_deployment
 
     rtt_ms = 100
@@ -236,7 +236,7 @@ def test_a_real_deployment_with_an_rtt_class_completes_and_its_node_measures_the
            "model": "logreg", "local-steps": "steps:n=5", "partition": "iid", "round-timeout": 300.0,
            "checkpoint-every": 0, "device": "cpu", "progress": False, "results-dir": str(tmp_path / "results")}
     lines: list[str] = []
-    dep = Deployment(2, tmp_path / "work", devices=plan, log=lines.append)
+    dep = ProcessSite(2, tmp_path / "work", devices=plan, log=lines.append)
     try:
         with dep:
             out = run_deployment(dep, cfg, timeout=900)
@@ -272,7 +272,7 @@ def test_ctrl_c_stops_the_relays_with_the_launcher(tmp_path):
     import signal
 
     def relays() -> set[str]:
-        out = subprocess.run(["pgrep", "-f", "deploy.relay --listen"], capture_output=True, text=True).stdout
+        out = subprocess.run(["pgrep", "-f", "deploy.edge.relay --listen"], capture_output=True, text=True).stdout
         return set(out.split())
 
     before = relays()

@@ -1,5 +1,6 @@
 """The house's shape, read from its own imports: no import circle, no module over 400 lines, and
-the leaf packages import only what the README's arrows allow.
+every package imports only what its row of ``ARROWS`` allows; the README's arrows block is this
+table, printed.
 
 Every ``import`` counts, also one inside a function (a lazy import still ties two modules
 together). Packages are the top-level folders with an ``__init__.py``, tests aside.
@@ -10,12 +11,26 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parent.parent
 LIMIT = 400
-#: package -> the project's packages it may import (README, "Layout and arrows")
-LEAVES = {"runconfig": set(), "availability": {"runconfig"}}
+#: package -> what of the project's other packages it may import: a package, or one module of it
+#: (``availability.spec``: that module only). A row for a sub-package (``deploy.edge``) governs its
+#: modules instead of its parent's row. Imports inside one top-level package are free (the
+#: circle test guards them). The README's block "Arrows" prints this table (``arrows_block``).
+ARROWS: dict[str, frozenset[str]] = {
+    "runconfig": frozenset(),
+    "availability": frozenset({"runconfig"}),
+    "workloads": frozenset({"runconfig", "availability.spec"}),
+    "strategies": frozenset({"availability.spec"}),
+    "client_app": frozenset({"runconfig", "availability", "workloads", "strategies.protocol"}),
+    "server_app": frozenset({"runconfig", "availability", "workloads", "strategies"}),
+    "deploy": frozenset({"runconfig", "availability", "workloads", "client_app", "server_app"}),
+    "deploy.edge": frozenset({"runconfig", "workloads"}),
+    "experiments": frozenset({"runconfig", "availability", "workloads", "strategies", "client_app",
+                              "server_app", "deploy"}),
+}
+NOTHING = "nothing of ours"
+README_MARK = "<!-- arrows: generated from ARROWS in tests/test_structure.py"
 
 
 def modules(root: Path = ROOT) -> dict[str, Path]:
@@ -119,9 +134,101 @@ def test_no_module_over_the_limit():
     assert not over, f"modules over {LIMIT} lines (split by job): " + ", ".join(f"{m} ({n})" for n, m in over)
 
 
-@pytest.mark.parametrize("leaf", sorted(LEAVES))
-def test_leaf_packages_import_only_their_arrows(leaf):
+def row_of(module: str, arrows: dict[str, frozenset[str]] = ARROWS) -> str | None:
+    """The row that governs a module: the longest row name that is the module or a package above it."""
+    rows = [r for r in arrows if module == r or module.startswith(r + ".")]
+    return max(rows, key=len) if rows else None
+
+
+def covers(arrow: str, module: str) -> bool:
+    return module == arrow or module.startswith(arrow + ".")
+
+
+def crossings(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """(module, imported module) for every import that leaves the importer's top-level package."""
+    return {(m, d) for m, deps in graph.items() for d in deps if d.split(".")[0] != m.split(".")[0]}
+
+
+def violations(graph: dict[str, set[str]], arrows: dict[str, frozenset[str]] = ARROWS) -> list[str]:
+    """Every cross-package import that its row does not allow, as 'module -> imported'."""
+    return sorted(f"{m} -> {d}" for m, d in crossings(graph)
+                  if not any(covers(a, d) for a in arrows.get(row_of(m, arrows) or "", ())))
+
+
+def unused_arrows(graph: dict[str, set[str]], arrows: dict[str, frozenset[str]] = ARROWS) -> list[str]:
+    """Arrows of the table that no import takes (the table claims more than the code does)."""
+    used = {(row_of(m, arrows), a) for m, d in crossings(graph) for a in arrows.get(row_of(m, arrows) or "", ())
+            if covers(a, d)}
+    return sorted(f"{row} -> {a}" for row, allowed in arrows.items() for a in allowed if (row, a) not in used)
+
+
+def arrows_block(arrows: dict[str, frozenset[str]] = ARROWS) -> str:
+    """The README's block: one line per row, in the table's order."""
+    width = max(map(len, arrows))
+    return "\n".join(f"{row:<{width}} -> {', '.join(sorted(allowed)) or NOTHING}" for row, allowed in arrows.items())
+
+
+def parse_arrows(block: str) -> dict[str, frozenset[str]]:
+    out = {}
+    for line in filter(str.strip, block.splitlines()):
+        row, sep, rest = line.partition("->")
+        assert sep, f"an arrows line without '->': {line!r}"
+        rest = rest.strip()
+        out[row.strip()] = frozenset() if rest == NOTHING else frozenset(a.strip() for a in rest.split(","))
+    return out
+
+
+def readme_arrows(text: str) -> str:
+    """The fenced block right after the README's arrows marker."""
+    assert README_MARK in text, f"README.md has no arrows block (the line {README_MARK!r} ...)"
+    after = text.split(README_MARK, 1)[1]
+    start = after.index("```")
+    body = after[start:].split("\n", 1)[1]
+    return body[:body.index("```")].strip("\n")
+
+
+def test_the_arrow_check_catches_a_forbidden_and_an_unused_arrow(tmp_path):
+    for pkg, src in {"low": "", "mid": "import low.x\n", "top": "def f():\n    from mid import y\n"}.items():
+        (tmp_path / pkg).mkdir()
+        (tmp_path / pkg / "__init__.py").write_text("")
+        (tmp_path / pkg / "x.py").write_text(src)
+    (tmp_path / "mid" / "y.py").write_text("")
+    graph = import_graph(modules(tmp_path))
+    table = {"low": frozenset(), "mid": frozenset({"low.x"}), "top": frozenset({"mid", "low"})}
+    assert violations(graph, table) == []
+    assert unused_arrows(graph, table) == ["top -> low"]
+    assert violations(graph, {**table, "mid": frozenset({"low.y"})}) == ["mid.x -> low.x"]
+    # a sub-package row governs its modules instead of the parent's row
+    assert violations(graph, {**table, "top.x": frozenset()}) == ["top.x -> mid.y"]
+
+
+def test_the_readme_block_round_trips():
+    assert parse_arrows(arrows_block()) == ARROWS
+    text = f"intro\n{README_MARK} -->\n```text\n{arrows_block()}\n```\nafter\n"
+    assert parse_arrows(readme_arrows(text)) == ARROWS
+
+
+def test_every_package_has_a_row():
+    packages = {m.split(".")[0] for m in modules()}
+    rows = {r.split(".")[0] for r in ARROWS}
+    assert packages == rows, (f"packages without a row in ARROWS: {sorted(packages - rows)}; "
+                              f"rows without a package: {sorted(rows - packages)}")
     mods = modules()
-    graph = import_graph(mods)
-    reached = {dep.split(".")[0] for m, deps in graph.items() if m.split(".")[0] == leaf for dep in deps}
-    assert reached - {leaf} <= LEAVES[leaf], f"{leaf} imports {sorted(reached - {leaf} - LEAVES[leaf])}"
+    assert all(r in mods for r in ARROWS), f"rows naming no module: {sorted(set(ARROWS) - set(mods))}"
+
+
+def test_each_package_imports_only_its_row():
+    bad = violations(import_graph(modules()))
+    assert not bad, ("imports outside the package's row of ARROWS (tests/test_structure.py; "
+                     "add the arrow there and in the README, or remove the import):\n" + "\n".join(bad))
+
+
+def test_every_arrow_is_used():
+    unused = unused_arrows(import_graph(modules()))
+    assert not unused, "arrows in ARROWS that no import takes (remove them there and in the README): " + ", ".join(unused)
+
+
+def test_readme_arrows_match_the_table():
+    block = readme_arrows((ROOT / "README.md").read_text())
+    assert parse_arrows(block) == ARROWS and block == arrows_block(), (
+        "README.md's arrows block differs from ARROWS in tests/test_structure.py; paste this:\n" + arrows_block())

@@ -13,8 +13,8 @@ import pytest
 from replies import reply, start_round
 
 from strategies import STRATEGIES, FedAvgActive, build_strategy
-from strategies.fedaware import FedAWARE
-from strategies.fedawe import ECHO_FACTOR, UPDATE_PREFIX
+from strategies.rules.fedaware import FedAWARE
+from strategies.rules.fedawe import ECHO_FACTOR, UPDATE_PREFIX
 
 DIM, N = 3, 4
 
@@ -172,7 +172,7 @@ def test_fedaware_solver_failure_falls_back_to_equal_weights_and_is_logged(monke
     def broken(*args, **kwargs):
         raise np.linalg.LinAlgError("SVD did not converge")
 
-    monkeypatch.setattr("strategies.fedaware.min_norm_solve", broken)
+    monkeypatch.setattr("strategies.rules.fedaware.min_norm_solve", broken)
     s = aware_with([[2.0, 0.0], [0.0, 4.0]])
     with caplog.at_level(logging.ERROR):
         d, info = s.direction()

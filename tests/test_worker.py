@@ -201,13 +201,13 @@ def test_the_client_app_module_does_not_import_torch():
 # ---------------------------------------------------------------------- deploy.tuning.SUPERNODE
 def test_nodes_sharing_a_host_split_its_cpus_into_compute_threads(monkeypatch, tmp_path):
     from deploy import tuning
-    from deploy.local import Deployment
+    from deploy.local import ProcessSite
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(range(8)))
     assert [tuning.host_share(n) for n in (1, 2, 3, 8, 20)] == [8, 4, 2, 1, 1]
     assert tuning.compute_threads_env(0) == {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
                                              "OPENBLAS_NUM_THREADS": "1"}
-    assert Deployment(4, tmp_path / "w").threads_env["OMP_NUM_THREADS"] == "2"  # what every node process gets
+    assert ProcessSite(4, tmp_path / "w").threads_env["OMP_NUM_THREADS"] == "2"  # what every node process gets
 
 
 @pytest.mark.parametrize("after_s", [0.3, 6.0])
@@ -315,7 +315,7 @@ def test_polling_grid_rejects_a_bad_interval_and_fast_pull_leaves_other_grids_al
 @pytest.mark.slow
 def test_deployed_run_through_workers_matches_in_process_and_workers_die_with_their_nodes(tmp_path):
     from deploy import tuning
-    from deploy.local import Deployment
+    from deploy.local import ProcessSite
     from deploy.run import run_deployment
     from experiments.inprocess import run_inprocess
     from server_app.results import read_metrics
@@ -325,7 +325,7 @@ def test_deployed_run_through_workers_matches_in_process_and_workers_die_with_th
            "dataset": "digits", "model": "logreg", "local-steps": "steps:n=2", "partition": "iid",
            "checkpoint-every": 0, "device": "cpu", "progress": False, "round-timeout": 60.0}
     worker_on = {i: dict(tuning.NODE_CONFIG) for i in range(n)}  # as the launcher merges it
-    with Deployment(n, tmp_path / "dep", node_config_extra=worker_on) as dep:
+    with ProcessSite(n, tmp_path / "dep", node_config_extra=worker_on) as dep:
         out = run_deployment(dep, {**cfg, "results-dir": str(tmp_path / "dep-results"), "run-name": "d"})
         assert out.ok, out.status
         supernodes = [dep.nodes[i].proc.popen.pid for i in range(n)]

@@ -206,7 +206,7 @@ def _load_cifar_npz(path: Path, cache: bool) -> Raw:
         files = [_cache_dir() / f"cifar10-{key}-{s}.npy" for s in ("xtr", "ytr", "xte", "yte")]
         if all(f.is_file() for f in files):
             try:
-                return tuple(np.load(f) for f in files)  # type: ignore[return-value]
+                return tuple(np.load(f) for f in files)
             except (OSError, ValueError):
                 pass  # corrupt cache: decode again
     with np.load(path) as z:

@@ -34,7 +34,7 @@ def synthetic(num_clients: int, seed: int, alpha: float = 1.0, beta: float = 1.0
     big_b = rng.normal(0, beta, num_clients)
     sd = np.arange(1, dim + 1, dtype=np.float64) ** -0.6  # sqrt of Sigma_jj = j^-1.2
     w_glob, b_glob = rng.normal(0, 1, (dim, classes)), rng.normal(0, 1, classes)
-    parts = {"x": ([], []), "y": ([], []), "g": ([], [])}
+    parts: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {"x": ([], []), "y": ([], []), "g": ([], [])}
     for k in range(num_clients):
         v = np.full(dim, big_b[k]) if iid else rng.normal(big_b[k], 1, dim)
         w, b = (w_glob, b_glob) if iid else (rng.normal(u[k], 1, (dim, classes)),

@@ -125,7 +125,8 @@ def _cnn(
     layers = [m for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
     for m in layers[:-1] if init == "official" else layers:  # official: output layer left alone
         nn.init.kaiming_normal_(m.weight, nonlinearity="relu")
-        nn.init.zeros_(m.bias)
+        if m.bias is not None:
+            nn.init.zeros_(m.bias)
     return model
 
 
@@ -173,7 +174,8 @@ def _vgg11(input_shape: tuple[int, ...], num_classes: int) -> Classifier:
         if isinstance(m, nn.Conv2d):
             n = m.kernel_size[0] * m.kernel_size[1] * m.out_channels
             nn.init.normal_(m.weight, 0.0, math.sqrt(2.0 / n))
-            nn.init.zeros_(m.bias)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
     return model
 
 

@@ -20,7 +20,7 @@ client and says so); a dry vmapped step catches what it does not know.
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
@@ -44,6 +44,8 @@ class MaskedDropout(nn.Module):
     per-client path draws them (every dropout layer of a forward pass, step after step); on the CPU
     ``torch.empty(shape).bernoulli_(1 - p, generator)`` is exactly what ``nn.Dropout`` draws.
     """
+
+    mask: torch.Tensor  # the buffer registered below
 
     def __init__(self, p: float) -> None:
         super().__init__()
@@ -225,5 +227,5 @@ class CohortTrainer:
         return out
 
     def _p(self, mask_name: str) -> float:
-        return self.model.get_submodule(mask_name.rsplit(".", 1)[0]).p
+        return cast(float, self.model.get_submodule(mask_name.rsplit(".", 1)[0]).p)
 

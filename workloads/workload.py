@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterator
+from typing import cast
 
 import numpy as np
 import torch
@@ -153,7 +154,7 @@ class Workload:
         data = self.test if data is None else data
         model = model.to(self.device).eval()
         if getattr(model, "is_regression", False):
-            x = model.x.detach().cpu()
+            x = cast(torch.Tensor, model.x).detach().cpu()
             points = data.x
             loss = 0.5 * ((points - x) ** 2).sum(dim=1).mean().item()
             return {"loss": loss, "distance-to-optimum": (x - points.mean(0)).norm().item()}

@@ -3,7 +3,7 @@
 Python imports ``sitecustomize`` at start-up from the first PYTHONPATH entry that has one; the
 deployment tests put this folder on the PYTHONPATH of chosen SuperNodes only (``node_env``), so
 it loads in their ``flwr-clientapp`` processes and nowhere else. There it reads the node-config
-key ``test-fault`` (set with ``Deployment(node_config_extra={i: {"test-fault": "KIND@ROUND"}})``)
+key ``test-fault`` (set with ``ProcessSite(node_config_extra={i: {"test-fault": "KIND@ROUND"}})``)
 and corrupts that node's TRAIN reply of server round ROUND:
 
 - ``nan@R``: every array value NaN (same keys and shapes);

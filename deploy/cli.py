@@ -1,0 +1,126 @@
+"""The ``deploy`` commands, their arguments in one place: ``python -m deploy launch | churn |
+devices | compose-devices`` (see ``deploy/__init__.py``, docs/deployment.md and docs/containers.md; the compose
+files call ``churn``). Each command imports its module only when run: ``launch`` without
+``--devices`` never imports :mod:`deploy.edge`."""
+
+from __future__ import annotations
+
+import argparse
+import tomllib
+
+from .nodes import MODES
+
+
+def add_launch_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--num-nodes", type=int, required=True, help="number of SuperNodes = num-clients")
+    p.add_argument("--run-config", default="", help="run config overrides, as for flwr run: \"k=v k2='s'\"")
+    p.add_argument("--churn", action="store_true", help="stop/start SuperNodes to follow the availability schedule")
+    p.add_argument("--churn-mode", choices=MODES, default="term",
+                   help="how a node goes offline: SIGTERM (graceful) or SIGKILL (crash)")
+    p.add_argument("--wall-clock", action="store_true",
+                   help="churn by elapsed time (trace-intervals specs) instead of by rounds")
+    p.add_argument("--speedup", type=float, default=1.0, help="trace seconds per real second (wall-clock churn)")
+    p.add_argument("--grace", type=float, default=None,
+                   help="under churn, the most a round waits for its nodes to register (default 30 s); with "
+                        "--fixed-grace, the fixed wait before every round (default 3 s)")
+    p.add_argument("--fixed-grace", action="store_true",
+                   help="wait a fixed --grace before every round instead of until its nodes are registered")
+    p.add_argument("--no-lookahead", action="store_true",
+                   help="start returning nodes only when their round starts (needs grace >= node start time)")
+    p.add_argument("--work-dir", default=None,
+                   help="where logs, FLWR_HOMEs and client state go (default: a temp dir, removed at exit)")
+    p.add_argument("--keep-workdir", action="store_true", help="keep the temp work dir (logs) after exit")
+    p.add_argument("--data-dir", default=None, help="node_config data-dir of every SuperNode")
+    p.add_argument("--resume-from", default=None,
+                   help="continue a run from a checkpoint file, or from the newest checkpoint of a run folder "
+                        "(pass the same --run-config; clients' state-dir survives only with the same --work-dir)")
+    p.add_argument("--timeout", type=float, default=3600.0, help="give up (and stop the run) after this many seconds")
+    p.add_argument("--devices", default=None,
+                   help="device classes (TOML): CPU, memory and bandwidth limits per SuperNode (root; see docs/edge.md)")
+
+
+def add_churn_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--num-nodes", type=int, required=True)
+    p.add_argument("--run-config", default="", help="the run config, as for flwr run")
+    p.add_argument("--churn-mode", choices=MODES, default="term")
+    p.add_argument("--grace", type=float, default=3.0, help="round-start-delay (if the ServerApp has it)")
+    p.add_argument("--superlink", default="superlink:8000", help="SuperLink address for the flwr CLI")
+    p.add_argument("--root-certificates", default="", help="CA file: TLS connection (else insecure)")
+    p.add_argument("--results-dir", default="/results",
+                   help="results-dir as the ServerApp sees it (shared volume); a results-dir in --run-config wins")
+    p.add_argument("--project", default="/app", help="the Flower app to submit")
+    p.add_argument("--cli-home", default="/tmp/flwr-cli", help="FLWR_HOME of the flwr CLI")
+    p.add_argument("--container", default="flchurn-supernode-{i}", help="container name pattern of node i")
+    p.add_argument("--docker-socket", default="/var/run/docker.sock")
+    p.add_argument("--timeout", type=float, default=3600.0, help="give up (and stop the run) after this many seconds")
+
+
+def add_devices_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--from-trace", required=True,
+                   help="FedScale-style device trace: JSON {client: {computation: ms/sample, communication: kbps}} "
+                        "or CSV client,computation,communication")
+    p.add_argument("--num-nodes", type=int, required=True)
+    p.add_argument("--classes", type=int, default=3, help="how many device classes")
+    p.add_argument("--seed", type=int, default=0, help="which trace clients are drawn")
+    p.add_argument("--output", "-o", default=None, help="write the devices file here (default: print it)")
+
+
+def add_compose_devices_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--devices", required=True, help="the devices file (TOML), as for python -m deploy launch")
+    p.add_argument("--num-nodes", type=int, required=True, help="SuperNodes in the stack (supernode-0..N-1)")
+    p.add_argument("--output", "-o", default=None, help="write the override here (default: print it)")
+    p.add_argument("--no-host-check", action="store_true",
+                   help="skip the caps-exceed-this-host check (the stack runs on another Docker host)")
+
+
+def devices_main(args: argparse.Namespace) -> int:
+    """``python -m deploy devices``: a devices file from a FedScale-style trace."""
+    from .edge.devices import classes_from_trace, emit_text, parse_devices, read_trace
+
+    def make() -> str:
+        text = classes_from_trace(read_trace(args.from_trace), args.num_nodes, args.classes, args.seed)
+        parse_devices(tomllib.loads(text), args.num_nodes)  # what the launcher will read
+        return text
+
+    return emit_text(make, args.output)
+
+
+def launch(args: argparse.Namespace) -> int:
+    from .launch import launch_main
+
+    return launch_main(args)
+
+
+def churn(args: argparse.Namespace) -> int:
+    from .churn_service import service_main
+
+    return service_main(args)
+
+
+def compose_devices(args: argparse.Namespace) -> int:
+    from .edge.composedevices import compose_devices_main
+
+    return compose_devices_main(args)
+
+
+COMMANDS = {  # name -> (help, its arguments, what runs it)
+    "launch": ("SuperLink + N SuperNodes + one run (+ churn)", add_launch_args, launch),
+    "churn": ("the compose churn service: drive SuperNode containers (Docker API)", add_churn_args, churn),
+    "devices": ("a devices file (TOML) from a FedScale-style device trace", add_devices_args, devices_main),
+    "compose-devices": ("a compose override that applies a devices file to the stack's nodes",
+                        add_compose_devices_args, compose_devices),
+}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m deploy",
+                                description="Run the app on a real Flower deployment (loopback).")
+    sub = p.add_subparsers(dest="command", required=True)
+    for name, (text, add_args, _) in COMMANDS.items():
+        add_args(sub.add_parser(name, help=text))
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    return COMMANDS[args.command][2](args)

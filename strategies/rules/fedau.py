@@ -1,0 +1,98 @@
+"""FedAU: FedAvg with online estimates of the participation weights.
+
+Wang & Ji, "A Lightweight Method for Tackling Unknown Participation Statistics in Federated
+Averaging", ICML 2024, Alg. 1 (aggregation) and Alg. 2 (online weight estimation), following the
+official code (IBM/fedau, main.py, ``weighting_method == 'adaptive'``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..base import AvailabilityStrategy, ClientReport
+
+
+@dataclass
+class FedAUState:
+    """c_i, and the sum and number of each client's recorded participation intervals."""
+
+    count: np.ndarray | None = None
+    interval_sum: np.ndarray | None = None
+    interval_num: np.ndarray | None = None
+
+
+class FedAU(AvailabilityStrategy):
+    """FedAU (Wang & Ji, ICML 2024, Alg. 1-2): u = (1/N) Σ_{i∈A_t} ω_i Δ_i, x ← x + η_g u.
+
+    Per client: c_i (rounds absent since the last recorded interval), and the sum and number of
+    its recorded participation intervals (3 scalars per client). Every round, for every client:
+
+    - i ∈ A_t: ω_i = mean of its PAST intervals (1 if none yet: causal), then record the interval
+      c_i + 1 and reset c_i = 0;
+    - i ∉ A_t: c_i += 1; if c_i ≥ K, record an interval K and reset c_i = 0 (cutoff K,
+      ``cutoff``; 0 or negative disables it, as the official code's default does in effect).
+
+    The absent clients' bookkeeping runs in every round, empty rounds included (an empty round
+    leaves the model as it is). For Bernoulli(p_i) participation ω_i → 1/p_i (K = ∞).
+    Metric ``mean-omega``: the mean ω_i of the round's participants.
+    """
+
+    equal_weights_only = True
+    needs_client_ids = True
+    name = "fedau"
+    State = FedAUState
+
+    def __init__(self, *, cutoff: int = 50, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.cutoff = int(cutoff)
+        self.count: np.ndarray | None = None  # c_i
+        self.interval_sum: np.ndarray | None = None  # Σ of recorded intervals
+        self.interval_num: np.ndarray | None = None  # number of recorded intervals
+        if self.num_clients is not None:
+            self._init_state(self.num_clients)
+
+    def _init_state(self, n: int) -> None:
+        self.count = np.zeros(n, np.int64)
+        self.interval_sum = np.zeros(n, np.int64)
+        self.interval_num = np.zeros(n, np.int64)
+
+    def omega(self) -> np.ndarray:
+        """The current ω_i of every client (mean of past intervals, 1 if none)."""
+        assert self.interval_sum is not None and self.interval_num is not None
+        return np.where(self.interval_num > 0, self.interval_sum / np.maximum(self.interval_num, 1), 1.0)
+
+    def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
+        n = self.require_num_clients()
+        if self.count is None:
+            self._init_state(n)
+        assert self.count is not None and self.interval_sum is not None and self.interval_num is not None
+        ids = np.array([r.client_id for r in reports], np.int64)
+        omega = self.omega()[ids]  # before this round's interval is recorded (causal)
+
+        present = np.zeros(n, bool)
+        present[ids] = True
+        self.interval_sum[present] += self.count[present] + 1
+        self.interval_num[present] += 1
+        self.count[present] = 0
+        self.count[~present] += 1
+        if self.cutoff > 0:
+            hit = ~present & (self.count >= self.cutoff)
+            self.interval_sum[hit] += self.cutoff
+            self.interval_num[hit] += 1
+            self.count[hit] = 0
+
+        if not reports:
+            return x, {}
+        u = np.zeros(x.size, np.float64)
+        for w, r in zip(omega, reports, strict=True):
+            u += float(w) * r.delta  # a float32 temporary, accumulated in float64
+        u /= n
+        return x + self.server_lr * u, {"mean-omega": float(omega.mean())}
+
+    def set_state(self, state: FedAUState) -> None:
+        super().set_state(state)
+        if self.count is None and self.num_clients is not None:  # saved before its first round
+            self._init_state(self.num_clients)

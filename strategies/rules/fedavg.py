@@ -1,0 +1,81 @@
+"""FedAvg baselines under client unavailability.
+
+The three reference rules of the FedAU paper (Wang & Ji, "A Lightweight Method for Tackling
+Unknown Participation Statistics in Federated Averaging", ICML 2024, Sec. 3 and Table 1) and of
+FedAWE (Xiang et al., NeurIPS 2024, Table 2). With Δ_i the client's change and η_g the server
+step, x^{t+1} = x^t + η_g u where
+
+- FedAvgActive: u = Σ_{i∈A_t} w_i Δ_i, w = equal (or data-size) weights over the participants;
+- FedAvgAll:    u = (1/N) Σ_{i∈A_t} Δ_i (absent clients count as zero updates);
+- FedAvgKnownP: u = (1/N) Σ_{i∈A_t} Δ_i / p_i^t, an ORACLE that reads the schedule's true
+  participation probabilities (the only rule here that does).
+
+An empty round leaves the model as it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from ..base import AvailabilityStrategy, ClientReport
+from ..weighting import weighted_sum
+
+
+class FedAvgActive(AvailabilityStrategy):
+    """FedAvg over the clients that replied (McMahan et al., AISTATS 2017, Alg. 1).
+
+    The paper weights client k by n_k / n (``paper_weighting``, what ``weighting="auto"`` gives):
+    with η_g = 1 this is Flower's ``FedAvg``. The FedAU and FedAWE papers' "FedAvg over the active
+    clients" weights them equally: their presets say ``weighting = "equal"``.
+    """
+
+    name = "fedavg-active"
+    paper_weighting = "num-examples"  # p_k = n_k / n (McMahan et al. 2017, Alg. 1)
+
+    def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
+        if not reports:
+            return x, {}
+        w = self.weights(reports)
+        u = weighted_sum(map(float, w), (r.delta for r in reports))  # float32, as sum(float(w_i) Δ_i)
+        return x + self.server_lr * u, {}
+
+
+class FedAvgAll(AvailabilityStrategy):
+    """FedAvg over all N clients, absent ones counting as zero (FedAU paper, Sec. 3)."""
+
+    name = "fedavg-all"
+    needs_num_clients = True
+
+    def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
+        n = self.require_num_clients()
+        if not reports:
+            return x, {}
+        u = weighted_sum([1.0] * len(reports), (r.delta for r in reports)) / n
+        return x + self.server_lr * u, {}
+
+
+class FedAvgKnownP(AvailabilityStrategy):
+    """FedAvg reweighted by the true p_i^t: an oracle (FedAU paper, Sec. 3; FedAWE Table 2).
+
+    ``probabilities(t)`` returns p^t as an array indexed by client id.
+    """
+
+    needs_client_ids = True
+    name = "fedavg-known-p"
+    fixed_selection = ("it reweights by the true participation probabilities p_i^t of the schedule, "
+                       "which addressing a sampled fraction of the nodes would change")
+    min_probability = 1e-6  # a client that replied with p ≈ 0 would blow the update up
+
+    def __init__(self, *, probabilities: Callable[[int], np.ndarray], **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.probabilities = probabilities
+
+    def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
+        n = self.require_num_clients()
+        if not reports:
+            return x, {}
+        p = np.maximum(np.asarray(self.probabilities(t), np.float64), self.min_probability)
+        u = sum(r.delta / p[r.client_id] for r in reports) / n
+        return x + self.server_lr * u, {"mean-inverse-p": float(np.mean(1 / p[[r.client_id for r in reports]]))}

@@ -1,0 +1,325 @@
+"""FedAWE: adaptive weight echoing and implicit gossiping, server side.
+
+Xiang et al., "Efficient Federated Learning against Heterogeneous and Non-stationary Client
+Unavailability", NeurIPS 2024, Alg. 1; the server clip follows the official code
+(mingxiang12/FedAWE, ``util.accumulation``).
+
+Client i keeps its own copy x_i and τ_i, the last round it was available (−1 at first). In round t
+an available client starts from ITS OWN copy, runs its local steps (Δ_i = x_i^{t,end} − x_i^{t,0}),
+echoes x_i^† = x_i^{t,0} + η_g (t − τ_i) Δ_i, sets τ_i ← t and replies x_i^†. The server averages,
+x^{t+1} = mean_{A_t} x_i^†, and sends x^{t+1} to the clients of A_t ONLY (the postponed broadcast:
+they set x_i ← x^{t+1}; every other client keeps its older copy). The client side is
+``client_app.fedawe`` (client rule ``fedawe``).
+
+Protocol (this module owns the names; the client imports them):
+
+- train and adopt config: ``client-rule = "fedawe"``, ``fedawe-server-lr`` (η_g, applied by the
+  client in its echo), ``fedawe-send-update`` (always True: the server needs u_i, see below),
+  ``fedawe-run-key`` (names the clients' state for this run; restored with a checkpoint).
+- train messages carry the INITIAL model x^0, not x^t: a client that has no copy yet takes the
+  model of its first message as its copy, and in the paper every copy starts at x^0 (a client
+  first available in round t starts from x^0 with echo factor t + 1). Clients with a copy ignore
+  the message's model. The server keeps x^0 (one model, not per client).
+- reply: ONE ArrayRecord. Its model keys hold x_i^†, so averaging replies is all the paper's rule
+  needs; metadata rides in extra keys with the prefix ``fedawe.``:
+
+  * ``fedawe.echo-factor``: t − τ_i, shape (1,) (validated, reported as ``mean-echo-factor``);
+  * ``fedawe.update.<key>``: u_i = (t − τ_i) Δ_i for each model array.
+
+  Why u_i: one model-size vector cannot carry both x_i^{t,0} and u_i, and the server keeps no
+  per-client model. With u_i the server (a) applies the official code's clip of the averaged
+  echoed update, x^{t+1} = mean x_i^{t,0} + η_g clip(ū) = mean x_i^† + η_g (clip(ū) − ū), a
+  nonlinear function of ū = mean u_i; (b) tracks x̄, the mean of ALL N clients' copies, which the
+  official code scores (below). It doubles the reply's size. Keeping everything in the one
+  ArrayRecord leaves the ClientApp's reply shape (one ArrayRecord + one MetricRecord) unchanged.
+
+What is scored. The official code (mingxiang12/FedAWE, ``varying_awe.py`` with
+``util.evaluate(w_global, device, w_local)``, called from ``statistic/collect_stat.py``) scores
+FedAWE on x̄ = (1/N) Σ_{i=1}^{N} x_i, the mean of every client's copy, and the baselines on the
+server model. Both are recorded here: ``test-accuracy`` on x^t as for every rule, and the x̄ score
+(``extra_evaluation_arrays`` -> ``{"xbar": x̄}``, recorded as ``test-accuracy-xbar``). The server
+tracks x̄ exactly without per-client state: after round t the clients of A_t hold x^{t+1} and the
+others keep their copies, so
+
+    x̄^{t+1} = x̄^t + (1/N) Σ_{i∈A_t} (x^{t+1} − x_i^{t,0}),   x_i^{t,0} = x_i^† − η_g u_i,
+
+from x̄^0 = x^0. With equal weights, x^{t+1} = mean_{A_t} x_i^{t,0} + η_g clip(ū) gives
+x̄^{t+1} = x̄^t + (|A_t|/N) η_g clip(ū) (clip = identity when off); the general form above also
+holds for data-size weights. An empty round changes neither. (A client that ignores a stale
+broadcast, ``client_app.fedawe``, would break the identity; it cannot happen in a run that
+delivers round t's broadcast before round t + 1.)
+
+A ClientApp that does not run the ``fedawe`` rule replies without ``fedawe.echo-factor``: its
+reply is rejected with that reason (it would otherwise be plain FedAvg from x^0).
+
+Server memory: x^t, x^0 and x̄ (three models) and a few scalars; nothing per client beyond the
+node -> client id map of the base.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType
+from flwr.serverapp import Grid
+
+from ..base import AvailabilityStrategy, ClientReport, Layout, ReplyRejected, named_arrays, safe_norm
+from ..bounds import NormBounds
+from ..protocol import (  # noqa: F401  (re-exported: FedAWE's wire format)
+    ADOPT,
+    CLIENT_RULE,
+    FEDAWE_ECHO_FACTOR as ECHO_FACTOR,
+    FEDAWE_META_PREFIX as META_PREFIX,
+    FEDAWE_RULE as RULE,
+    FEDAWE_RUN_KEY as RUN_KEY,
+    FEDAWE_RUN_KEY_PATTERN as RUN_KEY_PATTERN,
+    FEDAWE_SEND_UPDATE as SEND_UPDATE,
+    FEDAWE_SERVER_LR as SERVER_LR,
+    FEDAWE_UPDATE_PREFIX as UPDATE_PREFIX,
+    SERVER_ROUND,
+)
+from ..replies import decode, split
+
+log = logging.getLogger(__name__)
+
+
+def clip_norm(v: np.ndarray, threshold: float) -> np.ndarray:
+    """v scaled to norm ``threshold`` when longer (the official code's ``clip``); 0 = off."""
+    norm = float(np.linalg.norm(v))
+    if threshold > 0 and norm > threshold:
+        return v * (threshold / norm)
+    return v
+
+
+@dataclass(kw_only=True)
+class EchoReport(ClientReport):
+    """A FedAWE reply, parsed once (:meth:`FedAWE.parse_reply`): ``delta`` = x_i^† − x^t, the echo
+    factor t − τ_i, u_i = (t − τ_i) Δ_i (flat float32) and ‖u_i‖."""
+
+    echo_factor: int
+    echo_update: np.ndarray
+    echo_norm: float
+
+    @classmethod
+    def of(cls, report: ClientReport) -> EchoReport:
+        """``report`` itself, or a plain report as a client that started from x^t with echo
+        factor 1 (u_i = Δ_i)."""
+        if isinstance(report, EchoReport):
+            return report
+        values = {f.name: getattr(report, f.name) for f in fields(ClientReport)}
+        norm = report.norm if report.norm is not None else safe_norm(report.delta)
+        return cls(**values, echo_factor=1, echo_update=report.delta, echo_norm=norm)
+
+
+@dataclass
+class FedAWEState:
+    """The run key naming the clients' state, x^0 (name -> array), x̄ (flat float64) and, per
+    client id, the last round its reply was accepted (caps the echo factor)."""
+
+    run_key: str
+    initial: dict[str, np.ndarray] | None
+    xbar: np.ndarray | None = None
+    last_accepted: dict[int, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not RUN_KEY_PATTERN.fullmatch(str(self.run_key)):
+            raise ValueError(f"fedawe: bad run key in the checkpoint: {self.run_key!r}")
+
+
+class FedAWE(AvailabilityStrategy):
+    """FedAWE (Xiang et al., NeurIPS 2024, Alg. 1): x^{t+1} = mean_{A_t} x_i^†, postponed broadcast.
+
+    Parameters
+    ----------
+    clip : the official code's clip of the averaged echoed update mean_{A_t} (t − τ_i) Δ_i to
+        this norm before η_g (0.5 there; the published numbers used it). 0 = off (the paper).
+
+    The client applies η_g (``server_lr``) in its echo; the weights are equal over A_t
+    (``weighting="num-examples"`` weights the mean by data size instead). The official code
+    scores FedAWE on x̄, the mean of all N clients' copies: the server tracks x̄ (module
+    docstring; needs ``num_clients``) and offers it for evaluation as ``"xbar"``. Metrics:
+    ``mean-echo-factor`` (mean t − τ_i over A_t), ``echo-update-norm`` (‖mean u_i‖ before any
+    clip), ``echo-clipped`` (with the clip: 1 when it clipped) and ``xbar-gap`` (‖x̄ − x^{t+1}‖).
+    """
+
+    name = "fedawe"
+    State = FedAWEState
+    needs_num_clients = True  # x̄ is the mean over all N clients' copies
+
+    def __init__(self, *, clip: float = 0.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if not (math.isfinite(clip) and clip >= 0):
+            raise ValueError(f"fedawe: clip must be a finite number >= 0 (0 = off), got {clip}")
+        self.clip = float(clip)
+        self.run_key = secrets.token_hex(8)  # new run, new client state; kept by checkpoints
+        self.initial: dict[str, np.ndarray] | None = None  # x^0, the copy every client starts with
+        self.xbar: np.ndarray | None = None  # x̄, the mean of all N clients' copies, flat float64
+        self._t = 0  # 0-based round being collected (bounds the echo factor)
+        self._adopters: tuple[int, list[int]] = (0, [])  # (server round, node ids of A_t)
+        self.last_accepted: dict[int, int] = {}  # client id -> last round its reply was accepted
+        self.distance_bounds = self.params.bounds()  # ‖x_i^† − x^t‖
+
+    # ------------------------------------------------------------------ messages out
+    def client_config(self) -> dict[str, Any]:
+        """What the client rule needs, in train and adopt messages alike."""
+        return {CLIENT_RULE: RULE, SERVER_LR: self.server_lr, SEND_UPDATE: True, RUN_KEY: self.run_key}
+
+    def train_config(self, t: int, node_ids: list[int]) -> dict[str, Any]:
+        return self.client_config()
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid):
+        first = self.initial is None
+        if first:  # the first model this strategy sees is x^0
+            self.initial = dict(zip(arrays.keys(), (np.array(a) for a in arrays.to_numpy_ndarrays()),
+                                    strict=True))
+        sent = list(super().configure_train(server_round, arrays, config, grid))
+        self._t = server_round - 1
+        assert self.initial is not None and self.layout is not None
+        initial = named_arrays(self.initial)
+        if Layout.of(initial) != self.layout:
+            raise ValueError("fedawe: the stored initial model does not match the global model's layout")
+        if first and self.num_clients is not None:  # every copy starts at x^0
+            self.xbar = self.layout.flatten(initial).astype(np.float64)
+        if not sent:
+            return sent
+        content = self.keys.content(initial, sent[0].content.config_records[self.keys.configrecord_key])
+        self._sent = [Message(content, dst_node_id=m.metadata.dst_node_id, message_type=MessageType.TRAIN)
+                      for m in sent]
+        return self._sent
+
+    def configure_broadcast(self, server_round: int, arrays: ArrayRecord, grid: Grid) -> list[Message]:
+        """x^{t+1} to the round's participants only (the nodes of its valid replies), once: the
+        project's ServerApp sends them itself, Flower's ``start`` through ``configure_evaluate``."""
+        rnd, nodes = self._adopters
+        if rnd != server_round or not nodes:
+            return []
+        self._adopters = (0, [])
+        config = ConfigRecord({SERVER_ROUND: server_round, **self.client_config()})
+        content = self.keys.content(arrays, config)
+        return [Message(content, dst_node_id=n, message_type=ADOPT) for n in nodes]
+
+    # -------------------------------------------------------------------- replies in
+    def parse_reply(self, msg: Message, node: int) -> EchoReport:
+        """The model part through the base's parser; the echo factor and u_i decoded and checked
+        like model arrays (junk is a rejection), the factor capped by the client's history."""
+        assert self.layout is not None and self.current is not None
+        _, record, metrics = split(msg.content)
+        keys = list(record.keys())
+        updates = {UPDATE_PREFIX + k for k in self.layout.keys}
+        unknown = sorted(k for k in keys if k.startswith(META_PREFIX) and k != ECHO_FACTOR and k not in updates)
+        if unknown:
+            raise ReplyRejected(f"unknown FedAWE reply keys {unknown[:5]}")
+        model = ArrayRecord({k: record[k] for k in keys if not k.startswith(META_PREFIX)})
+        report = self.parser.report(model, metrics, node, self.layout, self.current, self.reply_buffer())
+        factor = self._echo_factor(record, report.client_id)
+        update, norm = self._echo_update(record)
+        base = {f.name: getattr(report, f.name) for f in fields(ClientReport)}
+        return EchoReport(**base, echo_factor=factor, echo_update=update, echo_norm=norm)
+
+    def _echo_factor(self, record: ArrayRecord, client: int) -> int:
+        """t − τ_i, at most t − (the last round whose reply from this client was accepted)."""
+        if ECHO_FACTOR not in record:
+            raise ReplyRejected(
+                f"reply lacks '{ECHO_FACTOR}': this node does not run FedAWE's client rule "
+                f"('{RULE}'). A ClientApp takes part with client_app.dropin: "
+                f"ClientApp(mods=[client_rule_mod]) and app.train(\"adopt\")(adopt)")
+        value = decode(record[ECHO_FACTOR], ECHO_FACTOR)
+        if value.size != 1 or not np.isfinite(value).all() or float(value.flat[0]) != int(value.flat[0]):
+            raise ReplyRejected(f"'{ECHO_FACTOR}' must be one integer, got {value.ravel()[:3]}")
+        factor = int(value.flat[0])
+        cap = self._t - self.last_accepted.get(client, -1)
+        if not 1 <= factor <= cap:
+            raise ReplyRejected(f"'{ECHO_FACTOR}'={factor} is outside [1, {cap}]: t − the round of client "
+                                f"{client}'s last accepted reply (t + 1 when none)")
+        return factor
+
+    def _echo_update(self, record: ArrayRecord) -> tuple[np.ndarray, float]:
+        """u_i as one flat float32 vector, and ‖u_i‖ (finite after the cast, or a rejection)."""
+        assert self.layout is not None
+        update = self.reply_buffer()
+        start = 0
+        with np.errstate(over="ignore", invalid="ignore"):
+            for key, shape, floating in zip(self.layout.keys, self.layout.shapes, self.layout.floating, strict=True):
+                if not floating:  # integer arrays are no part of the flat model (strategies.layout)
+                    continue
+                name = UPDATE_PREFIX + key
+                if name not in record:
+                    raise ReplyRejected(f"reply lacks '{name}': the server needs the client's echoed update "
+                                        "u_i (config fedawe-send-update) for its clip and x̄")
+                values = decode(record[name], name, shape)
+                update[start : start + values.size] = values.reshape(-1)
+                start += values.size
+        norm = safe_norm(update)
+        if not math.isfinite(norm):
+            raise ReplyRejected("echoed update contains NaN or Inf (after the cast to float32)")
+        return update, norm
+
+    # ------------------------------------------------------------------------ the rule
+    def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
+        """x^{t+1} = Σ w_i x_i^† (w equal over A_t), optionally with the server clip; updates x̄.
+
+        ``reports`` are :class:`EchoReport` (parsed replies); a plain :class:`ClientReport` counts as
+        a client that started from x^t with echo factor 1 (:meth:`EchoReport.of`).
+        """
+        echoes = [EchoReport.of(r) for r in reports]
+        self._adopters = (t + 1, [r.node_id for r in echoes])
+        for r in echoes:  # caps the echo factor of this client's next reply
+            self.last_accepted[r.client_id] = t
+        if not echoes:
+            return x, self._xbar_metrics(x)
+        w = self.weights(reports)
+        deltas = self.stacked("deltas", [r.delta for r in echoes])  # x_i^† − x^t
+        updates = self.stacked("updates", [r.echo_update for r in echoes])
+        x64 = np.asarray(x, np.float64)
+        u = np.einsum("i,ij->j", w, updates)  # ū, float64 (einsum: no BLAS threads on a busy host)
+        new = x64 + np.einsum("i,ij->j", w, deltas)
+        norm = float(np.linalg.norm(u))
+        metrics = {"mean-echo-factor": float(np.mean([r.echo_factor for r in echoes])),
+                   "echo-update-norm": norm}
+        if self.clip > 0:
+            # mean x_i^† = mean x_i^{t,0} + η_g ū  ->  mean x_i^{t,0} + η_g clip(ū)
+            new = new + self.server_lr * (clip_norm(u, self.clip) - u)
+            metrics["echo-clipped"] = float(norm > self.clip)
+        new = new.astype(np.float32)
+        if self.xbar is not None:
+            # the clients of A_t move from x_i^{t,0} = x_i^† − η_g u_i to x^{t+1}; the others stay
+            m = len(reports)
+            starts = m * x64 + deltas.sum(axis=0, dtype=np.float64) - self.server_lr * updates.sum(axis=0, dtype=np.float64)
+            self.xbar = self.xbar + (m * new.astype(np.float64) - starts) / self.require_num_clients()
+        return new, {**metrics, **self._xbar_metrics(new)}
+
+    def _xbar_metrics(self, x: np.ndarray) -> dict[str, float]:
+        return {} if self.xbar is None else {"xbar-gap": float(np.linalg.norm(self.xbar - x))}
+
+    def extra_evaluation_arrays(self, arrays: ArrayRecord) -> dict[str, ArrayRecord]:
+        """{"xbar": x̄}: the model the official code scores FedAWE on (empty before round 1)."""
+        if self.xbar is None or self.layout is None:
+            return {}
+        return {"xbar": self.arrays_of(self.xbar)}
+
+    def update_norm(self, report: ClientReport) -> float:
+        """‖Δ_i‖ = ‖u_i‖ / (t − τ_i), the client's own local change (for the base's sanity bound).
+
+        Not ‖x_i^† − x^t‖, which measures how stale the client's copy is, and not ‖u_i‖, which the
+        echo factor (up to t + 1, legitimately above 100 for rare clients) inflates.
+        """
+        echo = EchoReport.of(report)
+        return echo.echo_norm / echo.echo_factor
+
+    def norm_checks(self) -> list[tuple[NormBounds, Callable[[ClientReport], float]]]:
+        """The client's own step (:meth:`update_norm`) through the bounds, then the returned model's
+        distance ‖x_i^† − x^t‖ through the same bounds, with its own running median."""
+        def distance(r: ClientReport) -> float:
+            return r.norm if r.norm is not None else safe_norm(r.delta)
+
+        return [*super().norm_checks(), (self.distance_bounds, distance)]
+
+    def summary(self) -> None:
+        log.info("fedawe: N=%s, server_lr=%s (applied by the clients), clip=%s, run key %s",
+                 self.num_clients, self.server_lr, self.clip or "off", self.run_key)

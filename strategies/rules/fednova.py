@@ -1,0 +1,103 @@
+"""FedNova: normalised averaging for heterogeneous local work.
+
+Wang, Liu, Liang, Joshi and Poor, "Tackling the Objective Inconsistency Problem in
+Heterogeneous Federated Optimization", NeurIPS 2020, Eq. (7) and Sec. 4. Client i runs τ_i local
+steps and reports its change Δ_i and ‖a_i‖_1, the sum of the coefficients with which its local
+gradients enter Δ_i (τ_i for plain SGD; closed forms for local momentum and FedProx in
+``workloads.solvers.a_norm``; our ClientApp sends it as the ``a-norm`` metric). With p_i the
+client weights renormalised over the participants A_t,
+
+    τ_eff = Σ_{i∈A_t} p_i ‖a_i‖_1,    x^{t+1} = x^t + η_g τ_eff Σ_{i∈A_t} p_i Δ_i / ‖a_i‖_1.
+
+Plain FedAvg weights client i by the work it did (≈ τ_i), so with heterogeneous τ_i it converges
+to a different objective; dividing each Δ_i by ‖a_i‖_1 removes that bias.
+
+Optional server momentum (the official code's ``gmf``): v ← β v + u, x ← x + η_g v, u the
+normalised update above (v starts at 0, so the first step is u).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, cast
+
+import numpy as np
+
+from ..base import AvailabilityStrategy, ClientReport, ReplyRejected
+from ..protocol import A_NORM, NUM_EXAMPLES, NUM_STEPS
+from ..weighting import weighted_sum
+
+NEEDS_A_NORM = (
+    "FedNova needs the 'a-norm' metric (‖a_i‖_1 of the local solver: the number of local steps "
+    "for plain SGD; workloads.solvers.a_norm for momentum and FedProx) in every training reply: "
+    "add it to the ClientApp's train reply MetricRecord"
+)
+NEEDS_NUM_STEPS = (
+    "FedNova needs the 'num-steps' metric (τ_i, the local steps the client ran) in every training "
+    "reply: its 'a-norm' is checked against what τ_i steps can produce"
+)
+
+
+@dataclass
+class FedNovaState:
+    """The server momentum buffer v (None before the first round or without momentum)."""
+
+    buffer: np.ndarray | None = None
+
+
+class FedNova(AvailabilityStrategy):
+    """Normalised averaging (Wang et al., NeurIPS 2020, Eq. 7).
+
+    p_i = n_i / n (``paper_weighting = "num-examples"``, what ``weighting="auto"``, the default,
+    resolves to; ``weighting="equal"`` gives p_i = 1/|A_t|). Replies without ``a-norm`` are
+    rejected with :data:`NEEDS_A_NORM` as the logged reason.
+
+    Every number the rule divides or multiplies by is bounded by what an honest client can send:
+    ``num-steps`` τ_i is required, and ``a-norm`` must lie in [1, ``max_a_norm_ratio`` · τ_i].
+    The local solvers give (``workloads.solvers.a_norm``) ‖a‖_1 = τ for SGD,
+    [τ − ρ(1 − ρ^τ)/(1 − ρ)]/(1 − ρ) ∈ [1, τ/(1 − ρ)) for local momentum ρ, and
+    [1 − (1 − η_l μ)^τ]/(η_l μ) ∈ [1, τ] for FedProx with η_l μ ≤ 1: so [1, 10 τ] (the default
+    ``max_a_norm_ratio = 10``) holds every solver up to momentum 0.9 (the paper's), and
+    ``fednova:max-a-norm-ratio=100`` admits momentum 0.99. With every a_i in that range, no
+    client's normalised update is scaled by more than τ_eff / a_i ≤ 10 · max τ.
+    """
+
+    name = "fednova"
+    required_metrics = (NUM_EXAMPLES, A_NORM, NUM_STEPS)
+    metric_hints = {A_NORM: NEEDS_A_NORM, NUM_STEPS: NEEDS_NUM_STEPS}
+    paper_weighting = "num-examples"  # p_i = n_i / n (Wang et al. 2020, Eq. 7)
+    State = FedNovaState
+
+    def __init__(self, *, server_momentum: float = 0.0, max_a_norm_ratio: float = 10.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if not 0.0 <= server_momentum < 1.0:
+            raise ValueError(f"server_momentum must be in [0, 1), got {server_momentum}")
+        if not (math.isfinite(max_a_norm_ratio) and max_a_norm_ratio >= 1):
+            raise ValueError(f"max_a_norm_ratio (spec key max-a-norm-ratio) must be a finite number >= 1, "
+                             f"got {max_a_norm_ratio}")
+        self.server_momentum = float(server_momentum)
+        self.max_a_norm_ratio = float(max_a_norm_ratio)
+        self.buffer: np.ndarray | None = None  # server momentum v
+
+    def check_report(self, report: ClientReport) -> None:
+        """‖a_i‖_1 within [1, max_a_norm_ratio · τ_i] (the class docstring says why)."""
+        a, tau = report.a_norm, report.num_steps
+        assert a is not None and tau is not None  # required metrics
+        if not 1.0 <= a <= self.max_a_norm_ratio * tau:
+            raise ReplyRejected(f"metric '{A_NORM}'={a:.3g} is outside [1, max-a-norm-ratio {self.max_a_norm_ratio:g} "
+                                f"x num-steps {tau}]: no local solver gives it")
+
+    def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
+        if not reports:
+            return x, {}
+        if any(r.a_norm is None for r in reports):
+            raise ValueError(NEEDS_A_NORM)
+        p = self.weights(reports)
+        a = np.array([r.a_norm for r in reports], np.float64)
+        tau_eff = float(p @ a)
+        u = cast(np.ndarray, tau_eff * weighted_sum(p / a, (r.delta for r in reports)))
+        if self.server_momentum > 0:
+            self.buffer = u if self.buffer is None else self.server_momentum * self.buffer + u
+            u = self.buffer
+        return x + self.server_lr * u, {"tau-eff": tau_eff}

@@ -1,0 +1,177 @@
+"""Power-of-choice client selection: train the clients whose loss is largest.
+
+Cho, Wang and Joshi, "Towards Understanding Biased Client Selection in Federated Learning",
+AISTATS 2022, Alg. 1 (pow-d) and Sec. 5 (cpow-d, rpow-d). Each round:
+
+1. draw d candidates without replacement, with probability ∝ data size n_i (uniform while no
+   size is known; a node whose size is not known yet gets the mean known size);
+2. send them the current global model in an EVALUATE probe and read their local loss
+   (``pow-d``: on all local data; ``cpow-d``: on one seeded mini-batch, config
+   ``probe-batches`` = 1); ``rpow-d`` sends no probe and uses the train loss each client reported
+   the last time it trained (never-seen clients first);
+3. send training to the m candidates with the largest loss; aggregate as FedAvg over the clients
+   that replied (equal or data-size weights, as the base's ``weighting``).
+
+d = m is plain random selection. The generator is the strategy's seeded ``self.rng``, drawn
+afresh every round (the official code re-seeded it on every call, so its candidates repeated).
+
+Unavailability: candidates are drawn among the CONNECTED nodes; one that is offline in this round
+never answers the probe (the availability layer drops it) and is not chosen, so fewer than m may
+train. Under rpow-d an offline candidate is chosen blindly and simply does not reply.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType
+from flwr.serverapp import Grid
+
+from ..base import AvailabilityStrategy, ClientReport
+from ..metrics import canonical, names
+from ..protocol import (
+    CLIENT_ID,
+    CLIENT_RULE,
+    EVAL_LOSS,
+    NUM_EXAMPLES,
+    PLAIN_RULE,
+    PROBE_BATCHES,
+    SERVER_ROUND,
+    TRAIN_LOSS,
+)
+from ..replies import ReplyRejected, count, destinations, finite, source_node
+from ..weighting import weighted_sum
+
+VARIANTS = ("pow-d", "cpow-d", "rpow-d")
+flwr_log = logging.getLogger("flwr")
+
+
+@dataclass
+class PowerOfChoiceState:
+    """Client id -> its data size (from any reply) and -> its train loss when it last trained."""
+
+    size_of: dict[int, int]
+    last_loss: dict[int, float]
+
+
+class PowerOfChoice(AvailabilityStrategy):
+    """Loss-biased client selection (Cho et al., AISTATS 2022, Alg. 1)."""
+
+    name = "pow-d"
+    State = PowerOfChoiceState
+    fixed_selection = ("power-of-choice chooses its own clients each round (d candidates probed, the m "
+                       "with the largest loss trained): set d and m instead")
+
+    def __init__(self, *, d: int = 10, m: int = 5, variant: str = "pow-d", probe_timeout: float = 60.0,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if variant not in VARIANTS:
+            raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+        if not 1 <= m <= d:
+            raise ValueError(f"need 1 <= m <= d, got m={m}, d={d}")
+        if not probe_timeout > 0:
+            raise ValueError(f"probe_timeout must be > 0, got {probe_timeout}")
+        self.d, self.m, self.variant, self.probe_timeout = int(d), int(m), variant, float(probe_timeout)
+        self.size_of: dict[int, int] = {}  # client id -> num-examples, from any reply
+        self.last_loss: dict[int, float] = {}  # client id -> train loss when it last trained (rpow-d)
+        self.selection: dict[str, Any] = {}  # this round's selection metrics
+
+    # ------------------------------------------------------------------ selection
+    def draw_candidates(self, nodes: list[int]) -> list[int]:
+        """d nodes without replacement, ∝ known data size (uniform while none is known)."""
+        k = min(self.d, len(nodes))
+        sizes = np.array([self.size_of.get(self.client_of_node.get(n, -1), np.nan) for n in nodes], np.float64)
+        p = None
+        if k < len(nodes) and not np.all(np.isnan(sizes)):
+            sizes[np.isnan(sizes)] = np.nanmean(sizes)
+            p = sizes / sizes.sum()
+        picked = self.rng.choice(len(nodes), size=k, replace=False, p=p)
+        return [nodes[i] for i in picked]
+
+    def probe(self, server_round: int, arrays: ArrayRecord, candidates: list[int], grid: Grid) -> dict[int, float]:
+        """Node -> local loss of the current model, for the candidates that answered in time."""
+        config = ConfigRecord({SERVER_ROUND: server_round, CLIENT_RULE: PLAIN_RULE,
+                               PROBE_BATCHES: 1 if self.variant == "cpow-d" else 0})
+        content = self.keys.content(arrays, config)
+        sent = [Message(content, dst_node_id=n, message_type=MessageType.EVALUATE) for n in candidates]
+        replies = list(grid.send_and_receive(sent, timeout=self.probe_timeout))
+        node_of_message = destinations(sent)
+        losses: dict[int, float] = {}
+        answered = 0
+        for msg in replies:
+            node = source_node(msg, node_of_message)
+            if node not in candidates or msg.has_error() or len(msg.content.metric_records) != 1:
+                continue
+            answered += 1
+            metrics = canonical(next(iter(msg.content.metric_records.values())), self.keys.weighted_by_key)
+            try:  # the same readers as training replies; a bad value is ignored, not trusted
+                loss = finite(metrics, EVAL_LOSS)
+            except ReplyRejected:
+                continue
+            if loss is None:
+                continue
+            losses[node] = loss
+            for read in (self._probe_client, self._probe_size):
+                try:
+                    read(node, metrics)
+                except ReplyRejected:
+                    pass
+        if candidates and not answered:  # unavailability, or a probe_timeout too short for cold clients
+            flwr_log.warning("pow-d, round %d: none of %d candidates answered the probe within "
+                             "probe-timeout=%gs; nobody trains this round", server_round, len(candidates),
+                             self.probe_timeout)
+        if answered and not losses:  # the rule cannot choose: fail the run rather than train nobody
+            self.problems.append(f"power-of-choice's probe got {answered} evaluate replies, none with a "
+                                 f"loss {names(EVAL_LOSS)}: add it to the ClientApp's evaluate reply")
+        return losses
+
+    def _probe_client(self, node: int, metrics: dict[str, Any]) -> None:
+        client = count(metrics, CLIENT_ID, 0, (self.num_clients or 2**63) - 1, default=None)
+        if client is not None and self.binding.may_claim(node, client):  # never another node's client
+            self.client_of_node[node] = client
+
+    def _probe_size(self, node: int, metrics: dict[str, Any]) -> None:
+        size = count(metrics, NUM_EXAMPLES, 1, self.max_num_examples, default=None)
+        if size is not None:
+            self.size_of[self.binding.client(node, node)] = size
+
+    def choose(self, candidates: list[int], losses: dict[int, float]) -> list[int]:
+        """The m candidates with the largest loss (ties keep the random draw order)."""
+        ranked = sorted((n for n in candidates if n in losses), key=lambda n: -losses[n])
+        return ranked[: self.m]
+
+    def select_nodes(self, server_round: int, arrays: ArrayRecord, connected: list[int], grid: Grid) -> list[int]:
+        """Draw d candidates, probe them (pow-d, cpow-d), train the m with the largest loss."""
+        candidates = self.draw_candidates(connected)
+        if self.variant == "rpow-d":
+            losses = {n: self.last_loss.get(self.client_of_node.get(n, n), math.inf) for n in candidates}
+        else:
+            losses = self.probe(server_round, arrays, candidates, grid)
+        chosen = self.choose(candidates, losses)
+        self.selection = {
+            "candidates": len(candidates),
+            "probe-replies": len(losses) if self.variant != "rpow-d" else 0,
+            "chosen-clients": [int(self.client_of_node.get(n, n)) for n in chosen],
+            # rpow-d: a never-seen client's loss is unknown, written -1
+            "chosen-losses": [losses[n] if math.isfinite(losses[n]) else -1.0 for n in chosen],
+        }
+        return chosen
+
+    # ------------------------------------------------------------------ aggregation
+    def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
+        for r in reports:
+            self.size_of[r.client_id] = r.num_examples
+            if r.train_loss is not None:
+                self.last_loss[r.client_id] = r.train_loss
+        if self.variant == "rpow-d" and reports and all(r.train_loss is None for r in reports):
+            self.problems.append(f"rpow-d ranks clients by their last train loss, and no reply carries "
+                                 f"{names(TRAIN_LOSS)}: add it to the ClientApp's train reply")
+        metrics = dict(self.selection)
+        if not reports:
+            return x, metrics
+        w = self.weights(reports)
+        return x + self.server_lr * weighted_sum(w, (r.delta for r in reports)), metrics
