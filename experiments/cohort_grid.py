@@ -27,26 +27,20 @@ from flwr.app import Message, MessageType
 from client_app.app import TrainStart, train_reply, train_start
 from runconfig import WorkloadConfig, from_run_config
 from server_app.config import ENGINES
-from workloads.vmapped import CohortTrainer
+from workloads.vmapped import CohortTrainer, prefers_cohort
 from workloads.workload import Workload, get_workload
 
 from .grid import InProcessGrid, default_client_app
 
 log = logging.getLogger(__name__)
-#: models whose vmapped step beats the per-client loop on a CPU (benchmarks/engine_speed.py)
-CPU_COHORT_MODELS = ("mlp", "logreg", "quadratic")
 
 
 def auto_engine(wl: Workload) -> tuple[str, str]:
-    """(engine, why) for ``engine = auto``: the cohort engine on a GPU (batching is the lever
-    there), and on a CPU only for the models where it measured faster (``CPU_COHORT_MODELS``:
-    small dense layers; vmapped convolutions are slower on a CPU)."""
-    if wl.device.type == "cuda":
-        return "cohort", f"auto: a GPU ({wl.device})"
-    name = wl.cfg.model.split(":", 1)[0]
-    if name in CPU_COHORT_MODELS:
-        return "cohort", f"auto: model '{name}' on the CPU (vmapped dense layers win there)"
-    return "per-client", f"auto: model '{name}' on the CPU (vmapped convolutions are slower there)"
+    """(engine, why) for ``engine = auto``: :func:`workloads.vmapped.prefers_cohort` on the
+    workload's actual model and device. Auto never changes the numbers (the engines agree:
+    ``tests/test_engine_property.py``), only the time a run takes."""
+    cohort, why = prefers_cohort(wl.new_model(), wl.device)
+    return ("cohort" if cohort else "per-client"), f"auto: {why}"
 
 
 class CohortGrid(InProcessGrid):

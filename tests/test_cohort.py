@@ -138,9 +138,31 @@ def test_a_custom_client_app_is_never_bypassed(tmp_path):
 
 
 def test_auto_says_what_it_picked(tmp_path):
-    for model, expected in (("mlp", "cohort"), ("cnn", "per-client")):
+    for model, expected, why in (("mlp", "cohort", "no convolution"), ("cnn", "per-client", "(Conv2d)")):
         _, cfg, _ = final_and_config(tmp_path / model, "auto", model=model)
         assert cfg["engine-used"] == expected and cfg["engine-reason"].startswith("auto:")
+        assert why in cfg["engine-reason"]
+
+
+def test_auto_decides_by_the_model_not_its_name(tmp_path, model_with):
+    model_with()  # a new dense model, built under the name "cnn"
+    _, cfg, _ = final_and_config(tmp_path / "dense", "auto", model="cnn")
+    assert cfg["engine-used"] == "cohort" and "no convolution" in cfg["engine-reason"]
+
+
+def test_a_model_may_declare_its_engine(tmp_path, monkeypatch):
+    def build(spec, shape, num_classes, dataset=None):
+        model = Classifier(nn.Flatten(), nn.Linear(int(torch.tensor(shape).prod()), num_classes))
+        model.prefers_cohort = False
+        return model
+    monkeypatch.setattr(workload_module, "build_model", build)
+    get_workload.cache_clear()
+    try:
+        _, cfg, _ = final_and_config(tmp_path / "declared", "auto")
+    finally:
+        get_workload.cache_clear()
+    assert cfg["engine-used"] == "per-client"
+    assert cfg["engine-reason"] == "auto: the model declares prefers_cohort=False"
 
 
 @pytest.mark.parametrize("model", ["mlp", "cnn"])

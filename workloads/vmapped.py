@@ -14,7 +14,8 @@ momentum and a large step amplifying it) that is as large as a 1e-7 perturbation
 gives the per-client engine itself; see ``benchmarks/engine_agreement.py``.
 
 :func:`cohort_unsupported` says why a workload cannot be batched (then the engine trains it per
-client and says so); a dry vmapped step catches what it does not know.
+client and says so); a dry vmapped step catches what it does not know. :func:`prefers_cohort`
+is ``engine = auto``'s choice, from what the model is (or declares), never from its name.
 """
 
 from __future__ import annotations
@@ -64,6 +65,28 @@ def cohort_unsupported(model: nn.Module) -> str | None:
         if isinstance(m, nn.modules.dropout._DropoutNd) and type(m) is not nn.Dropout:
             return f"layer '{name}' ({type(m).__name__}) draws masks the cohort engine does not reproduce"
     return None
+
+
+def prefers_cohort(model: nn.Module, device: torch.device) -> tuple[bool, str]:
+    """Whether ``engine = auto`` should train ``model`` on ``device`` as a cohort, and why.
+
+    By what the model is, never by its name: a model may declare it (attribute
+    ``prefers_cohort = True/False``); otherwise the cohort on a GPU (batching the clients is the
+    lever there) and, on a CPU, per client when the model has a convolution (vmapped convolutions
+    measured slower there than one client after the other, ``benchmarks/engine_speed.py``) and as
+    a cohort when it has none (vmapped dense layers measured as fast or faster). Whether the cohort
+    engine *can* train it is decided afterwards by :class:`CohortTrainer`'s dry vmapped step.
+    """
+    declared = getattr(model, "prefers_cohort", None)
+    if declared is not None:
+        return bool(declared), f"the model declares prefers_cohort={bool(declared)}"
+    if device.type == "cuda":
+        return True, f"a GPU ({device}): batching the clients is the lever there"
+    for name, m in model.named_modules():
+        if isinstance(m, nn.modules.conv._ConvNd):
+            return False, (f"layer '{name}' ({type(m).__name__}) on the CPU: vmapped convolutions are slower there "
+                           "than one client after the other")
+    return True, "no convolution, on the CPU: vmapped dense layers are as fast or faster there"
 
 
 class CohortTrainer:
