@@ -141,13 +141,23 @@ def train_start(msg: Message, context: Context) -> TrainStart | Message:
 
 
 def local_training(ts: TrainStart) -> tuple[dict[str, Any], LocalResult]:
-    """The client's local steps from ``ts.start``: (trained state dict on the CPU, result).
+    """The client's local steps from ``ts.start``: (trained state dict on the CPU, result), with
+    the client rule's drift correction where it has one (SCAFFOLD: ``client_app.scaffold``).
 
     On the CPU the trained tensors are the workload's scratch model's own (no copy): valid until
     the next message, and :func:`train_reply` turns them into the reply at once.
     """
+    from .scaffold import correct_gradients  # torch: only where the work is done
+
     model = ts.workload.scratch_model(ts.start)
-    result = ts.workload.train_client(model, ts.client, ts.rnd)
+    correction = correct_gradients(model, ts.context)  # SCAFFOLD's drift correction (else None)
+    rounds = ts.rule.rounds(ts.context, ts.client, ts.rnd, ts.config) if hasattr(ts.rule, "rounds") else [ts.rnd]
+    try:
+        for rnd in rounds:  # FedPBC's catch-up: the missed rounds' steps first, then this round's
+            result = ts.workload.train_client(model, ts.client, rnd)
+    finally:
+        if correction is not None:
+            correction.detach()  # the scratch model serves the next message too
     return {k: v.detach().cpu() for k, v in model.state_dict().items()}, result
 
 

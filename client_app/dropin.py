@@ -9,13 +9,19 @@ replies with the trained one in a single ArrayRecord (Flower's templates do)::
 
     app = ClientApp(mods=[client_rule_mod])   # was: ClientApp()
     app.train("adopt")(adopt)                 # FedAWE's round-end broadcast
+    correct_gradients(model, context)         # in the train function, before training (SCAFFOLD)
 
 - **Client rules** (``client_app.rules``; the strategy names one in the train config key
   ``client-rule``). For FedAWE (Xiang et al., NeurIPS 2024, Alg. 1) the mod hands the train
   function the client's OWN copy x_i in place of the received model, turns the trained model in
   the reply into the echo x_i^† (plus the echo factor and u_i the server needs), and ``adopt``
-  keeps the server's round-end model as the new copy. The other rules' client rule is ``plain``:
-  the train function runs as it is.
+  keeps the server's round-end model as the new copy (FedPBC: the same without the echo).
+  SCAFFOLD and Amplified SCAFFOLD (``client_app.scaffold``) change every local step
+  (g − c_i + c): the mod strips the server's control variate c from the model it hands the train
+  function, the train function calls ``correct_gradients(model, context)`` before training
+  (gradient hooks: a no-op for every other rule), and the mod adds Δc_i to the reply and keeps
+  c_i; a train function that did not call it gets an error reply that says so. The other rules'
+  client rule is ``plain``: the train function runs as it is.
 - **A stable client id.** Train and evaluate replies that carry no ``client-id`` get the node's
   ``partition-id`` (node config) as their ``client-id``, so rules that keep per-client state key
   it by the partition, which survives a SuperNode restart, rather than by Flower's node id.
@@ -31,10 +37,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from flwr.app import ArrayRecord, Context, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
 from flwr.clientapp.typing import ClientAppCallable
 
 from strategies.protocol import ADOPT, CLIENT_ID, CLIENT_RULE, PLAIN_RULE, SERVER_ROUND
+
+__all__ = ["adopt", "client_rule_mod", "correct_gradients"]
 
 
 def client_id_of(context: Context) -> int | None:
@@ -49,6 +57,10 @@ def _config(msg: Message) -> Any:
     if len(records) > 1:
         raise ValueError(f"client_rule_mod: expected one ConfigRecord in the message, got {list(records)}")
     return next(iter(records.values()), {})
+
+
+def _config_key(msg: Message) -> str:
+    return next(iter(msg.content.config_records), "config")
 
 
 def _single_arrays(msg: Message, what: str) -> tuple[str, ArrayRecord]:
@@ -91,15 +103,32 @@ def client_rule_mod(msg: Message, context: Context, call_next: ClientAppCallable
     key, received = _single_arrays(msg, "train message")
     start = rule.start(received.to_torch_state_dict(), context, client, t, config)
     # a new RecordDict: the received one may be shared with other nodes' messages (in-process grids)
-    msg.content = RecordDict({**dict(msg.content.items()), key: ArrayRecord(start)})
+    rounds = rule.rounds(context, client, t, config) if hasattr(rule, "rounds") else [t]
+    original, first = dict(msg.content.items()), start
+    for missed in rounds[:-1]:  # FedPBC's catch-up: the train function runs each missed round first
+        earlier = ConfigRecord({**dict(config), SERVER_ROUND: missed + 1})
+        msg.content = RecordDict({**original, key: ArrayRecord(start), _config_key(msg): earlier})
+        done = call_next(msg, context)
+        if done.has_error():
+            return done
+        start = _single_arrays(done, "train reply")[1].to_torch_state_dict()
+    msg.content = RecordDict({**original, key: ArrayRecord(start)})
     reply = call_next(msg, context)
     if reply.has_error():
         return reply
     reply_key, trained = _single_arrays(reply, "train reply")
-    reply.content[reply_key] = ArrayRecord(rule.reply(start, trained.to_torch_state_dict(), context, client,
+    reply.content[reply_key] = ArrayRecord(rule.reply(first, trained.to_torch_state_dict(), context, client,
                                                       t, config))
     _add_client_id(reply, context)
     return reply
+
+
+def correct_gradients(model: Any, context: Context) -> Any:
+    """SCAFFOLD's drift correction on ``model``'s local steps (``client_app.scaffold``); call it in
+    the train function before training. A no-op (None) for every other rule."""
+    from .scaffold import correct_gradients as correct  # torch: only where a client rule runs
+
+    return correct(model, context)
 
 
 def adopt(msg: Message, context: Context) -> Message:

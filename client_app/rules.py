@@ -7,6 +7,13 @@ echoes its update (see its module). A rule is three small steps around local tra
 - ``start``: the weights local training starts from (given the received ones);
 - ``reply``: the weights sent back (given the start and the trained ones);
 - ``adopt``: what to do with a model the server broadcasts after aggregation.
+
+Two optional parts reach into local training itself: ``rounds(context, client, t, config)``, the
+rounds whose local steps one message runs (FedPBC's ``catch-up``: the missed rounds first), and a
+drift correction that ``start`` registers and the train function applies with
+``client_app.scaffold.correct_gradients(model, context)`` (SCAFFOLD's g − c_i + c; see
+``client_app.scaffold``). The project's ClientApp (``client_app.app.local_training``) and the
+drop-in mod (``client_app.dropin``) honour both.
 """
 
 from __future__ import annotations
@@ -47,3 +54,8 @@ def client_rule(name: str) -> ClientRule:
 from .fedawe import FedAWERule  # noqa: E402
 
 CLIENT_RULES[FedAWERule.name] = FedAWERule()  # type: ignore[assignment]
+
+from .scaffold import AmplifiedScaffoldRule, ScaffoldRule  # noqa: E402
+
+CLIENT_RULES[ScaffoldRule.name] = ScaffoldRule()  # type: ignore[assignment]
+CLIENT_RULES[AmplifiedScaffoldRule.name] = AmplifiedScaffoldRule()  # type: ignore[assignment]

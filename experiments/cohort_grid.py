@@ -11,8 +11,9 @@ echo, FedNova's a-norm), and replaces only the local training in between by
 :class:`~experiments.inprocess.InProcessGrid`. Replies come back in the messages' order, so the
 strategy, the schedule, the checkpoints and the results folder cannot tell the engines apart.
 
-A workload the cohort engine cannot batch (see :func:`workloads.vmapped.cohort_unsupported`) runs
-per client; the reason is logged once and recorded in ``config.json`` (``engine-used``,
+A workload the cohort engine cannot batch (see :func:`workloads.vmapped.cohort_unsupported`), and a
+rule whose client corrects every local step (SCAFFOLD, Amplified SCAFFOLD), runs per client; the
+reason is logged once and recorded in ``config.json`` (``engine-used``,
 ``engine-reason``).
 """
 
@@ -24,9 +25,10 @@ from typing import Any
 
 from flwr.app import Message, MessageType
 
-from client_app.app import TrainStart, train_reply, train_start
+from client_app.app import TrainStart, local_training, train_reply, train_start
 from runconfig import WorkloadConfig, from_run_config
 from server_app.config import ENGINES
+from strategies.protocol import CORRECTED_RULES
 from workloads.vmapped import CohortTrainer, prefers_cohort
 from workloads.workload import Workload, get_workload
 
@@ -63,6 +65,10 @@ class CohortGrid(InProcessGrid):
             used, why = (("cohort", "") if self.requested == "cohort" else auto_engine(wl))
             if used == "cohort" and self.app is not default_client_app:
                 used, why = "per-client", "a ClientApp other than client_app.app: its own train handler must run"
+            rule = str(self.run_config.get("strategy", "")).split(":", 1)[0]
+            if used == "cohort" and rule in CORRECTED_RULES:
+                used, why = "per-client", (f"strategy '{rule}' corrects every local step with the client's "
+                                           "control variate, which the vmapped solver does not apply")
             if used == "cohort":
                 try:
                     self._trainer = CohortTrainer(wl)
@@ -90,6 +96,9 @@ class CohortGrid(InProcessGrid):
             ts = train_start(msg, delivered)
             if isinstance(ts, Message):
                 replies.append(ts)  # declined by the client-side gate
+                continue
+            if hasattr(ts.rule, "rounds") and len(ts.rule.rounds(ts.context, ts.client, ts.rnd, ts.config)) > 1:
+                replies.append(train_reply(ts, *local_training(ts)))  # FedPBC's catch-up: several rounds
                 continue
             starts.append((len(replies), ts))
             replies.append(None)

@@ -24,6 +24,8 @@ _WHERE = {
     "FedExP": "rules.fedexp", "FedNova": "rules.fednova", "FedVARP": "rules.fedvarp",
     "ClusterFedVARP": "rules.fedvarp", "MIFA": "rules.mifa", "FLFDMS": "rules.fdms",
     "Stale": "rules.fdms", "Full": "rules.fdms", "PowerOfChoice": "rules.power_of_choice",
+    "Scaffold": "rules.scaffold", "AmplifiedScaffold": "rules.scaffold", "FedPBC": "rules.fedpbc",
+    "FedStale": "rules.fedstale", "DebiasedFedAvg": "rules.debiased_fedavg",
 }
 __all__ = list(_WHERE)
 

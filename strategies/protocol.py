@@ -37,3 +37,16 @@ FEDAWE_META_PREFIX = "fedawe."  # reply array keys with this prefix are metadata
 FEDAWE_ECHO_FACTOR = "fedawe.echo-factor"  # reply: t − τ_i, shape (1,)
 FEDAWE_UPDATE_PREFIX = "fedawe.update."  # reply: + model key -> that array's u_i
 FEDAWE_RUN_KEY_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")  # safe in a file name
+FEDAWE_ECHO = "fedawe-echo"  # config: False = no echo (factor 1): FedPBC's client rule
+FEDPBC_CATCH_UP = "fedpbc-catch-up"  # config: True = a returning client first trains the rounds it missed
+
+# SCAFFOLD and Amplified SCAFFOLD (strategies.scaffold, client_app.scaffold): config and keys
+SCAFFOLD_RULE = "scaffold"  # client rule: c_i kept by the client, drift-corrected local steps
+AMPLIFIED_SCAFFOLD_RULE = "amplified-scaffold"  # ... c_i refreshed once per participation period
+CORRECTED_RULES = (SCAFFOLD_RULE, AMPLIFIED_SCAFFOLD_RULE)  # client rules that change every local step
+SCAFFOLD_RUN_KEY = "scaffold-run-key"  # config: names this run's client-held control variates
+SCAFFOLD_META_PREFIX = "scaffold."  # array keys with this prefix are not the model
+SCAFFOLD_C_PREFIX = "scaffold.c."  # train message: + model key -> the server's control variate c
+SCAFFOLD_DC_PREFIX = "scaffold.dc."  # reply: + model key -> Δc_i = c_i^+ − c_i
+SCAFFOLD_GAMMA = "scaffold-gamma"  # config: γ (local steps use η_l / γ; 1 for SCAFFOLD)
+SCAFFOLD_PERIOD = "scaffold-period"  # config: P (c_i refreshed once per P rounds; 1 for SCAFFOLD)

@@ -75,17 +75,19 @@ def build_rule(name: str, n: int = 4, spec: str = "", **kwargs) -> AvailabilityS
 
 def rule_reply(name: str, sent: Message, model, client: int, update=None, *, arrays: dict | None = None,
                factor: float = 1.0, **metrics) -> Message:
-    """A reply every rule accepts (FedNova's a-norm and num-steps, FedAWE's echo factor and u_i =
-    ``update``, default model − x), unless ``arrays`` (name -> ndarray or Array) replaces entries."""
+    """A reply every rule accepts (FedNova's a-norm and num-steps, FedAWE's and FedPBC's echo factor
+    and u_i = ``update``, default model − x, SCAFFOLD's Δc_i), unless ``arrays`` (name -> ndarray or Array) replaces entries."""
     from flwr.app import Array, ArrayRecord
 
-    from strategies.protocol import FEDAWE_ECHO_FACTOR, FEDAWE_UPDATE_PREFIX
+    from strategies.protocol import FEDAWE_ECHO_FACTOR, FEDAWE_UPDATE_PREFIX, SCAFFOLD_DC_PREFIX
 
     model = np.asarray(model, np.float32)
     content: dict = {"w": model}
-    if name.startswith("fedawe"):
+    if name.startswith(("fedawe", "fedpbc")):
         u = model - sent_model(sent) if update is None else np.asarray(update, np.float32)
         content |= {FEDAWE_ECHO_FACTOR: np.array([factor]), FEDAWE_UPDATE_PREFIX + "w": u}
+    if name.startswith(("scaffold", "amplified-scaffold")):  # Δc_i: a model-sized array
+        content |= {SCAFFOLD_DC_PREFIX + "w": 0.5 * (model - sent_model(sent))}
     content |= arrays or {}
     record = ArrayRecord({k: v if isinstance(v, Array) else Array(np.ascontiguousarray(v)) for k, v in content.items()})
     metrics = {"num-examples": 10, "client-id": client, "a-norm": 2.0, "num-steps": 2, "lr": 0.1, **metrics}

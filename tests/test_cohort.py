@@ -16,6 +16,7 @@ from torch import nn
 
 from experiments.inprocess import run_inprocess
 from strategies import STRATEGIES
+from strategies.protocol import CORRECTED_RULES
 from workloads import workload as workload_module
 from workloads.models import Classifier
 from workloads.solvers import SolverConfig
@@ -50,7 +51,7 @@ def same_run(tmp_path, **over):
     return cfg, rows, ref_rows
 
 
-RULES = sorted(STRATEGIES)
+RULES = sorted(set(STRATEGIES) - set(CORRECTED_RULES))  # SCAFFOLD's rules train per client (below)
 
 
 @pytest.mark.parametrize("rule", RULES)
@@ -179,3 +180,14 @@ def test_one_round_equals_each_clients_own_training_with_clipping(model):
             assert ((trained[k] - v).norm() / v.norm()).item() <= 1e-5, k
         assert (result.num_steps, result.a_norm) == (ref.num_steps, ref.a_norm)
         assert result.train_loss == pytest.approx(ref.train_loss, rel=1e-5)
+
+
+@pytest.mark.parametrize("rule", CORRECTED_RULES)
+def test_a_rule_that_corrects_every_local_step_trains_per_client_and_says_why(tmp_path, rule):
+    cfg, _, _ = same_run(tmp_path, strategy=rule, **{"num-server-rounds": 2})
+    assert cfg["engine-used"] == "per-client" and "control variate" in cfg["engine-reason"]
+
+
+def test_fedpbc_catch_up_trains_the_missed_rounds_per_client_and_ends_where_per_client_ends(tmp_path):
+    cfg, rows, _ = same_run(tmp_path, strategy="fedpbc:catch-up=true")
+    assert cfg["engine-used"] == "cohort"  # the returning clients' several rounds run per client

@@ -19,7 +19,7 @@ from flwr.serverapp.strategy import FedAvg, Strategy
 from rich.console import Console
 from torch import nn
 
-from client_app.dropin import adopt, client_rule_mod
+from client_app.dropin import adopt, client_rule_mod, correct_gradients
 from experiments.inprocess import NODE_ID_BASE, InProcessGrid, default_run_config, run_inprocess
 from server_app.config import RunConfig
 from server_app.experiment import prepare
@@ -65,8 +65,8 @@ def data(pid: int, rnd: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def tiny_app(a_norm: bool = True, dropin: bool = True, adopt_handler: bool = True,
              eval_loss: bool = True) -> ClientApp:
-    """Flower's template ClientApp for ``Tiny``, with the two lines of client_app.dropin
-    (``dropin``: the mod, ``adopt_handler``: the broadcast handler)."""
+    """Flower's template ClientApp for ``Tiny``, with the lines of client_app.dropin
+    (``dropin``: the mod and ``correct_gradients``, ``adopt_handler``: the broadcast handler)."""
     app = ClientApp(mods=[client_rule_mod] if dropin else [])
     if adopt_handler:
         app.train("adopt")(adopt)
@@ -75,6 +75,8 @@ def tiny_app(a_norm: bool = True, dropin: bool = True, adopt_handler: bool = Tru
     def train(msg: Message, context: Context) -> Message:
         model = Tiny()
         model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+        if dropin:
+            correct_gradients(model, context)  # SCAFFOLD's drift correction (a no-op for the others)
         pid = int(context.node_config.get("partition-id", context.node_id % 97))
         x, y = data(pid, int(msg.content["config"]["server-round"]))
         opt = torch.optim.SGD(model.parameters(), lr=0.5)

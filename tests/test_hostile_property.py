@@ -15,9 +15,10 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from replies import build_rule, rule_reply, start_round
 
 from strategies import STRATEGIES
-from strategies.protocol import FEDAWE_ECHO_FACTOR, FEDAWE_UPDATE_PREFIX
+from strategies.protocol import FEDAWE_ECHO_FACTOR, FEDAWE_UPDATE_PREFIX, SCAFFOLD_DC_PREFIX
 
-SPECS = [*sorted(STRATEGIES), "mifa:gradient-units=true,lr=0.1", "fednova:server-momentum=0.9", "fedawe:clip=0.5"]
+SPECS = [*sorted(STRATEGIES), "mifa:gradient-units=true,lr=0.1", "fednova:server-momentum=0.9", "fedawe:clip=0.5",
+         "amplified-scaffold:period=2"]
 N, DIM, HONEST = 5, 3, (0, 1, 2)
 
 
@@ -57,11 +58,22 @@ def hostile(kind: str, name: str, sent, x: np.ndarray, client: int, t: int):
         "factor-ahead": {FEDAWE_ECHO_FACTOR: np.array([t + 5.0])},
         "update-junk": {FEDAWE_UPDATE_PREFIX + "w": Array(dtype="float32", shape=(DIM,), stype="numpy.ndarray", data=b"x")},
         "update-huge": {FEDAWE_UPDATE_PREFIX + "w": np.full(DIM, 1e20, np.float32)},
+        "factor-two": {FEDAWE_ECHO_FACTOR: np.array([2.0])},  # FedPBC's clients do not echo
+    }
+    scaffold = {  # Δc_i, a model-sized array: the same checks and bounds as the model's
+        "dc-junk": {SCAFFOLD_DC_PREFIX + "w": Array(dtype="float32", shape=(DIM,), stype="numpy.ndarray", data=b"x")},
+        "dc-nan": {SCAFFOLD_DC_PREFIX + "w": np.array([np.nan, 0, 0], np.float32)},
+        "dc-huge": {SCAFFOLD_DC_PREFIX + "w": np.full(DIM, 1e20, np.float32)},
+        "dc-big": {SCAFFOLD_DC_PREFIX + "w": np.array([9e5, 0, 0], np.float32)},
+        "dc-shape": {SCAFFOLD_DC_PREFIX + "w": np.zeros(DIM + 1, np.float32)},
+        "dc-unknown": {"scaffold.dc.v": np.zeros(DIM, np.float32)},
     }
     if kind in arrays:
         return rule_reply(name, sent, ok, client, np.full(DIM, 0.1), arrays=arrays[kind])  # "w" replaced
     if kind in metrics:
         return rule_reply(name, sent, ok, client, np.full(DIM, 0.1), **metrics[kind])
+    if kind in scaffold:
+        return rule_reply(name, sent, ok, client, np.full(DIM, 0.1), arrays=scaffold[kind])
     return rule_reply(name, sent, ok, client, np.full(DIM, 0.1), arrays=fedawe[kind])
 
 
@@ -73,8 +85,12 @@ def kinds_for(spec: str) -> list[str]:
         common += ["a-norm-tiny", "a-norm-huge"]
     if spec.startswith("mifa:gradient-units"):
         common += ["lr-tiny", "lr-huge"]
-    if spec.startswith("fedawe"):
+    if spec.startswith(("fedawe", "fedpbc")):
         common += ["factor-string", "factor-ahead", "update-junk", "update-huge"]
+    if spec.startswith("fedpbc"):
+        common += ["factor-two"]
+    if spec.startswith(("scaffold", "amplified-scaffold")):
+        common += ["dc-junk", "dc-nan", "dc-huge", "dc-big", "dc-shape", "dc-unknown"]
     return common
 
 

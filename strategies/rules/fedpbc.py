@@ -1,0 +1,66 @@
+"""FedPBC: federated learning with postponed broadcast.
+
+Xiang, Ioannidis, Su and Yau (arXiv 2306.00280, "Towards Bias Correction of FedAvg over
+Nonuniform and Time-Varying Communications"), Alg. 1; official code mingxiang12/FedPBC
+(``varying_pbc.py``). Every client keeps its own model x_i (x^0 at start). In round t:
+
+    x_i ← x_i + η_g (x_i^{t,end} − x_i)            (s local steps from x_i; i ∈ A_t)
+    x^{t+1} = (1/|A_t|) Σ_{i∈A_t} x_i,              then x_i ← x^{t+1} for i ∈ A_t only
+
+(the postponed broadcast: the new model reaches only the clients whose links were up, after the
+round; nothing is broadcast at a round's start). It is FedAWE (Xiang et al., NeurIPS 2024) with
+every echo factor 1, so it reuses FedAWE's server side and client rule (config
+``fedawe-echo = false``): the client's own copy, its state dir, the round-end ``train.adopt``.
+
+Paper and code vs. here: in the code every client, linked or not, runs its local steps every
+round (``for n in range(num_clients)``: the unlinked ones keep training their own copy); here a
+client that is unavailable is unreachable and does not train (FedAWE's echo is the correction
+for exactly that). The code evaluates the mean of all clients' copies (``w_eval``), offered here
+as the ``xbar`` evaluation (as for FedAWE), and decays the local lr as η_0/√(t/50 + 1) with t
+counted in local steps (5 per round).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flwr.app import ArrayRecord
+
+from ..protocol import FEDAWE_ECHO, FEDAWE_ECHO_FACTOR, FEDPBC_CATCH_UP
+from .fedawe import FedAWE, ReplyRejected
+
+
+class FedPBC(FedAWE):
+    """FedPBC (Xiang et al., arXiv 2306.00280, Alg. 1): x^{t+1} = mean_{A_t} x_i, postponed broadcast.
+
+    FedAWE's server side with the echo factor fixed to 1 (a reply with another factor is
+    rejected); ``clip`` (FedAWE's code option) stays available, off by default.
+
+    Parameters
+    ----------
+    catch_up : the official code's offline computation: a client that comes back after missing
+        rounds first runs the local steps of each missed round on its own copy (as the code's
+        unlinked clients do every round), then this round's. The global model is then the code's
+        exactly (a client's copy does not depend on the server while it is away); the cost is
+        the missed rounds' local work, done on return. False (the default): the paper's
+        description as this project can run it, only reachable clients train.
+    """
+
+    name = "fedpbc"
+
+    def __init__(self, *, catch_up: bool = False, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if catch_up and self.server_lr != 1.0:
+            raise ValueError(f"fedpbc: catch-up=true needs server_lr = 1 (the official code applies η_g to "
+                             f"every round's local change, missed rounds included), got {self.server_lr}")
+        self.catch_up = bool(catch_up)
+
+    def client_config(self) -> dict[str, Any]:
+        return {**super().client_config(), FEDAWE_ECHO: False, FEDPBC_CATCH_UP: self.catch_up}
+
+    def _echo_factor(self, record: ArrayRecord, client: int) -> int:
+        factor = super()._echo_factor(record, client)
+        if factor != 1:
+            raise ReplyRejected(f"'{FEDAWE_ECHO_FACTOR}'={factor}: FedPBC's clients do not echo (factor 1)")
+        return factor
+

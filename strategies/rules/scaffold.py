@@ -1,0 +1,244 @@
+"""SCAFFOLD and Amplified SCAFFOLD: control variates against client drift, the clients' c_i with them.
+
+SCAFFOLD (Karimireddy, Kale, Mohri, Reddi, Stich and Suresh, "SCAFFOLD: Stochastic Controlled
+Averaging for Federated Learning", ICML 2020, Alg. 1). Server state: x and c (zero at start);
+client i keeps c_i (``client_app.scaffold``). In round t each client of A_t runs K local steps
+y ← y − η_l (g_i(y) − c_i + c) from x, replies Δy_i = y_i − x and Δc_i = c_i^+ − c_i (option II),
+and the server applies
+
+    x ← x + η_g (1/|A_t|) Σ_{i∈A_t} Δy_i,        c ← c + (1/N) Σ_{i∈A_t} Δc_i.
+
+Amplified SCAFFOLD (Crawshaw and Liu, "Federated Learning under Periodic Client Participation and
+Heterogeneous Data: A New Communication-Efficient Algorithm and Analysis", NeurIPS 2024, Alg. 1;
+code MingruiLiu-ML-Lab/FL-under-Periodic-Participation, ``synthetic/train.py``): SCAFFOLD with
+local steps η_l/γ, and within a participation period of P rounds starting at x_r
+
+    x ← (1/|A_t|) Σ_{i∈A_t} y_i each round;  at the period's end x_{r+1} = x_r + γ (x − x_r),
+
+and the control variates refreshed once per period (c_i = the mean raw local gradient of the
+client's steps in the period; c ← c + (1/N) Σ_i Δc_i at the period's end, the sum of the changes
+the clients replied during the period). Paper vs. code: the paper's Alg. 1 samples the period's
+control-variate gradients at x_r separately; the code (and this module) uses the local steps'
+own gradients of the period (no extra gradient evaluations), which is what its experiments ran.
+
+The train message carries c next to the model (keys ``scaffold.c.<key>``); the reply carries
+Δc_i (``scaffold.dc.<key>``), checked like the model's arrays and bounded by the same sanity
+bounds (``max-update-norm``, ``max-norm-ratio``) with its own running median. Server memory: x, c
+(and for Amplified SCAFFOLD x_r and the period's sum of Δc): O(d), nothing per client.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType
+from flwr.serverapp import Grid
+
+from ..base import AvailabilityStrategy, ClientReport, ReplyRejected, safe_norm
+from ..bounds import NormBounds
+from ..protocol import (
+    AMPLIFIED_SCAFFOLD_RULE,
+    CLIENT_RULE,
+    FEDAWE_RUN_KEY_PATTERN as RUN_KEY_PATTERN,
+    SCAFFOLD_C_PREFIX,
+    SCAFFOLD_DC_PREFIX,
+    SCAFFOLD_GAMMA,
+    SCAFFOLD_META_PREFIX,
+    SCAFFOLD_PERIOD,
+    SCAFFOLD_RULE,
+    SCAFFOLD_RUN_KEY,
+)
+from ..replies import decode, split
+
+
+def scaffold_step(x: np.ndarray, c: np.ndarray, dys: np.ndarray, dcs: np.ndarray, weights: np.ndarray,
+                  num_clients: int, server_lr: float) -> tuple[np.ndarray, np.ndarray]:
+    """SCAFFOLD's server step (Alg. 1, lines 16-17): (x + η_g Σ w_i Δy_i, c + (1/N) Σ Δc_i), float64."""
+    x_new = np.asarray(x, np.float64) + server_lr * np.einsum("i,ij->j", weights, np.asarray(dys, np.float64))
+    c_new = np.asarray(c, np.float64) + np.asarray(dcs, np.float64).sum(axis=0) / num_clients
+    return x_new, c_new
+
+
+def amplify(x: np.ndarray, anchor: np.ndarray, gamma: float) -> np.ndarray:
+    """Amplified SCAFFOLD's period end: x_r + γ (x − x_r), float64."""
+    anchor = np.asarray(anchor, np.float64)
+    return anchor + gamma * (np.asarray(x, np.float64) - anchor)
+
+
+@dataclass
+class VariateReport(ClientReport):
+    """A SCAFFOLD reply: Δy_i (``delta``) and Δc_i, flat, with its norm."""
+
+    dc: np.ndarray | None = None
+    dc_norm: float = 0.0
+
+
+@dataclass
+class ScaffoldState:
+    """The run key naming the clients' c_i, and the server's c (flat float64). (The Δc bound's
+    running median is checkpointed with the other norm checks, :meth:`Scaffold.norm_checks`.)"""
+
+    run_key: str
+    c: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if not RUN_KEY_PATTERN.fullmatch(str(self.run_key)):
+            raise ValueError(f"scaffold: bad run key in the checkpoint: {self.run_key!r}")
+
+
+class Scaffold(AvailabilityStrategy):
+    """SCAFFOLD (Karimireddy et al., ICML 2020, Alg. 1, option II): control variates c, c_i.
+
+    The clients keep c_i (client rule ``scaffold``); the project's ClientApp corrects its local
+    steps itself, another ClientApp through ``client_app.dropin`` (the mod and
+    ``correct_gradients``). Weights: equal over A_t (the paper's 1/|S|); ``num-examples`` weights
+    Δy by data size (c's update stays (1/N) Σ Δc_i). Metrics: ``c-norm``, ``mean-dc-norm``.
+    """
+
+    name = "scaffold"
+    State: ClassVar[type] = ScaffoldState
+    needs_num_clients = True  # c ← c + (1/N) Σ Δc_i
+    client_rule = SCAFFOLD_RULE
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.run_key = secrets.token_hex(8)  # new run, new client variates; kept by checkpoints
+        self.c: np.ndarray | None = None
+        self.variate_bounds = self.params.bounds()  # ‖Δc_i‖, the same bounds, its own median
+
+    # ------------------------------------------------------------------ messages out
+    def train_config(self, t: int, node_ids: list[int]) -> dict[str, Any]:
+        return {CLIENT_RULE: self.client_rule, SCAFFOLD_RUN_KEY: self.run_key, SCAFFOLD_GAMMA: 1.0,
+                SCAFFOLD_PERIOD: 1}
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid):
+        sent = list(super().configure_train(server_round, arrays, config, grid))
+        assert self.layout is not None and self.current is not None
+        if self.c is None or self.c.size != self.current.size:
+            self.c = np.zeros(self.current.size, np.float64)
+        if not sent:
+            return sent
+        c_arrays = self.layout.unflatten(self.c, self.current_integers)
+        record = {k: arrays[k] for k in arrays.keys()}
+        record |= {SCAFFOLD_C_PREFIX + k: Array(c_arrays[k].numpy())
+                   for k, floating in zip(self.layout.keys, self.layout.floating, strict=True) if floating}
+        content = self.keys.content(ArrayRecord(record), sent[0].content.config_records[self.keys.configrecord_key])
+        self._sent = [Message(content, dst_node_id=m.metadata.dst_node_id, message_type=MessageType.TRAIN)
+                      for m in sent]
+        return self._sent
+
+    # -------------------------------------------------------------------- replies in
+    def parse_reply(self, msg: Message, node: int) -> VariateReport:
+        """The model through the base's parser; Δc_i decoded and checked like model arrays."""
+        assert self.layout is not None and self.current is not None
+        _, record, metrics = split(msg.content)
+        keys = list(record.keys())
+        expected = {SCAFFOLD_DC_PREFIX + k for k, f in zip(self.layout.keys, self.layout.floating, strict=True) if f}
+        unknown = sorted(k for k in keys if k.startswith(SCAFFOLD_META_PREFIX) and k not in expected)
+        if unknown:
+            raise ReplyRejected(f"unknown SCAFFOLD reply keys {unknown[:5]}")
+        model = ArrayRecord({k: record[k] for k in keys if not k.startswith(SCAFFOLD_META_PREFIX)})
+        report = self.parser.report(model, metrics, node, self.layout, self.current, self.reply_buffer())
+        dc = self.reply_buffer()
+        start = 0
+        with np.errstate(over="ignore", invalid="ignore"):
+            for key, shape, floating in zip(self.layout.keys, self.layout.shapes, self.layout.floating, strict=True):
+                if not floating:
+                    continue
+                name = SCAFFOLD_DC_PREFIX + key
+                if name not in record:
+                    raise ReplyRejected(
+                        f"reply lacks '{name}': this node does not run {self.name}'s client rule. A ClientApp "
+                        "takes part with client_app.dropin: ClientApp(mods=[client_rule_mod]) and "
+                        "correct_gradients(model, context) in its train function")
+                values = decode(record[name], name, shape)
+                dc[start : start + values.size] = values.reshape(-1)
+                start += values.size
+        norm = safe_norm(dc)
+        if not math.isfinite(norm):
+            raise ReplyRejected("control-variate update contains NaN or Inf (after the cast to float32)")
+        base = {f.name: getattr(report, f.name) for f in fields(ClientReport)}
+        return VariateReport(**base, dc=dc, dc_norm=norm)
+
+    def norm_checks(self) -> list[tuple[NormBounds, Callable[[ClientReport], float]]]:
+        """Δy_i through the base's bounds, then ‖Δc_i‖ through the same bounds, own median."""
+        return [*super().norm_checks(), (self.variate_bounds, lambda r: getattr(r, "dc_norm", 0.0))]
+
+    # ------------------------------------------------------------------------ the rule
+    def _variates(self, reports: list[ClientReport], size: int) -> np.ndarray:
+        """Δc_i per report (zeros for a plain report: a client without the rule changes no c_i)."""
+        return self.stacked("dcs", [dc if (dc := getattr(r, "dc", None)) is not None else np.zeros(size, np.float32)
+                                    for r in reports])
+
+    def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
+        if self.c is None or self.c.size != x.size:
+            self.c = np.zeros(x.size, np.float64)
+        if not reports:
+            return x, {"c-norm": float(np.linalg.norm(self.c))}
+        dys = self.stacked("dys", [r.delta for r in reports])
+        dcs = self._variates(reports, x.size)
+        new, self.c = scaffold_step(x, self.c, dys, dcs, self.weights(reports), self.require_num_clients(),
+                                    self.server_lr)
+        return new.astype(np.float32), {"c-norm": float(np.linalg.norm(self.c)),
+                                        "mean-dc-norm": float(np.mean([getattr(r, "dc_norm", 0.0) for r in reports]))}
+
+
+@dataclass
+class AmplifiedScaffoldState(ScaffoldState):
+    """SCAFFOLD's, plus x_r (the period's start, flat float64) and the period's Σ Δc_i."""
+
+    anchor: np.ndarray | None = None
+    pending: np.ndarray | None = None
+
+
+class AmplifiedScaffold(Scaffold):
+    """Amplified SCAFFOLD (Crawshaw & Liu, NeurIPS 2024, Alg. 1; the code's ``correction="period"``).
+
+    Parameters
+    ----------
+    period : P, the participation period in rounds (the code's P; 10 in its synthetic runs).
+    gamma : γ, the amplification at each period's end (the clients step with η_l/γ); γ = 1 is
+        SCAFFOLD with the control variates refreshed once per period.
+    """
+
+    name = "amplified-scaffold"
+    State = AmplifiedScaffoldState
+    client_rule = AMPLIFIED_SCAFFOLD_RULE
+
+    def __init__(self, *, period: int = 10, gamma: float = 1.5, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if isinstance(period, bool) or int(period) != period or period < 1:
+            raise ValueError(f"amplified-scaffold: period must be an integer >= 1, got {period}")
+        if not (math.isfinite(gamma) and gamma > 0):
+            raise ValueError(f"amplified-scaffold: gamma must be a finite number > 0, got {gamma}")
+        self.period, self.gamma = int(period), float(gamma)
+        self.anchor: np.ndarray | None = None
+        self.pending: np.ndarray | None = None
+
+    def train_config(self, t: int, node_ids: list[int]) -> dict[str, Any]:
+        return {**super().train_config(t, node_ids), SCAFFOLD_GAMMA: self.gamma, SCAFFOLD_PERIOD: self.period}
+
+    def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
+        if self.anchor is None or self.anchor.size != x.size:
+            self.anchor = np.asarray(x, np.float64).copy()  # x_0: the first period's start
+            self.pending = np.zeros(x.size, np.float64)
+            self.c = np.zeros(x.size, np.float64)
+        assert self.pending is not None and self.c is not None
+        new = np.asarray(x, np.float64)
+        if reports:
+            dys = self.stacked("dys", [r.delta for r in reports])
+            new = new + self.server_lr * np.einsum("i,ij->j", self.weights(reports), dys.astype(np.float64))
+            self.pending += self._variates(reports, x.size).sum(axis=0, dtype=np.float64)
+        metrics = {"amplified": 0.0}
+        if (t + 1) % self.period == 0:  # the period's end: amplify, refresh c
+            new = amplify(new, self.anchor, self.gamma)
+            self.anchor = new.copy()
+            self.c = self.c + self.pending / self.require_num_clients()
+            self.pending = np.zeros(x.size, np.float64)
+            metrics["amplified"] = 1.0
+        return new.astype(np.float32), {**metrics, "c-norm": float(np.linalg.norm(self.c))}
