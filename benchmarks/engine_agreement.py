@@ -26,10 +26,10 @@ from experiments.inprocess import run_inprocess
 from experiments.presets import DATA_DIR
 from workloads.workload import Workload, get_workload
 
-BASE = {"dataset": "fashion-mnist", "data-dir": DATA_DIR, "model": "mlp", "num-clients": 100,
+BASE: dict[str, object] = {"dataset": "fashion-mnist", "data-dir": DATA_DIR, "model": "mlp", "num-clients": 100,
         "partition": "dirichlet:alpha=0.1", "availability": "bernoulli:p=0.15", "checkpoint-every": 0,
         "eval-every": 0, "progress": False}
-CONFIGS = {
+CONFIGS: dict[str, dict[str, object]] = {
     "steps200": {"local-steps": "steps:n=200"},
     "epochs1": {"local-steps": "epochs:min=1,max=1"},
     "momentum": {"local-steps": "epochs:min=1,max=2", "solver": "momentum", "momentum": 0.9},
