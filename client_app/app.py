@@ -35,6 +35,7 @@ from strategies.protocol import (
     SERVER_ROUND,
     TRAIN_LOSS,
     TRAIN_TIME,
+    UNAVAILABLE,
 )
 
 from . import timing
@@ -44,7 +45,6 @@ if TYPE_CHECKING:
     from workloads.solvers import LocalResult
     from workloads.workload import Workload
 
-UNAVAILABLE = 1000  # Error code of a client that declines work (the availability gate)
 
 app = ClientApp(mods=[through_worker])
 
@@ -99,6 +99,7 @@ def server_round(msg: Message) -> int:
     return int(cast(int, msg.content.config_records["config"][SERVER_ROUND]))
 
 
+@app.query("identity")  # the server's identity query (server_app.network.identity_query)
 @app.query()
 def query(msg: Message, context: Context) -> Message:
     """Who am I: lets the server map node ids to client ids before any training."""

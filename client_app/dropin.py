@@ -1,4 +1,20 @@
-"""The client side of flchurn's strategies for a plain Flower ClientApp: one mod, one handler.
+"""The client side of flchurn for a plain Flower ClientApp: availability, and the rules' client part.
+
+**Churn** (with ``server_app.dropin.with_availability`` on the server): a mod and a handler::
+
+    app = ClientApp(mods=[availability_mod])   # was: ClientApp()
+    app.query("identity")(identity)            # "which client are you?"
+
+``identity`` answers the server's identity query with the node's ``partition-id`` (node config;
+Flower's simulation sets it), so the server applies the schedule by client id; a node without
+one answers with an error naming the fix, and the server, failing closed, sends it nothing. (It
+is a handler, not part of the mod, because Flower runs mods only around registered handlers.)
+With ``availability-gate = "client"`` in the run config (and the schedule's ``availability`` spec
+and ``schedule-seed`` there too) ``availability_mod`` declines the rounds in which its client is
+offline, with an "unavailable" error reply, as a device that refuses work would; with the server
+gate (the default) it passes every message on.
+
+**Rules** (one mod, one handler):
 
 Most rules need nothing from the client beyond Flower's usual train reply (the trained arrays
 and ``num-examples``). Two things need the client's help, and this module gives both to any
@@ -35,14 +51,31 @@ as for the project's own ClientApp (``client_app.fedawe``).
 
 from __future__ import annotations
 
+import functools
+import logging
 from typing import Any
 
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MessageType, MetricRecord, RecordDict
 from flwr.clientapp.typing import ClientAppCallable
 
-from strategies.protocol import ADOPT, CLIENT_ID, CLIENT_RULE, PLAIN_RULE, SERVER_ROUND
+from availability import Schedule, build_schedule
+from runconfig import AVAILABILITY_GATES, AvailabilityConfig, ConfigError, from_run_config
+from strategies.protocol import (
+    ADOPT,
+    CLIENT_ID,
+    CLIENT_RULE,
+    IDENTITY_QUERY,
+    IGNORE_AVAILABILITY,
+    PLAIN_RULE,
+    SERVER_ROUND,
+    UNAVAILABLE,
+    server_round_of,
+)
 
-__all__ = ["adopt", "client_rule_mod", "correct_gradients"]
+flwr_log = logging.getLogger("flwr")
+NO_IDENTITY = 1001  # Error code: the node cannot say which client it is (no partition-id)
+
+__all__ = ["adopt", "availability_mod", "client_rule_mod", "correct_gradients", "identity"]
 
 
 def client_id_of(context: Context) -> int | None:
@@ -139,4 +172,53 @@ def adopt(msg: Message, context: Context) -> Message:
     return Message(RecordDict({"metrics": MetricRecord({CLIENT_ID: client})}), reply_to=msg)
 
 
+def identity(msg: Message, context: Context) -> Message:
+    """The handler of the server's identity query (``app.query("identity")``): this node's client
+    id and N (node config), or an error reply naming the fix."""
+    client = client_id_of(context)
+    if client is None:
+        return Message(Error(code=NO_IDENTITY, reason=(
+            f"node {context.node_id} has no 'partition-id' in its node config, so it cannot say which client it "
+            f"is: start the SuperNode with --node-config \"partition-id=I num-partitions=N\"")), reply_to=msg)
+    n = context.node_config.get("num-partitions", context.run_config.get("num-clients", 0))
+    return Message(RecordDict({"identity": MetricRecord({"client-id": client, "num-partitions": int(n)})}),
+                   reply_to=msg)
+
+
+@functools.lru_cache(maxsize=8)
+def _schedule(spec: str, num_clients: int, seed: int) -> Schedule:
+    return build_schedule(spec, num_clients, seed)
+
+
+def declines(msg: Message, context: Context) -> bool:
+    """The client gate: True when the run config's ``availability-gate`` is ``client`` and this
+    node's client is offline in the message's round (always True where it has no client id:
+    closed, not open)."""
+    gate = context.run_config.get("availability-gate", "server")
+    rnd = server_round_of(msg.content)
+    if gate == "server" or gate == "none" or rnd is None:
+        return False
+    if gate not in AVAILABILITY_GATES:
+        raise ConfigError(f"run config 'availability-gate' = {gate!r}: expected one of {AVAILABILITY_GATES}")
+    if any(r.get(IGNORE_AVAILABILITY, False) for r in msg.content.config_records.values()):
+        return False
+    client = client_id_of(context)
+    if client is None:
+        flwr_log.warning("node %d: client gate without a 'partition-id' in the node config: declining", context.node_id)
+        return True
+    acfg = from_run_config(AvailabilityConfig, {k: context.run_config[k] for k in ("availability", "schedule-seed")
+                                                if k in context.run_config})
+    n = int(str(context.node_config.get("num-partitions", context.run_config.get("num-clients", 0))))
+    return not _schedule(acfg.availability, n, acfg.schedule_seed).is_available(client, rnd - 1)
+
+
+def availability_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """A Flower mod: under the client gate, declines the rounds in which this client is offline."""
+    if declines(msg, context):
+        return Message(Error(code=UNAVAILABLE, reason=f"client {client_id_of(context)} unavailable in round "
+                                                      f"{server_round_of(msg.content)}"), reply_to=msg)
+    return call_next(msg, context)
+
+
 assert ADOPT == f"{MessageType.TRAIN}.adopt"  # the handler is registered as app.train("adopt")
+assert IDENTITY_QUERY == f"{MessageType.QUERY}.identity"  # registered as app.query("identity")

@@ -37,6 +37,14 @@ def add_launch_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=3600.0, help="give up (and stop the run) after this many seconds")
     p.add_argument("--devices", default=None,
                    help="device classes (TOML): CPU, memory and bandwidth limits per SuperNode (root; see docs/edge.md)")
+    p.add_argument("--app", default=None,
+                   help="deploy this Flower app directory instead of the project's (its ServerApp wraps its grid "
+                        "with server_app.dropin.with_availability: docs/dropin.md)")
+    p.add_argument("--availability", default=None,
+                   help="with --app: the schedule spec, as the app's with_availability gets it (default: the app's "
+                        "run config key 'availability')")
+    p.add_argument("--schedule-seed", type=int, default=None,
+                   help="with --app: the schedule's seed (default: the app's run config key 'schedule-seed', else 0)")
 
 
 def add_churn_args(p: argparse.ArgumentParser) -> None:

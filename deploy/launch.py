@@ -19,6 +19,7 @@ from .errors import DeployError
 from .local import ProcessSite
 from .procs import exit_on_signals
 from .record import run_recorded, summary
+from .run import run_deployment
 from .submission import latest_checkpoint, parse_run_config
 
 
@@ -27,8 +28,10 @@ def launch_main(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     exit_on_signals()
     user = parse_run_config(args.run_config)
-    num_rounds = int({**default_run_config(), **user}["num-server-rounds"])
     work = Path(args.work_dir).resolve() if args.work_dir else None
+    if args.app:
+        return launch_app(args, user, console)
+    num_rounds = int({**default_run_config(), **user}["num-server-rounds"])
     resume = Path(args.resume_from).resolve() if args.resume_from else None
     try:
         plan = None
@@ -81,6 +84,49 @@ def launch_main(args: argparse.Namespace) -> int:
         console.print(f"[red]error:[/] {escape(str(err))}; logs in {dep.logs} (--keep-workdir keeps them)")
     except KeyboardInterrupt:
         console.print("interrupted: stopping everything")
+        code = 130
+    finally:
+        dep.close()
+    return code
+
+
+def launch_app(args: argparse.Namespace, user: dict[str, Any], console: Console) -> int:
+    """``--app PATH``: another Flower app on the same path (:mod:`deploy.app`); the exit status."""
+    from .app import app_config, app_run
+
+    try:
+        app = Path(args.app).resolve()
+        config = {**app_config(app), **user}
+        spec = args.availability or config.get("availability")
+        if not spec:
+            raise DeployError("--app: give the schedule with --availability SPEC (the app's run config has no "
+                              "'availability' key)")
+        seed = args.schedule_seed if args.schedule_seed is not None else int(config.get("schedule-seed", 0))
+        if args.wall_clock or args.resume_from or args.devices:
+            raise DeployError("--app runs round churn only (no --wall-clock, --resume-from or --devices)")
+    except (DeployError, ValueError) as err:
+        console.print(f"[red]error:[/] {escape(str(err))}")
+        return 2
+    dep = ProcessSite(args.num_nodes, Path(args.work_dir).resolve() if args.work_dir else None, project=app,
+                      data_dir=args.data_dir, keep_workdir=args.keep_workdir, log=lambda s: console.log(escape(s)))
+    code = 1
+    try:
+        plan = app_run(app, user, args.num_nodes, str(spec), seed, dep.work_dir,
+                       bound=args.grace if args.grace is not None else 30.0, signal=bool(args.churn))
+        dep.server_env = plan.server_env()
+        console.print(f"work dir: {dep.work_dir}; app {app}; schedule {spec} (seed {seed}); rounds in {plan.run_dir}")
+        dep.start_superlink()
+        out = run_deployment(dep, user, churn="rounds" if args.churn else None, churn_mode=args.churn_mode,
+                             lookahead=not args.no_lookahead, timeout=args.timeout, app=plan,
+                             on_row=lambda row: console.print(f"round {row['round']}: participants "
+                                                              f"{row['participants']}", soft_wrap=True))
+        console.print(f"run {out.run_id}: {out.status} in {out.wall:.1f} s")
+        if out.report is not None:
+            console.print(escape(out.report.summary()), soft_wrap=True)
+        code = 0 if out.ok else 1
+    except DeployError as err:
+        console.print(f"[red]error:[/] {escape(str(err))}; logs in {dep.logs} (--keep-workdir keeps them)")
+    except KeyboardInterrupt:
         code = 130
     finally:
         dep.close()

@@ -86,6 +86,7 @@ class ProcessSite:
         log: Callable[[str], None] | None = None,
         keep_workdir: bool = False,
         devices: DevicePlan | None = None,
+        server_env: Mapping[str, str] | None = None,
     ) -> None:
         if num_nodes < 1:
             raise DeployError("num_nodes must be >= 1")
@@ -98,6 +99,7 @@ class ProcessSite:
         self.project = Path(project).resolve()
         self.data_dir = Path(data_dir).resolve() if data_dir else None
         self.node_env = {int(k): dict(v) for k, v in (node_env or {}).items()}
+        self.server_env = dict(server_env or {})  # the SuperLink's, so its ServerApps' (deploy.app)
         self.node_config_extra = {int(k): dict(v) for k, v in (node_config_extra or {}).items()}
         self.log = log or (lambda line: None)
         self.tag = uuid.uuid4().hex
@@ -142,7 +144,7 @@ class ProcessSite:
             "superlink",
             ["flower-superlink", "--insecure", "--disable-runtime-dependency-installation",
              "--host", host, "--port", str(self.superlink_port)],
-            home, home,
+            home, home, self.server_env,
         )
         deadline = time.monotonic() + timeout
         while not port_open(self.superlink_port):

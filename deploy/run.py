@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from .app import AppRun
 from .churn import ChurnDriver, Crash, RoundChurn, WallClockChurn
 from .errors import DeployError
 from .flwr_cli import COMPLETED, FINISHED
@@ -85,6 +86,7 @@ def run_deployment(
     status_every: float = 10.0,
     resume_from: str | Path | None = None,
     round_start_signal: bool | None = None,
+    app: AppRun | None = None,
 ) -> Outcome:
     """Start the nodes (all, or the schedule's round-1 set), submit the run, drive churn, wait,
     then compare the realised participation with the schedule (``Outcome.report``).
@@ -99,7 +101,16 @@ def run_deployment(
     read in the background every ``status_every`` seconds (the churn driver is never held up).
     Returns when the run has finished (any status) or the SuperLink died, or raises DeployError
     after ``timeout`` seconds (after ``flwr stop``).
+
+    ``app``: a Flower app that is not the project's (:mod:`deploy.app`): ``user_config`` is
+    submitted as it is, and the rounds, run folder, schedule and signal folder are the app run's.
     """
+    if app is not None:
+        # no look-ahead: the app lists round r's nodes after its round r - 1 evaluation, later than
+        # the signal, so a node started early for round r + 1 would be addressed in round r
+        return _run(site, dict(user_config), churn=churn, churn_mode=churn_mode, g=app.bound if churn else 0.0,
+                    lookahead=False, crashes=crashes, speedup=speedup, timeout=timeout, on_row=on_row,
+                    status_every=status_every, signal_dir=app.signal_dir if churn == "rounds" else None, app=app)
     if round_start_signal is None:
         round_start_signal = churn == "rounds" and site.local_files
     g = churn_grace(grace, bool(round_start_signal)) if churn else 0.0
@@ -120,16 +131,19 @@ def run_deployment(
 def _run(site: Site, cfg: dict[str, Any], *, churn: str | None, churn_mode: str, g: float, lookahead: bool,
          crashes: Mapping[int, list[Crash]] | None, speedup: float, timeout: float,
          on_row: Callable[[dict[str, Any]], None] | None, status_every: float,
-         signal_dir: Path | None) -> Outcome:
-    check_run_config(cfg)  # every key checked before any process trains
-    num_rounds = int(cfg["num-server-rounds"])
-    run_dir = run_dir_of(cfg)
+         signal_dir: Path | None, app: AppRun | None = None) -> Outcome:
     start_round = 1
-    if cfg.get("resume-from"):
-        start_round = prepare_resume(cfg) + 1
-    elif (run_dir / "metrics.jsonl").exists():
-        raise DeployError(f"{run_dir} already holds a run; pick another run-name (or resume it)")
-    schedule = build_run_schedule(cfg) if churn else None
+    if app is not None:  # another Flower app: its rounds, folder and schedule come with it
+        num_rounds, run_dir, schedule = app.num_rounds, app.run_dir, app.schedule if churn else None
+    else:
+        check_run_config(cfg)  # every key checked before any process trains
+        num_rounds = int(cfg["num-server-rounds"])
+        run_dir = run_dir_of(cfg)
+        if cfg.get("resume-from"):
+            start_round = prepare_resume(cfg) + 1
+        elif (run_dir / "metrics.jsonl").exists():
+            raise DeployError(f"{run_dir} already holds a run; pick another run-name (or resume it)")
+        schedule = build_run_schedule(cfg) if churn else None
     driver: ChurnDriver | None = None
     if churn == "rounds" and schedule is not None:
         driver = RoundChurn(site, schedule, num_rounds, mode=churn_mode, grace=g, lookahead=lookahead,
@@ -138,7 +152,7 @@ def _run(site: Site, cfg: dict[str, Any], *, churn: str | None, churn_mode: str,
         driver = WallClockChurn(site, schedule, mode=churn_mode, speedup=speedup)
     elif churn is not None:
         raise ValueError(f"churn must be None, 'rounds' or 'wallclock', not {churn!r}")
-    if driver is not None:
+    if driver is not None and app is None:  # the project's ServerApp waits for them before round 1
         cfg["min-nodes"] = driver.min_nodes
     site.ensure_superlink(fresh=start_round > 1)
     if driver is not None:

@@ -17,15 +17,16 @@ import logging
 import os
 import time
 from collections.abc import Iterable
-from typing import cast
+from typing import Any, cast
 
-from flwr.app import Message, MessageType, RecordDict
+from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
 
 from availability import Schedule
-from strategies.protocol import IGNORE_AVAILABILITY, SERVER_ROUND
+from strategies.protocol import IDENTITY_QUERY, IGNORE_AVAILABILITY, server_round_of
 
 log = logging.getLogger(__name__)
+flwr_log = logging.getLogger("flwr")  # Flower's logger: `flwr run --stream` shows what it says
 
 
 class NodesMissing(RuntimeError):
@@ -48,15 +49,22 @@ def wait_for_nodes(grid: Grid, expected: int, timeout: float, poll: float = 0.2)
         time.sleep(poll)
 
 
+def identity_query(node: int) -> Message:
+    """The query that asks ``node`` which client it is (``query.identity``: answered by the
+    project's ClientApp and by ``client_app.dropin.identity``)."""
+    return Message(RecordDict(), dst_node_id=node, message_type=IDENTITY_QUERY)
+
+
 def discover_clients(grid: Grid, known: dict[int, int], timeout: float) -> dict[int, int]:
-    """Update ``known`` (node id -> client id) for connected nodes not in it yet."""
+    """Update ``known`` (node id -> client id) for connected nodes not in it yet (waiting at most
+    ``timeout`` s for their answers)."""
     unknown = [n for n in sorted(grid.get_node_ids()) if n not in known]
     if not unknown:
         return known
-    queries = [Message(RecordDict(), dst_node_id=n, message_type=MessageType.QUERY) for n in unknown]
-    for reply in grid.send_and_receive(queries, timeout=timeout):
+    for reply in grid.send_and_receive([identity_query(n) for n in unknown], timeout=timeout):
         if reply.has_error() or "identity" not in reply.content:
-            log.warning("node %d did not say who it is", reply.metadata.src_node_id)
+            why = reply.error.reason if reply.has_error() else "no 'identity' record in its reply"
+            flwr_log.warning("node %d did not say which client it is: %s", reply.metadata.src_node_id, why)
             continue
         known[reply.metadata.src_node_id] = int(cast(int, reply.content.metric_records["identity"]["client-id"]))
     return known
@@ -133,14 +141,24 @@ def fast_pull(grid: Grid, interval: float | None = None) -> Grid:
 
 
 class AvailabilityGrid(DelegatingGrid):
-    """A grid through which clients offline in a message's round are unreachable."""
+    """A grid through which clients offline in a message's round are unreachable.
+
+    A round message (one whose config carries ``server-round``) reaches its node only when the
+    node's client is online in that round. It FAILS CLOSED: a node whose client id is not known
+    yet is asked (:func:`discover_clients`, at most ``discovery_timeout`` s the first time, at most
+    ``retry_timeout`` s in later rounds) and receives nothing until it has answered; each round
+    that withholds messages so says on Flower's logger (WARNING: ``flwr run --stream`` shows it).
+    Messages without a round (queries, the user's own) pass unchanged.
+    """
 
     def __init__(self, grid: Grid, schedule: Schedule, client_of_node: dict[int, int],
-                 discovery_timeout: float = 30.0) -> None:
+                 discovery_timeout: float = 30.0, retry_timeout: float = 10.0) -> None:
         super().__init__(grid)
         self.schedule = schedule
         self.client_of_node = client_of_node
         self.discovery_timeout = discovery_timeout
+        self.retry_timeout = min(retry_timeout, discovery_timeout)
+        self.asked: set[int] = set()  # nodes asked who they are at least once
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:  # noqa: D102
         return self.grid.push_messages(self.reachable(list(messages)))
@@ -149,24 +167,41 @@ class AvailabilityGrid(DelegatingGrid):
         keep = self.reachable(list(messages))
         return self.grid.send_and_receive(keep, timeout=timeout) if keep else []
 
+    def identify(self, messages: list[Message]) -> None:
+        """Ask the destinations of round messages whose client id is unknown (bounded wait)."""
+        unknown = {m.metadata.dst_node_id for m in messages if server_round_of(m.content) is not None
+                   and m.metadata.dst_node_id not in self.client_of_node}
+        if unknown:
+            wait = self.retry_timeout if unknown <= self.asked else self.discovery_timeout
+            self.asked |= unknown
+            discover_clients(self.grid, self.client_of_node, wait)
+
     def reachable(self, messages: list[Message]) -> list[Message]:
         """The messages whose destination is online in the message's round."""
-        if any(m.metadata.dst_node_id not in self.client_of_node for m in messages):
-            discover_clients(self.grid, self.client_of_node, self.discovery_timeout)
-        keep, online = [], {}  # online: 0-based round -> A(·, t), computed once per round
+        self.identify(messages)
+        keep: list[Message] = []
+        online: dict[int, Any] = {}  # 0-based round -> A(·, t), computed once per round
+        withheld: dict[int, list[int]] = {}  # round -> nodes whose client id is unknown
         for m in messages:
-            client = self.client_of_node.get(m.metadata.dst_node_id)
-            config = m.content.config_records.get("config")
-            if client is None or config is None or SERVER_ROUND not in config:
-                keep.append(m)  # not a round message, or a node that never said who it is
-            elif config.get(IGNORE_AVAILABILITY, False):
-                keep.append(m)  # an oracle round (e.g. FL-FDMS's round 0, the Full baseline)
+            rnd = server_round_of(m.content)
+            node = m.metadata.dst_node_id
+            client = self.client_of_node.get(node)
+            oracle = any(r.get(IGNORE_AVAILABILITY, False) for r in m.content.config_records.values())
+            if rnd is None or oracle:
+                keep.append(m)  # not a round message, or an oracle round (FL-FDMS's round 0, Full)
+            elif client is None:
+                withheld.setdefault(rnd, []).append(node)  # fail closed: unknown until it says
             else:
-                t = int(cast(int, config[SERVER_ROUND])) - 1
+                t = rnd - 1
                 if t not in online:
                     online[t] = self.schedule.available(t)
                 if not 0 <= client < len(online[t]):
                     self.schedule.is_available(client, t)  # raises, naming the bad client id
                 if online[t][client]:
                     keep.append(m)
+        for rnd, nodes in withheld.items():
+            flwr_log.warning("availability, round %d: %d node(s) have not said which client they are (%s): they "
+                             "receive nothing until they do (does their ClientApp use "
+                             "client_app.dropin.availability_mod, with a partition-id in its node config?)",
+                             rnd, len(nodes), ", ".join(str(n) for n in sorted(nodes)[:5]))
         return keep

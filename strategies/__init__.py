@@ -16,7 +16,7 @@ _WHERE = {
     # plumbing
     "AvailabilityStrategy": "base", "ClientReport": "replies", "Layout": "layout",
     "ReplyRejected": "replies", "RoundLog": "replies", "named_arrays": "layout",
-    "ORACLES": "registry", "STRATEGIES": "registry", "build_strategy": "registry",
+    "ORACLES": "registry", "STRATEGIES": "registry", "build_strategy": "registry", "rule_spec": "registry",
     "StrategyFailure": "failures", "StoredUpdates": "memory", "StrategyParams": "params",
     # the rules (strategies.rules), to build or subclass: ``from strategies import FedAU``
     "FedAvgActive": "rules.fedavg", "FedAvgAll": "rules.fedavg", "FedAvgKnownP": "rules.fedavg",

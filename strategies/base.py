@@ -51,6 +51,7 @@ from .replies import (
     ReplyRejected,
     RoundLog,
 )
+from .sampling import check_destinations
 from .weighting import WEIGHTINGS, cap_shares, client_weights, resolve_weighting
 
 __all__ = ["SUPERLINK_NODE_ID", "WEIGHTINGS", "AvailabilityStrategy", "ClientReport", "Layout",
@@ -183,7 +184,7 @@ class AvailabilityStrategy(ReplyAcceptance, EvaluateRound):
         self.connected = set(connected)
         self.problems, self._rows = [], {}
         pool = self.sampling.sample(connected, True, self.rng)
-        node_ids = sorted(self.select_nodes(server_round, arrays, pool, grid))
+        node_ids = check_destinations(self.select_nodes(server_round, arrays, pool, grid), connected, self.name)
         config[SERVER_ROUND] = server_round
         config[CLIENT_RULE] = PLAIN_RULE
         for key, value in self.train_config(server_round - 1, node_ids).items():

@@ -1,9 +1,11 @@
 """The message protocol between strategies and the ClientApp: config and metric keys.
 
-Pure constants, importable by the ClientApp without pulling in the strategies.
+Constants (and where a message's round is), importable by the ClientApp without pulling in the
+strategies.
 """
 
 import re
+from typing import Any
 
 # config sent with every round message
 SERVER_ROUND = "server-round"  # Flower's 1-based round
@@ -11,9 +13,12 @@ IGNORE_AVAILABILITY = "ignore-availability"  # True: an oracle round that must r
 CLIENT_RULE = "client-rule"  # which client-side behaviour to run (see client_app.rules)
 PLAIN_RULE = "plain"  # the client rule of every strategy but FedAWE: train from the received model
 PROBE_BATCHES = "probe-batches"  # evaluate on this many mini-batches only (0 = all data)
+UNAVAILABLE = 1000  # Error code of a client that declines work (the client-side availability gate)
 
 # message type of the round-end broadcast (FedAWE's postponed broadcast)
 ADOPT = "train.adopt"
+# message type of the server's question "which client are you?" (client_app.dropin.identity answers)
+IDENTITY_QUERY = "query.identity"
 
 # metrics a training reply carries
 CLIENT_ID = "client-id"
@@ -50,3 +55,12 @@ SCAFFOLD_C_PREFIX = "scaffold.c."  # train message: + model key -> the server's 
 SCAFFOLD_DC_PREFIX = "scaffold.dc."  # reply: + model key -> Δc_i = c_i^+ − c_i
 SCAFFOLD_GAMMA = "scaffold-gamma"  # config: γ (local steps use η_l / γ; 1 for SCAFFOLD)
 SCAFFOLD_PERIOD = "scaffold-period"  # config: P (c_i refreshed once per P rounds; 1 for SCAFFOLD)
+
+
+def server_round_of(content: Any) -> int | None:
+    """The 1-based round a message's content names (a flwr RecordDict; ``server-round`` in any of its ConfigRecords:
+    the project's strategies and Flower's own set it), or None for a message of no round."""
+    for record in content.config_records.values():
+        if SERVER_ROUND in record:
+            return int(record[SERVER_ROUND])
+    return None

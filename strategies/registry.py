@@ -96,3 +96,22 @@ def build_strategy(
             raise ValueError(f"strategy {parsed.name!r} is an oracle: it needs the schedule's probabilities")
         kwargs["probabilities"] = probabilities
     return cls(**kwargs, **shared)
+
+
+def rule_spec(spec: str) -> tuple[type[AvailabilityStrategy], dict[str, Any]]:
+    """The rule class a spec names and its spec parameters as keyword arguments, checked as
+    :func:`build_strategy` checks them: for ``class Mine(Rule)`` written by a user, built as
+    ``Mine(**params, fraction_evaluate=...)``. Oracles (they need the schedule) are refused."""
+    parsed = parse_spec(spec)
+    if parsed.name not in STRATEGIES:
+        raise ValueError(f"unknown strategy {parsed.name!r}; known: {sorted(STRATEGIES)}")
+    if parsed.name in ORACLES:
+        raise ValueError(f"strategy {parsed.name!r} is an oracle: build it with build_strategy(spec, probabilities=...)")
+    cls = STRATEGIES[parsed.name]
+    allowed = strategy_params(cls)
+    params = parsed.take({k: (v if v is not inspect.Parameter.empty else None) for k, v in allowed.items()},
+                         what="strategy")
+    missing = [k for k, v in allowed.items() if v is inspect.Parameter.empty and parsed.params.get(k) is None]
+    if missing:
+        raise SpecError(f"strategy {parsed.name!r} needs parameter(s) {missing}")
+    return cls, {k.replace("-", "_"): v for k, v in params.items()}

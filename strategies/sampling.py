@@ -6,6 +6,10 @@ are connected, and draws them with Python's global ``random``. :class:`Sampling`
 (never more nodes than are connected), draws with the strategy's own seeded generator, and waits
 for ``min_available_nodes`` only before the first round and at most ``node_wait`` seconds: after
 that, a node that is not connected is an unavailable client, which is what these rules are for.
+
+Node ids are Flower's uint64: a list of them never goes through NumPy (ids on both sides of 2^63
+make a float64 array, whose values are other, non-existent, nodes). A draw picks indices into the
+list; :func:`check_destinations` makes a message to a node the grid never listed an error.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,12 +59,13 @@ class Sampling:
         return min(connected, max(int(connected * fraction), minimum))
 
     def sample(self, nodes: list[int], train: bool, rng: np.random.Generator) -> list[int]:
-        """``size`` of ``nodes``, drawn without replacement by ``rng`` (all of them: no draw)."""
-        nodes = sorted(nodes)
+        """``size`` of ``nodes``, drawn without replacement by ``rng`` (all of them: no draw).
+        The draw is of indices (:func:`draw`): the ids themselves never become a NumPy array."""
+        nodes = sorted(int(n) for n in nodes)
         k = self.size(len(nodes), train)
         if k >= len(nodes):
             return nodes
-        return sorted(int(n) for n in rng.choice(nodes, size=k, replace=False))
+        return sorted(draw(nodes, k, rng))
 
     def wait(self, grid: Grid, minimum: int, settle: float = 0.0, poll: float = 0.1) -> list[int]:
         """The connected node ids once ``minimum`` are connected (and, with ``settle`` > 0, their
@@ -80,3 +86,22 @@ class Sampling:
                         "going on with them (a node that is not connected counts as unavailable)",
                         len(nodes), self.node_wait, minimum)
         return nodes
+
+
+def draw(nodes: list[int], k: int, rng: np.random.Generator, p: np.ndarray | None = None) -> list[int]:
+    """``k`` of ``nodes`` without replacement (probabilities ``p``, default uniform), in draw order.
+    Draws indices, so any Python int id comes back as it was (uint64 included)."""
+    return [nodes[int(i)] for i in rng.choice(len(nodes), size=k, replace=False, p=p)]
+
+
+def check_destinations(node_ids: Iterable[int], connected: Iterable[int], who: str) -> list[int]:
+    """``node_ids`` sorted; ValueError when ``node_ids`` holds a node that is not among the ``connected`` ones: Flower
+    would drop such a message ("Invalid destination node ID") and no reply would ever come, which
+    a rule would count as an unavailable client. A wrong id is a bug, never unavailability."""
+    node_ids, connected = sorted(node_ids), set(connected)
+    unknown = sorted(set(node_ids) - connected)
+    if unknown:
+        raise ValueError(f"{who} addressed {len(unknown)} node id(s) that are not connected "
+                         f"({unknown[:3]}{'...' if len(unknown) > 3 else ''}; connected: {len(connected)}): "
+                         f"node ids are uint64, never pass them through NumPy (draw indices instead)")
+    return node_ids

@@ -3,7 +3,7 @@
 import logging
 
 import pytest
-from flwr.app import Context, MessageType, RecordDict
+from flwr.app import Context, RecordDict
 from flwr.clientapp import ClientApp
 
 from client_app.app import app as client_app
@@ -13,6 +13,7 @@ from server_app.app import FAILED, main
 from server_app.config import RunConfig
 from server_app.experiment import prepare, run, strategy_spec
 from server_app.network import NodesMissing
+from strategies.protocol import IDENTITY_QUERY
 from workloads.data import DatasetError
 
 SMALL = {"num-clients": 4, "num-server-rounds": 2, "local-steps": "steps:n=2", "progress": False,
@@ -68,7 +69,7 @@ def test_more_nodes_than_num_clients_names_both_keys_and_the_values(tmp_path, ga
     message = str(err.value)
     assert "num-clients=4" in message and "num-supernodes=4" in message and "num-clients=6" in message
     assert "[4, 5]" in message
-    assert {m.metadata.message_type for m in grid.delivered} == {MessageType.QUERY}  # nothing trained
+    assert {m.metadata.message_type for m in grid.delivered} == {IDENTITY_QUERY}  # nothing trained
     assert no_run_folder(tmp_path)
 
 
@@ -86,7 +87,7 @@ def test_a_run_that_dies_in_round_1_leaves_no_half_made_folder(tmp_path):
     def boom(msg, context):
         raise RuntimeError("client crashed")
 
-    crashing.query()(client_app)
+    crashing.query("identity")(client_app)
     with pytest.raises(RuntimeError, match="client crashed"):
         run_inprocess(small(tmp_path), client_app=crashing)
     assert no_run_folder(tmp_path)
@@ -101,7 +102,7 @@ def test_a_run_that_dies_later_keeps_its_rounds(tmp_path):
             raise RuntimeError("client crashed")
         return client_app(msg, context)
 
-    crashing.query()(client_app)
+    crashing.query("identity")(client_app)
     with pytest.raises(RuntimeError):
         run_inprocess(small(tmp_path, **{"run-name": "r"}), client_app=crashing)
     assert (tmp_path / "results" / "r" / "metrics.jsonl").read_text().count("\n") == 1

@@ -64,10 +64,11 @@ def data(pid: int, rnd: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def tiny_app(a_norm: bool = True, dropin: bool = True, adopt_handler: bool = True,
-             eval_loss: bool = True) -> ClientApp:
+             eval_loss: bool = True, mods: tuple = ()) -> ClientApp:
     """Flower's template ClientApp for ``Tiny``, with the lines of client_app.dropin
-    (``dropin``: the mod and ``correct_gradients``, ``adopt_handler``: the broadcast handler)."""
-    app = ClientApp(mods=[client_rule_mod] if dropin else [])
+    (``dropin``: the mod and ``correct_gradients``, ``adopt_handler``: the broadcast handler) after
+    ``mods``."""
+    app = ClientApp(mods=[*mods, *([client_rule_mod] if dropin else [])])
     if adopt_handler:
         app.train("adopt")(adopt)
 

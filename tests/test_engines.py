@@ -1,18 +1,17 @@
 """The real engines: Flower's Ray simulation, and `flwr run .` against a local SuperLink."""
 
-import json
-import os
 import shutil
-import signal
-import subprocess
 
+import flower_link
 import pytest
 from conftest import ROOT
+from flower_link import DEFAULT_CONTROL_PORT, DEFAULT_HTTP_PORT, local_superlink
 from flwr.app import Context
 from flwr.clientapp import ClientApp
 from flwr.serverapp import ServerApp
 
 from client_app.app import app as client_app
+from deploy.procs import port_open
 from experiments.inprocess import default_run_config, run_inprocess
 from server_app.config import RunConfig
 from server_app.experiment import run
@@ -47,6 +46,7 @@ def apps_with_config(run_config):
 
     for register in (client.train, client.query, client.evaluate):
         register()(with_config)
+    client.query("identity")(with_config)  # the server's identity query
     return server, client
 
 
@@ -71,31 +71,24 @@ def test_ray_simulation_gives_the_inprocess_numbers(tmp_path):
             == read_matrix(tmp_path / "ray" / "availability.csv")).all()
 
 
-def _superlinks_of(flwr_home):
-    out = subprocess.run(["pgrep", "-f", str(flwr_home)], capture_output=True, text=True).stdout
-    return [int(p) for p in out.split()]
+@pytest.fixture(scope="module")
+def beside_another_flower(tmp_path_factory):
+    """Another Flower app's local SuperLink on Flower's default ports (39091, 39093), as when a
+    user runs their own app on this machine: the tests here must neither submit to it nor stop
+    it. Yields the environment that lists its runs (None where the ports are taken already: then
+    someone's SuperLink is there, which is the situation itself)."""
+    if port_open(DEFAULT_HTTP_PORT):
+        yield None
+        return
+    with local_superlink(tmp_path_factory.mktemp("other-flwr-home"), DEFAULT_HTTP_PORT,
+                         DEFAULT_CONTROL_PORT) as env:
+        yield env
 
 
 def flwr_run(tmp_path, run_config: str) -> tuple[str, str]:
-    """`flwr run` on a fresh local SuperLink; returns (output, the run's final status)."""
-    flwr_home = tmp_path / "flwr-home"
-    env = {**os.environ, "FLWR_HOME": str(flwr_home), "FLWR_TELEMETRY_ENABLED": "0",
-           "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1", "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0"}
-    try:
-        proc = subprocess.run(
-            ["flwr", "run", str(ROOT), "--stream", "--run-config", run_config,
-             "--federation-config", "num-supernodes=4 client-resources-num-cpus=1"],
-            env=env, capture_output=True, text=True, timeout=400, cwd=tmp_path)
-        log = proc.stdout + proc.stderr
-        assert proc.returncode == 0, log[-3000:]  # even for a failed run: hence the status below
-        ls = subprocess.run(["flwr", "ls", "--format", "json"], env=env, capture_output=True,
-                            text=True, timeout=60, cwd=tmp_path)
-        runs = json.loads(ls.stdout)["runs"]
-        assert len(runs) == 1, ls.stdout
-        return log, runs[0]["status"]
-    finally:
-        for pid in _superlinks_of(flwr_home):
-            os.kill(pid, signal.SIGTERM)
+    """`flwr run .` on a SuperLink of its own; returns (output, the run's final status)."""
+    with local_superlink(tmp_path / "flwr-home") as env:
+        return flower_link.flwr_run(ROOT, env, tmp_path, run_config)
 
 
 FLWR_SMALL = "num-clients=4 num-server-rounds=3 local-steps='steps:n=3' checkpoint-every=0 round-timeout=600.0"
@@ -103,10 +96,12 @@ needs_flwr = pytest.mark.skipif(shutil.which("flwr") is None, reason="the flwr C
 
 
 @needs_flwr
-def test_flwr_run_completes_and_writes_its_results(tmp_path):
+def test_flwr_run_completes_and_writes_its_results(tmp_path, beside_another_flower):
     results = tmp_path / "results"
     log, status = flwr_run(tmp_path, f"{FLWR_SMALL} results-dir='{results}' run-name='flwr'")
     assert status == "finished:completed", log[-3000:]
+    if beside_another_flower is not None:  # the other app's SuperLink got no run and still serves
+        assert flower_link.runs(beside_another_flower, tmp_path) == {}
     run_dir = results / "flwr"
     assert f"results: {run_dir}" in log
     assert [r["round"] for r in read_metrics(run_dir)] == [1, 2, 3]

@@ -152,8 +152,25 @@ def test_cpow_d_probes_one_batch_and_rpow_d_probes_nobody():
     assert third == [1, 2] and metrics["chosen-losses"] == [7.0, 3.0]  # largest last train loss
     with pytest.raises(ValueError, match="variant"):
         PowerOfChoice(variant="pow")
-    with pytest.raises(ValueError, match="m <= d"):
-        PowerOfChoice(d=2, m=3)
+    with pytest.raises(ValueError, match="d >= 1"):
+        PowerOfChoice(d=0, m=3)
+
+
+def test_d_and_m_are_capped_by_the_federation_with_a_note(caplog):
+    """pow-d's defaults (d=10, m=5) on 4 nodes: d and m capped by the connected nodes, said once;
+    m > d given: m capped to d, said."""
+    with caplog.at_level("INFO", logger="flwr"):
+        capped = PowerOfChoice(num_clients=4, d=3, m=5)
+    assert (capped.d, capped.m) == (3, 3) and "m=5 > d=3: m capped" in caplog.text
+    s = PowerOfChoice(num_clients=4, seed=1)
+    grid = FakeGrid([4.0, 1.0, 3.0, 2.0])
+    caplog.clear()
+    with caplog.at_level("INFO", logger="flwr"):
+        chosen, _, metrics = play(s, grid, 1)
+        play(s, grid, 2)
+    assert grid.probes[0] == [0, 1, 2, 3] and metrics["candidates"] == 4
+    assert chosen == [0, 1, 2, 3]  # m=5 capped to the 4 connected nodes
+    assert caplog.text.count("4 node(s) connected: d=10 capped to 4, m=5 to 4") == 1  # once, not per round
 
 
 def test_state_dict_resumes_the_same_selection():

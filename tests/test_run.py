@@ -131,7 +131,7 @@ def test_a_malformed_reply_is_rejected_and_the_run_goes_on(tmp_path):
         return out
 
     poisoned.train()(nan_for_client_0)
-    poisoned.query()(client_app)
+    poisoned.query("identity")(client_app)
     run_dir = run_inprocess(small(tmp_path, availability="always"), client_app=poisoned)
     rows = read_metrics(run_dir)
     assert all(0 not in r["participants"] and len(r["participants"]) == 7 for r in rows)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT
-from test_engines import _superlinks_of
+from flower_link import superlinks_of
 
 from experiments.run import failure_paragraph, main, resolve_run_config, results_folder
 from server_app.app import FAILED
@@ -69,10 +69,10 @@ def runner(tmp_path, *args):
     try:
         proc = subprocess.run([sys.executable, "-m", "experiments.run", "--flwr-home", str(home), *args],
                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=500)
-        assert _superlinks_of(home) == []  # the runner stopped the SuperLink it started
+        assert superlinks_of(home) == []  # the runner stopped the SuperLink it started
         return proc
     finally:
-        for pid in _superlinks_of(home):
+        for pid in superlinks_of(home):
             os.kill(pid, 9)
 
 

@@ -44,6 +44,7 @@ from ..protocol import (
     TRAIN_LOSS,
 )
 from ..replies import ReplyRejected, count, destinations, finite, source_node
+from ..sampling import draw
 from ..weighting import weighted_sum
 
 VARIANTS = ("pow-d", "cpow-d", "rpow-d")
@@ -71,26 +72,40 @@ class PowerOfChoice(AvailabilityStrategy):
         super().__init__(**kwargs)
         if variant not in VARIANTS:
             raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
-        if not 1 <= m <= d:
-            raise ValueError(f"need 1 <= m <= d, got m={m}, d={d}")
+        if not (isinstance(d, int) and isinstance(m, int) and d >= 1 and m >= 1):
+            raise ValueError(f"pow-d needs integers d >= 1 and m >= 1, got d={d!r}, m={m!r}")
+        if m > d:
+            flwr_log.warning("pow-d: m=%d > d=%d: m capped to d=%d (every candidate trains)", m, d, d)
+            m = d
         if not probe_timeout > 0:
             raise ValueError(f"probe_timeout must be > 0, got {probe_timeout}")
         self.d, self.m, self.variant, self.probe_timeout = int(d), int(m), variant, float(probe_timeout)
         self.size_of: dict[int, int] = {}  # client id -> num-examples, from any reply
         self.last_loss: dict[int, float] = {}  # client id -> train loss when it last trained (rpow-d)
         self.selection: dict[str, Any] = {}  # this round's selection metrics
+        self._capped_at: int | None = None  # the connected count of the last "capped" note
 
     # ------------------------------------------------------------------ selection
+    def caps(self, connected: int) -> tuple[int, int]:
+        """(d, m) for a round with ``connected`` nodes: d and m capped by them, with a logged note
+        each time the number of connected nodes below d changes (the defaults d=10, m=5 then fit a
+        small federation)."""
+        d, m = min(self.d, connected), min(self.m, connected)
+        if self.d > connected and connected != self._capped_at:
+            flwr_log.info("pow-d: %d node(s) connected: d=%d capped to %d, m=%d to %d", connected, self.d, d,
+                          self.m, m)
+        self._capped_at = connected if self.d > connected else None
+        return d, m
+
     def draw_candidates(self, nodes: list[int]) -> list[int]:
         """d nodes without replacement, ∝ known data size (uniform while none is known)."""
-        k = min(self.d, len(nodes))
+        k = self.caps(len(nodes))[0]
         sizes = np.array([self.size_of.get(self.client_of_node.get(n, -1), np.nan) for n in nodes], np.float64)
         p = None
         if k < len(nodes) and not np.all(np.isnan(sizes)):
             sizes[np.isnan(sizes)] = np.nanmean(sizes)
             p = sizes / sizes.sum()
-        picked = self.rng.choice(len(nodes), size=k, replace=False, p=p)
-        return [nodes[i] for i in picked]
+        return draw(nodes, k, self.rng, p)
 
     def probe(self, server_round: int, arrays: ArrayRecord, candidates: list[int], grid: Grid) -> dict[int, float]:
         """Node -> local loss of the current model, for the candidates that answered in time."""
