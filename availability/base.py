@@ -21,8 +21,12 @@ import numpy as np
 
 from .spec import Spec, SpecError, parse_spec
 
-# Stream tags of the counter-based generators (never reuse one for two purposes).
-DRAWS, PARAMS, PHASE, MARKOV, DROPOUT = 1, 2, 3, 4, 5
+# Stream tags of the counter-based generators (never reuse one for two purposes). The project's
+# own models use tags below 1000; EXTENSION_TAGS is reserved for the user's models (docs/extending.md),
+# so a model from outside never shares a stream with a built-in one.
+DRAWS, PARAMS, PHASE, MARKOV, DROPOUT, ONOFF, GROUP_OUTAGE = 1, 2, 3, 4, 5, 6, 7
+BUILTIN_TAGS = (DRAWS, PARAMS, PHASE, MARKOV, DROPOUT, ONOFF, GROUP_OUTAGE)
+EXTENSION_TAGS = range(1000, 2000)
 
 
 class ScheduleError(SpecError):

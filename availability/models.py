@@ -257,7 +257,7 @@ class GroupCyclic(BernoulliSchedule):
 
 
 class Dropout(Schedule):
-    """[dropout:alpha=0.3,keep_per_cluster=false] Bounded dropout of FL-FDMS (Wang & Xu, "Friend
+    """[dropout:alpha=0.3,keep-per-cluster=false] Bounded dropout of FL-FDMS (Wang & Xu, "Friend
     discovery and model substitution", Sec. on experiments): each round exactly
     d = floor(alpha N + 1/2) clients drop, uniformly at random. With keep_per_cluster=true (the
     authors' sampler; needs `clusters`), one uniformly chosen client of every cluster is kept and

@@ -2,7 +2,8 @@
 
 Examples: ``always``, ``bernoulli:p=0.5``, ``sine:gamma=0.3,period=20``,
 ``dirichlet:alpha=0.1``. Values are parsed as int, float or bool when they look like one,
-and stay strings otherwise (paths, names). Numpy- and Flower-free on purpose: the
+and stay strings otherwise (paths, names). Keys are documented in kebab-case
+(``min-size``); the snake_case spelling (``min_size``) names the same key. Numpy- and Flower-free on purpose: the
 availability models, the partitioners and the run config all read the same grammar.
 """
 
@@ -34,19 +35,42 @@ class Spec:
         """Return ``allowed`` (name -> default) updated by this spec's params.
 
         Unknown keys raise a SpecError naming the allowed ones; a default's type is
-        enforced (an int default accepts ints only, a float default ints or floats).
+        enforced (an int default accepts ints only, a float default ints or floats). Keys are
+        written in kebab-case (``min-size``); snake_case (``min_size``) is accepted: a key
+        matches whichever spelling ``allowed`` uses.
         """
-        unknown = sorted(set(self.params) - set(allowed))
+        by_key = {canonical_key(k): k for k in allowed}
+        unknown = sorted(k for k in self.params if canonical_key(k) not in by_key)
         if unknown:
             raise SpecError(
                 f"{what} '{self.name}': unknown parameter(s) {unknown}; "
-                f"allowed: {sorted(allowed) or 'none'}"
+                f"allowed: {sorted(k.replace('_', '-') for k in allowed) or 'none'}"
             )
         out = dict(allowed)
+        seen: dict[str, str] = {}
         for key, value in self.params.items():
-            default = allowed[key]
-            out[key] = _coerce_like(default, value, f"{what} '{self.name}', parameter '{key}'")
+            real = by_key[canonical_key(key)]
+            if real in seen:
+                raise SpecError(f"{what} '{self.name}': parameter {real!r} given twice "
+                                f"({seen[real]!r} and {key!r})")
+            seen[real] = key
+            out[real] = _coerce_like(allowed[real], value, f"{what} '{self.name}', parameter '{key}'")
         return out
+
+
+def canonical_key(key: str) -> str:
+    """The one spelling two spec keys are compared in: ``min-size`` and ``min_size`` are the same key."""
+    return key.strip().lower().replace("-", "_")
+
+
+def parse_params(text: str, *, what: str = "spec") -> dict[str, Any]:
+    """The ``key=value,...`` part of a spec alone (after a ``module:attr`` name); {} for ""."""
+    if not text.strip():
+        return {}
+    try:
+        return parse_spec("x:" + text).params
+    except SpecError as err:
+        raise SpecError(f"{what}: parameters {text!r}: {str(err).split(': ', 1)[-1]}") from err
 
 
 def _coerce_like(default: Any, value: Any, where: str) -> Any:

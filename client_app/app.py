@@ -111,7 +111,7 @@ def query(msg: Message, context: Context) -> Message:
 class TrainStart:
     """A train message after its *start*: decoded, gated, and the model the client starts from.
 
-    The per-client handler (:func:`train`) and the cohort engine (``experiments.cohort``) both
+    The per-client handler (:func:`train`) and the cohort engine (``experiments.cohort_grid``) both
     build it with :func:`train_start` and answer it with :func:`train_reply`; only the local
     training between them differs.
     """

@@ -5,7 +5,7 @@ message is delivered by calling the ClientApp directly. Results are identical to
 for the same config (the client's randomness is keyed by seeds, client and round), and a run
 takes a fraction of the time, so tests, sweeps and debugging use it. Run config ``engine``
 chooses the grid: ``per-client`` (:class:`InProcessGrid`), ``cohort`` or ``auto``
-(:class:`~experiments.cohort.CohortGrid`, which trains a round's cohort at once).
+(:class:`~experiments.cohort_grid.CohortGrid`, which trains a round's cohort at once).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from runconfig.defaults import default_run_config
 from server_app.config import RunConfig
 from server_app.experiment import run
 
-from .cohort import CohortGrid
+from .cohort_grid import CohortGrid
 from .grid import NODE_ID_BASE, InProcessGrid
 
 __all__ = ["NODE_ID_BASE", "CohortGrid", "InProcessGrid", "default_run_config", "run_inprocess"]

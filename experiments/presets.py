@@ -8,7 +8,21 @@ from typing import Any
 
 from experiments.study import Claim, Sweep
 
-DATA_DIR = os.environ.get("FLCHURN_DATA_DIR", str(Path(__file__).resolve().parents[2] / "shared" / "data"))
+
+def default_data_dir() -> str:
+    """``$FLCHURN_DATA_DIR``, else the nearest ``shared/data`` beside the checkout or one of its parents
+    (a git worktree sits deeper than the main checkout), else the sibling ``../shared/data`` (whose
+    absence the dataset error then names)."""
+    if os.environ.get("FLCHURN_DATA_DIR"):
+        return os.environ["FLCHURN_DATA_DIR"]
+    root = Path(__file__).resolve().parents[1]
+    for folder in root.parents:
+        if (folder / "shared" / "data").is_dir():
+            return str(folder / "shared" / "data")
+    return str(root.parent / "shared" / "data")
+
+
+DATA_DIR = default_data_dir()
 
 # FedAWE (Xiang et al., NeurIPS 2024), Table 2: local lr η_0/√(t/10 + 1), η_0 = 0.1 for FedAWE and
 # known-p and 0.05 for the others (the paper's values, kept); the official code clips FedAWE's

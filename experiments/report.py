@@ -1,12 +1,18 @@
 """Tables, findings and curves from a sweep's results folders (it reads nothing else).
 
     python -m experiments.report fedawe-table2 --results results/fedawe-table2 --out reports/fedawe_table2
+    python -m experiments.report --study my_study.toml --results results/my-study --out reports/my_study
 
 writes ``<out>.md``, ``<out>.json`` (every number the text states) and ``<out>-curves.png``.
 Every number and every sentence that states a number or an ordering is computed from the runs
 found in the results folder (any seeds, any ``--set`` overrides: their config.json says what
-ran); the only fixed text is the preset's ``notes`` (citation and the paper's setup). The setup
+ran); the only fixed text is the study's ``notes`` (citation and the paper's setup). The setup
 differences are computed too: the preset's ``paper_setup`` against the runs' configs.
+
+A study that declares claims (the paper presets) gets a verdict on each; any other study is a
+plain comparison: the table, the curves, per-seed values with 95% confidence intervals, the
+orderings and seed-paired gaps. "Regenerate" gives the exact commands that made the results (from
+the sweep log) and this report.
 
 Summary of a run: the mean of the metric over its evaluations in the last 10% of its rounds
 (``--fraction``), over its last K evaluations (``--last K``), or over the first fraction of
@@ -19,12 +25,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from experiments.presets import PRESETS
 from experiments.study import Sweep
 from experiments.summary import XBAR, Cell, Window, collect, columns_of, find_runs, summarise, verdict_word
 from server_app import checkpoint
@@ -36,9 +42,11 @@ def render(sweep: Sweep, s: dict[str, Any], curves_name: str, extra: list[str]) 
     lines = [f"# {sweep.name}", "", sweep.notes.strip(), ""]
     if not s["runs-found"]:
         return "\n".join([*lines, "No finished runs found."]) + "\n"
-    lines += [f"Runs found: {s['runs-found']} (the preset has {s['runs-per-seed']} combinations; seeds found: "
+    clock = ("as `experiments.sweep` measured it" if s["wall-time-source"] == "sweep"
+             else "the runs' own round-loop clock")
+    lines += [f"Runs found: {s['runs-found']} (the study has {s['runs-per-seed']} combinations; seeds found: "
               f"{', '.join(map(str, seeds))}); rounds per run: {', '.join(map(str, rounds))}; wall time per run "
-              f"{s['wall-time-per-run']} s on average.", ""]
+              f"{s['wall-time-per-run']} s on average ({clock}).", ""]
     if s["sweep-invocations"]:
         lines += [f"Sweep wall time: {s['sweep-wall-minutes']:.1f} min for {s['sweep-runs-done']} runs in {len(s['sweep-invocations'])} "
                   f"invocation(s) of `experiments.sweep` with "
@@ -61,7 +69,7 @@ def render(sweep: Sweep, s: dict[str, Any], curves_name: str, extra: list[str]) 
         legend += (" A row marked [x̄] scores the mean of all clients' copies (`" + s["metric"] + XBAR + "`), the "
                    "model FedAWE's official code scores; the row above it scores the global model x^t. Where a "
                    "rule has an [x̄] row, the paper's number stands beside it.")
-    lines += ["", legend, "", f"![curves]({curves_name})", "", *render_verdicts(s), *extra,
+    lines += ["", legend, "", f"![curves]({curves_name})", "", *render_seeds(s), *render_verdicts(s), *extra,
               "## What the numbers show", ""]
     better = "higher" if s["higher-is-better"] else "lower"
     for name, col in s["columns"].items():
@@ -87,9 +95,21 @@ def render(sweep: Sweep, s: dict[str, Any], curves_name: str, extra: list[str]) 
               + (", ".join(f"`{k}` ({' / '.join(v)})" for k, v in s["setup-varying"].items()) or "none") + ".", "",
               "Run config keys shared by all runs:", "", "| key | value |", "|---|---|",
               *[f"| `{k}` | `{v}` |" for k, v in s["setup"].items()], "",
-              f"Regenerate (from the repository root): `python -m experiments.sweep {sweep.name}` then "
-              f"`python -m experiments.report {sweep.name}` (results in `results/{sweep.name}`)."]
+              "Regenerate (from the repository root):", "", "```", *s["regenerate"], "```"]
     return "\n".join(lines) + "\n"
+
+
+def render_seeds(s: dict[str, Any]) -> list[str]:
+    """Per-seed values and the 95% confidence interval of each mean (Student's t over seeds)."""
+    d = s["digits"]
+    lines = ["## Per seed", "", "| column | row | " + " | ".join(f"seed {k}" for k in s["seeds"])
+             + " | mean | 95% CI |", "|" + "---|" * (len(s["seeds"]) + 4)]
+    for name, col in s["columns"].items():
+        for e in col["entries"]:
+            values = [str(e["seeds"][str(k)]) if str(k) in e["seeds"] else "–" for k in s["seeds"]]
+            ci = "–" if e["ci95"] is None else f"[{e['ci95'][0]:.{d}f}, {e['ci95'][1]:.{d}f}]"
+            lines.append(f"| {name} | {e['label']} | " + " | ".join(values) + f" | {e['mean']:.{d}f} | {ci} |")
+    return [*lines, ""]
 
 
 def render_verdicts(s: dict[str, Any]) -> list[str]:
@@ -199,10 +219,29 @@ def fdms_similarity(sweep: Sweep, results: Path, out: Path) -> list[str]:
 FIGURES = {"fdms-similarity": fdms_similarity}
 
 
+def report_command(study: str, results: Path, out: Path, metric: str, window: Window) -> str:
+    """The command line that writes this report again."""
+    args = ["python", "-m", "experiments.report", "--study", study, "--results", str(results), "--out", str(out)]
+    if metric != "test-accuracy":
+        args += ["--metric", metric]
+    if window.evals:
+        args += ["--last", str(window.evals)]
+    elif window.fraction != Window().fraction:
+        args += ["--fraction", f"{window.fraction:g}"]
+    if window.early:
+        args.append("--early")
+    return shlex.join(args)
+
+
 def write_report(sweep: Sweep, results: Path, out: Path, metric: str = "test-accuracy",
-                 window: Window | None = None) -> Path:
+                 window: Window | None = None, study: str | None = None) -> Path:
+    """Write ``out``.md/.json/-curves.png; ``study`` is how the study was named (for Regenerate)."""
     window = window or Window()
     summary = summarise(sweep, results, metric, window)
+    ref = study or sweep.name
+    summary["regenerate"] = [*(summary["sweep-commands"] or [shlex.join(
+        ["python", "-m", "experiments.sweep", "--study", ref, "--out", str(results)])]),
+        report_command(ref, results, out, metric, window)]
     out.parent.mkdir(parents=True, exist_ok=True)
     curves = out.with_name(out.name + "-curves.png")
     table = collect(sweep, results, metric, window, summary["scale"])
@@ -217,10 +256,12 @@ def write_report(sweep: Sweep, results: Path, out: Path, metric: str = "test-acc
 
 
 def main(argv: list[str] | None = None) -> int:
+    from experiments.sweep import study_argument, study_of
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("preset", choices=sorted(PRESETS))
-    parser.add_argument("--results", default=None)
-    parser.add_argument("--out", default=None)
+    study_argument(parser)
+    parser.add_argument("--results", default=None, help="the sweep's results folder (default results/<study name>)")
+    parser.add_argument("--out", default=None, help="the report's path without suffix (default reports/<name>)")
     parser.add_argument("--metric", default="test-accuracy")
     parser.add_argument("--fraction", type=float, default=0.1,
                         help="summarise a run by its evaluations in the last FRACTION of its rounds")
@@ -230,10 +271,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not 0 < args.fraction <= 1 or args.last < 0:
         parser.error(f"--fraction must be in (0, 1] and --last >= 0; got {args.fraction}, {args.last}")
-    sweep = PRESETS[args.preset]
+    ref, sweep = study_of(parser, args)
     path = write_report(sweep, Path(args.results or f"results/{sweep.name}"),
                         Path(args.out or f"reports/{sweep.name.replace('-', '_')}"), args.metric,
-                        Window(args.fraction, args.last, args.early))
+                        Window(args.fraction, args.last, args.early), study=ref)
     print(f"report: {path}")
     return 0
 

@@ -1,5 +1,6 @@
-"""What a sweep is: a base config, axes and seeds (``Sweep``), and the paper's claims about its
-table (``Claim``). Presets declare them; ``experiments.sweep`` runs them; ``experiments.report``
+"""What a sweep (a study) is: a base config, axes and seeds (``Sweep``), and, for a paper's
+reproduction, the claims about its table (``Claim``). Presets and the user's study files
+(``experiments.studyfile``) declare them; ``experiments.sweep`` runs them; ``experiments.report``
 reads their folders."""
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class Sweep:
     paper_setup: Mapping[str, Any] = field(default_factory=dict)  # run config key -> the paper's value
     figures: tuple[str, ...] = ()  # extra figures the report draws (see experiments.report.FIGURES)
     claims: tuple[Claim, ...] = ()  # the paper's claims the report gives a verdict on
+    python_path: tuple[str, ...] = ()  # folders the runs import the user's modules from (a study file's)
 
     def runs(self, seeds: Iterable[int] | None = None) -> list[tuple[str, dict[str, Any]]]:
         """(run name, run config overrides) for every combination and seed, seed by seed.

@@ -1,6 +1,6 @@
 """The numbers of a sweep's report, from its results folders: each run summarised over a window of
 its evaluations (``Window``), cells of seeds, rankings, seed-paired gaps and the verdict on each of
-the paper's claims. Everything :func:`summarise` returns is JSON; ``experiments.report`` renders it.
+the claims a study declares (a paper's). Everything :func:`summarise` returns is JSON; ``experiments.report`` renders it.
 """
 
 from __future__ import annotations
@@ -106,9 +106,15 @@ def collect(sweep: Sweep, results: Path, metric: str, window: Window, scale: flo
 
 
 def _stats(scores: dict[int, float], digits: int) -> dict[str, Any]:
+    """Mean, std, the 95% confidence interval of the mean over seeds (Student's t; None for one
+    seed) and the per-seed values."""
+    from scipy import stats
+
     values = np.array(list(scores.values()))
-    return {"mean": round(float(values.mean()), digits),
-            "std": round(float(values.std(ddof=1)) if len(values) > 1 else 0.0, digits),
+    mean, std = float(values.mean()), float(values.std(ddof=1)) if len(values) > 1 else 0.0
+    half = float(stats.t.ppf(0.975, len(values) - 1)) * std / math.sqrt(len(values)) if len(values) > 1 else None
+    return {"mean": round(mean, digits), "std": round(std, digits),
+            "ci95": None if half is None else [round(mean - half, digits), round(mean + half, digits)],
             "n": len(values), "seeds": {str(k): round(v, digits + 1) for k, v in sorted(scores.items())}}
 
 
@@ -170,7 +176,7 @@ def summarise(sweep: Sweep, results: Path, metric: str = "test-accuracy", window
     paper_setup = {k: {"paper": v, "ours": sorted({str(c.get(k)) for c in configs})}
                    for k, v in sweep.paper_setup.items() if any(str(c.get(k)) != str(v) for c in configs)}
     return {
-        "preset": sweep.name, "metric": metric, "scale": scale, "higher-is-better": higher,
+        "preset": sweep.name, "study": sweep.name, "metric": metric, "scale": scale, "higher-is-better": higher,
         "digits": digits, "verdicts": [verdict(claim, columns, sign, digits) for claim in sweep.claims],
         "window": window.describe(rounds, [n for c in table.values() for n in c.evals]),
         "rounds": rounds, "seeds": sorted({s for runs in found.values() for s in runs}),
@@ -179,7 +185,8 @@ def summarise(sweep: Sweep, results: Path, metric: str = "test-accuracy", window
         "sweep-invocations": (log := _sweep_log(results)),
         "sweep-wall-minutes": round(sum(i["wall-seconds"] for i in log) / 60, 1),
         "sweep-runs-done": sum(i["runs-done"] for i in log),
-        "wall-time-per-run": round(float(np.mean([s for c in table.values() for s in c.secs])), 1) if table else None,
+        "sweep-commands": sweep_commands(log),
+        **_run_times(found, log, table),
         "columns": columns, "setup": constant,
         "setup-varying": {k: sorted({str(c.get(k)) for c in configs}) for k in varying},
         "differs-from-paper": paper_setup,
@@ -206,6 +213,26 @@ def verdict(claim: Claim, columns: dict[str, Any], sign: int, digits: int) -> di
     held = sum(c["held"] for c in comparisons)
     return {"claim": claim.text, "rule": claim.rule, "within": claim.within,
             "verdict": verdict_word(held, len(comparisons)), "why": claim.why, "held": held, "comparisons": comparisons}
+
+
+def _run_times(found: dict[tuple[str, ...], dict[int, Path]], log: list[dict[str, Any]],
+               table: dict[tuple[str, ...], Cell]) -> dict[str, Any]:
+    """Seconds per run as the sweep measured them (its log's ``run-seconds``, the newest
+    invocation's for a run done twice), else the runs' own loop clock (``wall-time``)."""
+    measured: dict[str, float] = {}
+    for entry in log:
+        measured.update(entry.get("run-seconds", {}))
+    names = [d.name for runs in found.values() for d in runs.values()]
+    if names and all(n in measured for n in names):
+        return {"wall-time-per-run": round(float(np.mean([measured[n] for n in names])), 1),
+                "wall-time-source": "sweep"}
+    secs = [s for c in table.values() for s in c.secs]
+    return {"wall-time-per-run": round(float(np.mean(secs)), 1) if secs else None, "wall-time-source": "loop"}
+
+
+def sweep_commands(log: list[dict[str, Any]]) -> list[str]:
+    """The distinct command lines that made these results, in the order first used."""
+    return list(dict.fromkeys(entry["command"] for entry in log if entry.get("command")))
 
 
 def _sweep_log(results: Path) -> list[dict[str, Any]]:

@@ -13,6 +13,12 @@ continues where it stopped; every invocation appends one line to ``sweep-log.jso
     python -m experiments.sweep fedawe-table2-cifar --gpus-per-run 0.25 --set engine=cohort
     python -m experiments.sweep fedawe-table2 --address ray://head:10001 --out /shared/results/fedawe-table2
     python -m experiments.sweep fedawe-table2 --set num-server-rounds=50 --seeds 0 1 2 --dry-run
+    python -m experiments.sweep --study my_study.toml --out results/my-study      # the user's own study
+    python -m experiments.sweep --study mypkg.studies:COMPARE                     # or module:attr
+
+A study is a preset's name, a TOML study file, ``module:attr`` or an installed entry point
+(``experiments.studyfile``). Every invocation's log line records the exact command and each run's
+seconds (what the report states).
 """
 
 from __future__ import annotations
@@ -20,13 +26,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
+import sys
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from availability.spec import parse_value
-from experiments.presets import PRESETS
 from experiments.study import Sweep
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,11 +59,13 @@ def run_one(name: str, overrides: dict[str, Any], out: str, threads: int) -> tup
     return name, time.time() - t0, ""
 
 
-def start_ray(address: str | None, num_cpus: int | None = None):
-    """Connect to ``address`` (a running cluster) or start a local Ray; returns the ray module."""
+def start_ray(address: str | None, num_cpus: int | None = None, python_path: Iterable[str] = ()):
+    """Connect to ``address`` (a running cluster) or start a local Ray; returns the ray module.
+
+    ``python_path``: extra folders the runs import the user's modules from (a study's)."""
     import ray
 
-    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), *python_path, os.environ.get("PYTHONPATH")])),
            "FLWR_TELEMETRY_ENABLED": "0"}
     runtime_env: dict[str, Any] = {"env_vars": env}
     if address:
@@ -69,10 +78,12 @@ def start_ray(address: str | None, num_cpus: int | None = None):
 
 def run_sweep(sweep: Sweep, out: str | Path, *, cpus_per_run: float = 1.0, gpus_per_run: float = 0.0,
               address: str | None = None, num_cpus: int | None = None, seeds: Iterable[int] | None = None,
-              overrides: Mapping[str, Any] | None = None, dry_run: bool = False) -> list[tuple[str, float, str]]:
+              overrides: Mapping[str, Any] | None = None, dry_run: bool = False,
+              command: str = "") -> list[tuple[str, float, str]]:
     """Run the sweep's unfinished runs as Ray tasks; returns (name, seconds, error) per run done.
 
     ``num_cpus`` caps a local Ray (default: every CPU); it is ignored with ``address``.
+    ``command``: the command line that asked for it, recorded in the sweep log.
     """
     if cpus_per_run <= 0 or gpus_per_run < 0:
         raise ValueError(f"--cpus-per-run must be > 0 and --gpus-per-run >= 0; got {cpus_per_run}, {gpus_per_run}")
@@ -87,7 +98,10 @@ def run_sweep(sweep: Sweep, out: str | Path, *, cpus_per_run: float = 1.0, gpus_
     if not todo:
         return []
     out.mkdir(parents=True, exist_ok=True)
-    ray = start_ray(address, num_cpus)
+    for folder in sweep.python_path:  # the user's modules, importable here (checks) and in the tasks
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
+    ray = start_ray(address, num_cpus, sweep.python_path)
     done: list[tuple[str, float, str]] = []
     started = time.time()
     resources = ray.cluster_resources()
@@ -105,7 +119,8 @@ def run_sweep(sweep: Sweep, out: str | Path, *, cpus_per_run: float = 1.0, gpus_
             slots = min(slots, resources.get("GPU", 0) / gpus_per_run)
         log_invocation(out, started, {"workers": max(1, int(slots)), "cpus": int(resources.get("CPU", 0)),
                                       "gpus": resources.get("GPU", 0), "cpus-per-run": cpus_per_run,
-                                      "gpus-per-run": gpus_per_run, "ray-address": address or "local"}, done)
+                                      "gpus-per-run": gpus_per_run, "ray-address": address or "local",
+                                      **({"command": command} if command else {})}, done)
         ray.shutdown()
     return done
 
@@ -113,7 +128,8 @@ def run_sweep(sweep: Sweep, out: str | Path, *, cpus_per_run: float = 1.0, gpus_
 def log_invocation(out: Path, started: float, resources: dict[str, Any], done: list[tuple[str, float, str]]) -> None:
     entry = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
              "wall-seconds": round(time.time() - started, 1), **resources,
-             "runs-done": sum(not error for _, _, error in done), "runs-failed": sum(bool(error) for _, _, error in done)}
+             "runs-done": sum(not error for _, _, error in done), "runs-failed": sum(bool(error) for _, _, error in done),
+             "run-seconds": {name: round(seconds, 1) for name, seconds, error in done if not error}}
     with (out / SWEEP_LOG).open("a") as fh:
         fh.write(json.dumps(entry) + "\n")
 
@@ -126,10 +142,46 @@ def parse_sets(items: list[str]) -> dict[str, Any]:
     return out
 
 
+def sweep_command(study: str, out: str, argv: list[str]) -> str:
+    """The command line that reruns this sweep exactly: the study, ``--out`` and every other option."""
+    rest, skip = [], False
+    for i, arg in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if arg in ("--out", "--study"):
+            skip = True
+            continue
+        if arg.startswith(("--out=", "--study=")) or (arg == study and not any(a == "--study" for a in argv[:i])):
+            continue
+        rest.append(arg)
+    return shlex.join(["python", "-m", "experiments.sweep", "--study", study, "--out", out, *rest])
+
+
+def study_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("study", nargs="?", default=None,
+                        help="a preset's name, a study file (.toml), module:attr or an installed study's name")
+    parser.add_argument("--study", dest="study_option", default=None, metavar="STUDY", help="the same, as an option")
+
+
+def study_of(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[str, Sweep]:
+    from experiments.studyfile import StudyError, load_study
+
+    ref = args.study_option or args.study
+    if ref is None or (args.study_option and args.study):
+        parser.error("name one study: a preset, a .toml file or module:attr (positional or --study)")
+    try:
+        return ref, load_study(ref)
+    except (StudyError, ValueError) as exc:
+        parser.error(str(exc))
+        raise
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("preset", choices=sorted(PRESETS))
-    parser.add_argument("--out", default=None, help="results folder (default results/<preset>)")
+    study_argument(parser)
+    parser.add_argument("--out", default=None, help="results folder (default results/<study name>)")
     parser.add_argument("--cpus-per-run", type=float, default=1.0, help="CPUs a run reserves (and its torch threads)")
     parser.add_argument("--gpus-per-run", type=float, default=0.0, help="GPUs a run reserves; 0.25: four runs share one")
     parser.add_argument("--address", default=None, help="an existing Ray cluster (default: start Ray locally)")
@@ -138,10 +190,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", nargs="*", default=[], help="run config overrides key=value")
     parser.add_argument("--dry-run", action="store_true")
     args = parser.parse_args(argv)
-    sweep = PRESETS[args.preset]
-    done = run_sweep(sweep, args.out or f"results/{sweep.name}", cpus_per_run=args.cpus_per_run,
+    ref, sweep = study_of(parser, args)
+    out = args.out or f"results/{sweep.name}"
+    done = run_sweep(sweep, out, cpus_per_run=args.cpus_per_run,
                      gpus_per_run=args.gpus_per_run, address=args.address, num_cpus=args.num_cpus,
-                     seeds=args.seeds, overrides=parse_sets(args.set), dry_run=args.dry_run)
+                     seeds=args.seeds, overrides=parse_sets(args.set), dry_run=args.dry_run,
+                     command=sweep_command(ref, out, argv))
     return 1 if any(error for _, _, error in done) else 0
 
 

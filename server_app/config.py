@@ -19,7 +19,7 @@ from runconfig import (
 )
 from strategies.weighting import WEIGHTINGS
 
-#: the run config's ``engine`` (in-process runs; see experiments.cohort)
+#: the run config's ``engine`` (in-process runs; see experiments.cohort_grid)
 ENGINES = ("per-client", "cohort", "auto")
 
 

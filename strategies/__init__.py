@@ -26,6 +26,8 @@ _WHERE = {
     "Stale": "rules.fdms", "Full": "rules.fdms", "PowerOfChoice": "rules.power_of_choice",
     "Scaffold": "rules.scaffold", "AmplifiedScaffold": "rules.scaffold", "FedPBC": "rules.fedpbc",
     "FedStale": "rules.fedstale", "DebiasedFedAvg": "rules.debiased_fedavg",
+    "FedAdam": "rules.flower_opt", "FedYogi": "rules.flower_opt", "FedAdagrad": "rules.flower_opt",
+    "FedAvgM": "rules.flower_opt",
 }
 __all__ = list(_WHERE)
 

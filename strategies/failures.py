@@ -42,14 +42,17 @@ def group(rejected: list[tuple[int, str]]) -> dict[str, list[int]]:
 
 
 def log_round(rule: str, server_round: int, rejected: list[tuple[int, str]], unavailable: list[int]) -> None:
-    """One WARNING per rejection reason and one INFO for the unavailable nodes, with counts."""
+    """One WARNING per rejection reason and one DEBUG line for the unavailable nodes, with counts.
+
+    Unavailable nodes are the normal course of a run under churn (``unavailable-nodes`` in
+    metrics.jsonl records them), so they stay off a quiet console; rejections are not normal."""
     for reason, nodes in group(rejected).items():
         more = f", +{len(nodes) - SHOWN_NODES} more" if len(nodes) > SHOWN_NODES else ""
         log.warning("%s, round %d: %d %s rejected: %s (node%s %s%s)", rule, server_round, len(nodes),
                     "reply" if len(nodes) == 1 else "replies", brief(reason), "" if len(nodes) == 1 else "s",
                     ", ".join(str(n) for n in nodes[:SHOWN_NODES]), more)
     if unavailable:
-        log.info("%s, round %d: %d node(s) unavailable (error reply or no reply)", rule, server_round,
+        log.debug("%s, round %d: %d node(s) unavailable (error reply or no reply)", rule, server_round,
                  len(unavailable))
 
 

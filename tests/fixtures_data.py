@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import gzip
 import io
-import os
 import pickle
 import struct
 from pathlib import Path
 
 import numpy as np
 
+from experiments.presets import default_data_dir
+
 REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = Path(os.environ.get("FLCHURN_DATA_DIR", REPO.parent / "shared" / "data"))
+SHARED_DATA = Path(default_data_dir())  # $FLCHURN_DATA_DIR or the nearest shared/data (worktrees too)
 
 
 def write_idx(path: Path, arr: np.ndarray, gz: bool) -> None:

@@ -387,13 +387,119 @@ def test_same_matrix_in_another_process(nu):
     assert out == np.packbits(here).tobytes().hex()
 
 
-def test_registry_covers_the_documented_models():
-    assert set(SCHEDULES) == {
-        "always", "bernoulli", "stationary", "staircase", "sine", "interleaved-sine",
-        "fedau-bernoulli", "markov", "cyclic", "group-cyclic", "dropout", "ln", "sln",
-        "trace-matrix", "trace-intervals"}
+def documented_models() -> set[str]:
+    """The spec names in the table of availability models in the docs (the one place they are listed)."""
+    import re
+
+    docs = ROOT / "docs"
+    for page in ("availability.md", "extending.md"):
+        path = docs / page
+        if not path.is_file():
+            continue
+        text = path.read_text()
+        start = text.find("<!-- availability-models -->")
+        if start < 0:
+            continue
+        table = text[start:text.find("<!-- /availability-models -->", start)]
+        return set(re.findall(r"^\| `([a-z0-9-]+)", table, flags=re.M))
+    raise AssertionError("no table of availability models (<!-- availability-models -->) in docs/")
+
+
+def test_registry_is_the_documented_table():
+    assert set(SCHEDULES) == documented_models()
     for name, cls in SCHEDULES.items():
         assert cls.name == name and cls.__doc__ and f"[{name}" in cls.__doc__
+
+
+def test_a_new_model_in_a_new_module_is_found_without_touching_any_list(tmp_path, monkeypatch):
+    from availability.registry import discover
+
+    pkg = tmp_path / "moremodels"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "weekly.py").write_text(
+        "import numpy as np\nfrom availability import BernoulliSchedule\n"
+        "class Weekly(BernoulliSchedule):\n"
+        "    \"\"\"[weekly:p=0.5] Online on weekdays with probability p.\"\"\"\n"
+        "    name = 'weekly'\n    defaults = {'p': 0.5}\n"
+        "    def _setup(self, **_):\n        self.base = np.full(self.num_clients, self.params['p'])\n"
+        "    def _prob(self, t):\n        return self.base * (t % 7 < 5)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    found = discover("moremodels")
+    assert list(found) == ["weekly"] and found["weekly"].__module__ == "moremodels.weekly"
+    assert "weekly" not in SCHEDULES  # a package's discovery does not leak into another's
+
+
+def test_an_installed_model_is_found_by_its_entry_point(tmp_path, monkeypatch):
+    from extension_fixtures import install
+
+    (tmp_path / "mychains.py").write_text(
+        "from availability.chains import OnOff\n"
+        "class Sticky(OnOff):\n"
+        "    \"\"\"[sticky:p=0.95,q=0.05,spread=0.0] A very persistent on/off chain.\"\"\"\n"
+        "    name = 'sticky'\n    defaults = {'p': 0.95, 'q': 0.05, 'spread': 0.0}\n")
+    install(tmp_path / "site", "mychains", "1.0", "[flchurn.availability]\nsticky = mychains:Sticky\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    s = build_schedule("sticky:q=0.1", 5, 0)
+    ref = build_schedule("on-off:p=0.95,q=0.1,spread=0.0", 5, 0)  # the same chain, the same streams
+    assert s.spec == "sticky:q=0.1" and np.array_equal(s.matrix(30), ref.matrix(30))
+
+
+def test_the_on_off_chain_has_the_stationary_law_q_over_q_plus_1_minus_p():
+    rounds = 20000
+    s = build_schedule("on-off:p=0.7,q=0.2,spread=0.15", 30, 4)
+    p, q = s.p_stay, s.q_join
+    assert np.allclose(s.prob(0), q / (q + 1 - p)) and np.allclose(s.prob(77), s.prob(0))
+    m = s.matrix(rounds)
+    pi, lam = q / (q + 1 - p), p - q  # lam: the chain's second eigenvalue
+    # the long-run fraction's standard error: sqrt(pi (1 - pi) (1 + lam) / (1 - lam) / rounds)
+    se = np.sqrt(pi * (1 - pi) * (1 + lam) / (1 - lam) / rounds)
+    assert np.all(np.abs(m.mean(axis=0) - pi) < 5 * se)
+    # the transitions themselves: P(on -> on) = p_i, P(off -> on) = q_i
+    on, nxt = m[:-1], m[1:]
+    stay = (on & nxt).sum(0) / on.sum(0)
+    join = (~on & nxt).sum(0) / (~on).sum(0)
+    assert np.all(np.abs(stay - p) < 0.05) and np.all(np.abs(join - q) < 0.05)
+    # heterogeneous: the clients' laws differ
+    assert np.ptp(pi) > 0.1
+
+
+def test_the_on_off_chain_refuses_a_client_that_never_moves():
+    with pytest.raises(ScheduleError, match="no stationary law"):
+        build_schedule("on-off:p=1.0,q=0.0,spread=0.0", 3, 0)
+
+
+def test_group_dropout_takes_whole_groups_out_together():
+    s = build_schedule("group-dropout:groups=4,fail=0.2,recover=0.3", 12, 1)
+    m = s.matrix(3000)
+    for g in range(4):
+        block = m[:, s.group == g]
+        assert np.all(block.all(axis=1) | ~block.any(axis=1))  # all in or all out (p = 1)
+    assert abs(m.mean() - 0.3 / 0.5) < 0.05 and np.allclose(s.prob(5), 0.6)
+    assert not np.array_equal(m[:, 0], m[:, -1])  # groups move independently
+    with_coins = build_schedule("group-dropout:groups=4,fail=0.2,recover=0.3,p=0.5", 12, 1).matrix(3000)
+    assert abs(with_coins.mean() - 0.5 * 0.6) < 0.05 and not np.any(with_coins & ~m)  # same group chain
+    clusters = np.repeat(np.arange(3), 4)
+    by_cluster = build_schedule("group-dropout:use-clusters=true", 12, 0, clusters=clusters)
+    assert np.array_equal(by_cluster.group, clusters)
+    with pytest.raises(ScheduleError, match="clusters"):
+        build_schedule("group-dropout:use_clusters=true", 12, 0)
+
+
+def test_builtin_random_streams_stay_out_of_the_range_reserved_for_extensions():
+    from availability.base import BUILTIN_TAGS, EXTENSION_TAGS
+
+    assert len(set(BUILTIN_TAGS)) == len(BUILTIN_TAGS)
+    assert all(t not in EXTENSION_TAGS and t < EXTENSION_TAGS.start for t in BUILTIN_TAGS)
+
+
+def test_spec_keys_in_kebab_or_snake_case_are_the_same_key():
+    a = build_schedule("dropout:alpha=0.3,keep-per-cluster=false", 10, 0).matrix(5)
+    b = build_schedule("dropout:alpha=0.3,keep_per_cluster=false", 10, 0).matrix(5)
+    assert np.array_equal(a, b)
+    with pytest.raises(ScheduleError, match="given twice"):
+        build_schedule("dropout:keep-per-cluster=false,keep_per_cluster=true", 10, 0)
 
 
 @pytest.mark.parametrize("spec, needs", [
@@ -401,6 +507,7 @@ def test_registry_covers_the_documented_models():
     ("sine:gamma=0.3", {"label_dists"}), ("stationary", {"label_dists"}), ("markov", {"label_dists"}),
     ("fedau-bernoulli", {"label_dists"}), ("cyclic", {"label_dists"}),
     ("dropout:alpha=0.3", set()), ("dropout:alpha=0.3,keep_per_cluster=true", {"clusters"}),
+    ("on-off", set()), ("group-dropout", set()), ("group-dropout:use-clusters=true", {"clusters"}),
 ])
 def test_a_schedule_says_what_it_needs(spec, needs):
     from availability import schedule_needs

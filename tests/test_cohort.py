@@ -18,9 +18,9 @@ from experiments.inprocess import run_inprocess
 from strategies import STRATEGIES
 from strategies.protocol import CORRECTED_RULES
 from workloads import workload as workload_module
-from workloads.cohort import CohortTrainer
 from workloads.models import Classifier
 from workloads.solvers import SolverConfig
+from workloads.vmapped import CohortTrainer
 from workloads.workload import Workload, get_workload
 
 SMALL = {"num-server-rounds": 3, "num-clients": 6, "model": "mlp", "availability": "bernoulli:p=0.7",
@@ -113,11 +113,11 @@ def test_dropout_masks_are_each_clients_own(tmp_path, model_with):
 
 def test_a_model_it_cannot_batch_falls_back_says_why_once_and_is_equal(tmp_path, model_with, caplog):
     model_with(nn.AlphaDropout(0.3))
-    with caplog.at_level(logging.WARNING, logger="experiments.cohort"):
+    with caplog.at_level(logging.WARNING, logger="experiments.cohort_grid"):
         cfg, _, _ = same_run(tmp_path)
     assert cfg["engine-used"] == "per-client"
     assert "AlphaDropout" in cfg["engine-reason"]
-    warnings = [r for r in caplog.records if r.name == "experiments.cohort"]
+    warnings = [r for r in caplog.records if r.name == "experiments.cohort_grid"]
     assert len(warnings) == 1 and "AlphaDropout" in warnings[0].getMessage()
 
 
@@ -125,7 +125,7 @@ def test_a_custom_client_app_is_never_bypassed(tmp_path):
     from flwr.clientapp import ClientApp
 
     from client_app.app import app as client_app
-    from experiments.cohort import CohortGrid
+    from experiments.cohort_grid import CohortGrid
 
     custom = ClientApp()
 
@@ -139,9 +139,31 @@ def test_a_custom_client_app_is_never_bypassed(tmp_path):
 
 
 def test_auto_says_what_it_picked(tmp_path):
-    for model, expected in (("mlp", "cohort"), ("cnn", "per-client")):
+    for model, expected, why in (("mlp", "cohort", "no convolution"), ("cnn", "per-client", "(Conv2d)")):
         _, cfg, _ = final_and_config(tmp_path / model, "auto", model=model)
         assert cfg["engine-used"] == expected and cfg["engine-reason"].startswith("auto:")
+        assert why in cfg["engine-reason"]
+
+
+def test_auto_decides_by_the_model_not_its_name(tmp_path, model_with):
+    model_with()  # a new dense model, built under the name "cnn"
+    _, cfg, _ = final_and_config(tmp_path / "dense", "auto", model="cnn")
+    assert cfg["engine-used"] == "cohort" and "no convolution" in cfg["engine-reason"]
+
+
+def test_a_model_may_declare_its_engine(tmp_path, monkeypatch):
+    def build(spec, shape, num_classes, dataset=None):
+        model = Classifier(nn.Flatten(), nn.Linear(int(torch.tensor(shape).prod()), num_classes))
+        model.prefers_cohort = False
+        return model
+    monkeypatch.setattr(workload_module, "build_model", build)
+    get_workload.cache_clear()
+    try:
+        _, cfg, _ = final_and_config(tmp_path / "declared", "auto")
+    finally:
+        get_workload.cache_clear()
+    assert cfg["engine-used"] == "per-client"
+    assert cfg["engine-reason"] == "auto: the model declares prefers_cohort=False"
 
 
 @pytest.mark.parametrize("model", ["mlp", "cnn"])

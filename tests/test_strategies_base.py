@@ -168,7 +168,8 @@ def test_rules_with_per_client_state_key_replies_without_a_client_id_by_node(nam
 @pytest.mark.parametrize("name", sorted(STRATEGIES))
 def test_auto_weighting_resolves_to_the_papers_weighting(name):
     cls = STRATEGIES[name]
-    paper = "num-examples" if name in ("fednova", "fedavg-active") else "equal"  # p_i = n_i / n
+    paper = ("num-examples" if name in ("fednova", "fedavg-active", "fedadam", "fedyogi", "fedadagrad", "fedavgm")
+             else "equal")  # p_i = n_i / n (Flower's optimizers: its FedAvg weighting)
     assert cls.paper_weighting == paper
     for given in ({"weighting": "auto"}, {}):  # "auto" is the default
         s = build_strategy(name, num_clients=3, probabilities=lambda t: np.ones(3), **given)

@@ -18,6 +18,10 @@ File layouts searched (``data_dir`` is required for file-based datasets):
 
 Generated (no files; ``num_clients`` required): ``synthetic`` and ``quadratic``, see
 :mod:`workloads.generated`.
+
+Parameters follow the name as in every spec: ``synthetic:alpha=0.5,beta=0.5``, ``mnist:verify=true``,
+``cinic10:use-valid=true``. The user's own data: a ``module:attr`` spec or an entry point (group
+``flchurn.datasets``), see :mod:`workloads.extensions`.
 """
 
 from __future__ import annotations
@@ -34,6 +38,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from availability.spec import SpecError, canonical_key, parse_spec
+from runconfig.extensions import Reference, resolve
+
+from .extensions import user_dataset
 from .generated import GENERATED
 from .tensordata import DatasetError, TensorData
 
@@ -319,11 +327,40 @@ def _check_params(name: str, params: dict[str, Any], allowed: dict[str, Any]) ->
                            f"allowed: {sorted(allowed) or 'none'}")
 
 
+def dataset_reference(spec: str) -> Reference | None:
+    """The user's dataset a spec names (``module:attr`` or an entry point), None for a built-in."""
+    return resolve(spec, "dataset", builtin=lambda name: name in DATASETS)
+
+
+def dataset_name(spec: str) -> str:
+    """The name a dataset spec stands for (``fashion-mnist`` for ``fashion-mnist:verify=true``;
+    ``module:attr`` for the user's): what picks the ``cnn`` model's head."""
+    ref = dataset_reference(spec)
+    if ref is not None:
+        return ref.name
+    try:
+        return parse_spec(spec).name
+    except SpecError as exc:
+        raise DatasetError(f"dataset {spec!r}: {exc}") from exc
+
+
 def load_dataset(name: str, data_dir: str | os.PathLike | None = None, *, download: bool = False,
                  seed: int = 0, num_clients: int | None = None,
                  **params: Any) -> tuple[TensorData, TensorData]:
-    """Load ``name`` (one of DATASETS) as ``(train, test)``; see the module docstring."""
-    key = name.strip().lower() if isinstance(name, str) else name
+    """Load ``name`` (one of DATASETS, with its parameters after a colon: ``synthetic:alpha=0.5``;
+    or the user's ``module:attr`` / entry point) as ``(train, test)``; see the module docstring."""
+    if not isinstance(name, str):
+        raise DatasetError(f"dataset must be a spec string; got {name!r}")
+    ref = dataset_reference(name)
+    if ref is not None:
+        return user_dataset(ref, data_dir=None if data_dir is None else str(data_dir), download=download,
+                            seed=seed, num_clients=0 if num_clients is None else int(num_clients))
+    try:
+        parsed = parse_spec(name)
+    except SpecError as exc:
+        raise DatasetError(f"dataset {name!r}: {exc}") from exc
+    key = parsed.name
+    params = {canonical_key(k): v for k, v in {**parsed.params, **params}.items()}
     if key in GENERATED:
         fn, allowed = GENERATED[key]
         _check_params(key, params, allowed)

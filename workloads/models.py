@@ -1,7 +1,10 @@
 """Model zoo: ``build_model(spec, input_shape, num_classes, dataset=...)``.
 
 A model is named by a spec in the grammar of :mod:`availability.spec` (``name`` or
-``name:key=value``); only ``cnn`` has a parameter so far.
+``name:key=value``); only ``cnn`` has a parameter so far. The user's own model is a
+``module:attr`` spec (``mynets:resnet8:width=32``) or an installed entry point
+(group ``flchurn.models``): any ``factory(input_shape, num_classes, **params) -> nn.Module``
+(:mod:`workloads.extensions`).
 
 - ``cnn:init=kaiming``: the FedAU (Wang & Ji, NeurIPS 2023) / FedAWE (Xiang et al., NeurIPS 2024)
   CNN: two 3x3 convolutions with 32 channels (padding 1), each followed by ReLU and 2x2
@@ -36,6 +39,9 @@ import torch
 from torch import nn
 
 from availability.spec import parse_spec
+from runconfig.extensions import Reference, resolve
+
+from .extensions import check_model, user_model
 
 MODELS: tuple[str, ...] = ("cnn", "fedavg-cnn", "mlp", "logreg", "vgg11", "quadratic")
 
@@ -179,8 +185,17 @@ def _vgg11(input_shape: tuple[int, ...], num_classes: int) -> Classifier:
     return model
 
 
+def model_reference(spec: str) -> Reference | None:
+    """The user's model factory a spec names (``module:attr`` or an entry point), None for a built-in."""
+    return resolve(spec, "model", builtin=lambda name: name in MODELS)
+
+
 def model_params(spec: str) -> tuple[str, dict[str, str]]:
     """(name, parameters with defaults) of a model spec; ValueError naming the problem."""
+    ref = model_reference(spec)
+    if ref is not None:
+        check_model(ref)
+        return ref.name, {}
     parsed = parse_spec(spec)
     if parsed.name not in MODELS:
         raise ValueError(f"unknown model {parsed.name!r}; choose one of {', '.join(MODELS)}")
@@ -197,8 +212,12 @@ def build_model(
     """Build model ``spec`` for inputs of ``input_shape`` (no batch dim) and ``num_classes``.
 
     ``dataset`` only picks the ``cnn`` head (case, '-' and '_' ignored: ``cifar-10`` = ``cifar10``);
-    ``quadratic`` takes ``input_shape = (dim,)`` and ignores ``num_classes``.
+    ``quadratic`` takes ``input_shape = (dim,)`` and ignores ``num_classes``. A ``module:attr`` spec
+    or an entry point's name calls the user's ``factory(input_shape, num_classes, **params)``.
     """
+    ref = model_reference(spec)
+    if ref is not None:
+        return user_model(ref, tuple(int(s) for s in input_shape), num_classes)
     name, params = model_params(spec)
     shape = tuple(int(s) for s in input_shape)
     if not shape or any(s < 1 for s in shape):

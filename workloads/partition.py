@@ -4,30 +4,35 @@ Specs (grammar of :mod:`availability.spec`, ``name:key=value,...``):
 
 * ``iid`` - a seeded shuffle cut into N contiguous, near-equal parts (flwr-datasets
   ``IidPartitioner`` over the shuffled order). Disjoint and covering.
-* ``dirichlet:alpha=0.5,min_size=0`` - per class, proportions over the N clients drawn from
+* ``dirichlet:alpha=0.5,min-size=0`` - per class, proportions over the N clients drawn from
   Dir(alpha) (Hsu et al. 2019; flwr-datasets ``DirichletPartitioner``, ``partition_by="label"``,
-  ``self_balancing=False``). ``min_size``: every client must get at least this many examples;
-  flwr-datasets redraws up to 10 times, then a ValueError says so. With ``min_size=0`` a client
+  ``self_balancing=False``). ``min-size``: every client must get at least this many examples;
+  flwr-datasets redraws up to 10 times, then a ValueError says so. With ``min-size=0`` a client
   may be empty. Disjoint and covering.
-* ``client-dirichlet:alpha=0.5,min_size=0`` - per CLIENT, class proportions q_i ~ Dir(alpha·1_C),
+* ``client-dirichlet:alpha=0.5,min-size=0`` - per CLIENT, class proportions q_i ~ Dir(alpha·1_C),
   as the FedAU/FedAWE official code (github.com/IBM/fedau and mingxiang12/FedAWE,
   ``util/util.py``, ``partition``): class c's examples (shuffled by ``seed`` here, dataset order
   there) are cut among the clients in proportion q_ic / Σ_j q_jc, so client i gets about
   Σ_c n_c q_ic / Σ_j q_jc examples. Sizes stay near len/N (100 clients, Fashion-MNIST, alpha 0.1:
-  roughly 400-900, where the per-class ``dirichlet`` gives 4 to 3833). ``min_size``: redraw q
+  roughly 400-900, where the per-class ``dirichlet`` gives 4 to 3833). ``min-size``: redraw q
   (up to 100 times) until every client has at least this many examples (the official code has no
   minimum). Disjoint and covering.
-* ``shards:per_client=2`` - the FedAvg paper's pathological non-IID split: sort by label, cut into
-  ``N * per_client`` equal shards, give every client ``per_client`` random shards (flwr-datasets
-  ``ShardPartitioner``). Disjoint; the ``len(labels) mod (N * per_client)`` examples left over by
+* ``shards:per-client=2`` - the FedAvg paper's pathological non-IID split: sort by label, cut into
+  ``N * per-client`` equal shards, give every client ``per-client`` random shards (flwr-datasets
+  ``ShardPartitioner``). Disjoint; the ``len(labels) mod (N * per-client)`` examples left over by
   equal shards are dropped (none for 60000 examples and 100 or 200 clients x 2 or 3 shards).
-* ``clustered:clusters=5,classes_per_cluster=2,samples=200`` - FL-FDMS style: clients
+* ``clustered:clusters=5,classes-per-cluster=2,samples=200`` - FL-FDMS style: clients
   ``[c*N/K, (c+1)*N/K)`` form cluster c (K must divide N); cluster c owns the classes
-  ``sorted_classes[(c*classes_per_cluster + j) mod C]``, j < classes_per_cluster (disjoint sets
-  when K*classes_per_cluster <= C); every client gets ``samples`` examples drawn uniformly without
+  ``sorted_classes[(c*classes-per-cluster + j) mod C]``, j < classes-per-cluster (disjoint sets
+  when K*classes-per-cluster <= C); every client gets ``samples`` examples drawn uniformly without
   replacement from what is left of its cluster's classes. Disjoint, not covering.
 * ``natural`` - client i gets the examples whose ``groups`` value is the i-th smallest distinct
   group id (``groups`` required, with exactly N distinct ids).
+
+Keys are kebab-case as in every spec (``min_size`` is accepted too). The user's own partitioner:
+a ``module:attr`` spec or an entry point (group ``flchurn.partitioners``), any flwr-datasets
+``Partitioner``, which sees the features as well as the labels (:mod:`workloads.extensions`);
+:func:`flwr_partitioner` turns the project's partitioners into flwr-datasets ones.
 
 All are deterministic in ``seed``; every returned array is int64, sorted order is not promised.
 """
@@ -41,6 +46,9 @@ from typing import Any
 import numpy as np
 
 from availability.spec import SpecError, parse_spec
+from runconfig.extensions import Reference, resolve
+
+from .extensions import user_partition
 
 PARTITIONERS = ("iid", "dirichlet", "client-dirichlet", "shards", "clustered", "natural")
 MAX_REDRAWS = 100  # client-dirichlet draws of q before min_size gives up
@@ -78,9 +86,22 @@ def _flwr_partition(make: Any, labels: np.ndarray, n: int, seed: int) -> list[np
                 for i in range(n)]
 
 
+def partitioner_reference(spec: str) -> Reference | None:
+    """The user's partitioner a spec names (``module:attr`` or an entry point), None for a built-in."""
+    return resolve(spec, "partitioner", builtin=lambda name: name in _PARAMS)
+
+
 def partition(spec: str, labels: np.ndarray, num_partitions: int, seed: int,
-              groups: np.ndarray | None = None) -> list[np.ndarray]:
-    """Split example indices among ``num_partitions`` clients; see the module docstring."""
+              groups: np.ndarray | None = None, features: np.ndarray | None = None) -> list[np.ndarray]:
+    """Split example indices among ``num_partitions`` clients; see the module docstring.
+
+    A ``module:attr`` spec or an entry point's name runs the user's partitioner (any
+    flwr-datasets ``Partitioner``, see :mod:`workloads.extensions`), which also sees ``features``.
+    """
+    ref = partitioner_reference(spec)
+    if ref is not None:
+        return user_partition(ref, np.asarray(labels).reshape(-1).astype(np.int64), int(num_partitions), seed,
+                              features=features, groups=groups)
     name, p = _params(spec)
     labels = np.asarray(labels).reshape(-1).astype(np.int64)
     n = int(num_partitions)
@@ -171,6 +192,8 @@ def _client_dirichlet(labels: np.ndarray, n: int, seed: int, alpha: float, min_s
 
 def cluster_of(spec: str, num_partitions: int) -> np.ndarray | None:
     """Cluster id of every client for a ``clustered`` spec (contiguous blocks), else None."""
+    if partitioner_reference(spec) is not None:
+        return None
     name, p = _params(spec)
     if name != "clustered":
         return None
@@ -223,3 +246,32 @@ def label_distributions(labels: np.ndarray, parts: list[np.ndarray], num_classes
                 raise ValueError(f"label {len(counts) - 1} out of range for {num_classes} classes")
             out[i] = counts / counts.sum()
     return out
+
+
+def flwr_partitioner(spec: str, num_partitions: int, seed: int = 0) -> Any:
+    """One of the project's partitioners as a flwr-datasets ``Partitioner``, for any Flower app:
+    ``fds = FederatedDataset(dataset=..., partitioners={"train": flwr_partitioner("client-dirichlet:alpha=0.1", 100)})``.
+    It splits the dataset's ``label`` column (and ``groups`` for ``natural``) exactly as
+    :func:`partition` does for a run with this ``data-seed``."""
+    from flwr_datasets.partitioner import Partitioner
+
+    _params(spec)  # a bad spec fails here, not at the first load_partition
+
+    class SpecPartitioner(Partitioner):
+        def __init__(self) -> None:
+            super().__init__()
+            self._parts: list[np.ndarray] | None = None
+
+        @property
+        def num_partitions(self) -> int:
+            return int(num_partitions)
+
+        def load_partition(self, partition_id: int) -> Any:
+            if self._parts is None:
+                table = self.dataset.with_format("numpy")
+                groups = table["groups"][:] if "groups" in self.dataset.column_names else None
+                self._parts = partition(spec, np.asarray(table["label"][:]), num_partitions, seed, groups=groups)
+            return self.dataset.select(self._parts[partition_id].tolist())
+
+    SpecPartitioner.__name__ = SpecPartitioner.__qualname__ = f"flchurn[{spec}]"
+    return SpecPartitioner()

@@ -97,6 +97,49 @@ def a_norm(
     return float(tau)
 
 
+def batch_loss(out: torch.Tensor, y: torch.Tensor, regression: bool) -> torch.Tensor:
+    """The training loss of one mini-batch: cross-entropy on logits, or the mean model output
+    (``model.is_regression``). Both engines call this."""
+    return out.mean() if regression else F.cross_entropy(out, y)
+
+
+def solver_step(params: list[torch.Tensor], grads: list[torch.Tensor], solver: SolverConfig,
+                bufs: list[torch.Tensor], x0: list[torch.Tensor]) -> None:
+    """One local step of ``solver``, in place, on tensors whose first dimension indexes clients: a
+    cohort's stacked parameters, or one client's as views with a leading 1. The one
+    implementation of the local update, for both engines.
+
+    Per client, in ``torch.optim.SGD``'s order: the loss gradient clipped by its global norm
+    (``torch.nn.utils.clip_grad_norm_``: coefficient min(1, max / (norm + 1e-6))), plus FedProx's
+    mu (x - x0), plus weight decay wd x, through heavy-ball momentum (v <- rho v + g, dampening 0;
+    ``bufs`` start at zero), then x <- x - lr v. ``bufs`` is empty without momentum, ``x0`` (the
+    round's start) empty without a prox term; ``grads`` are overwritten.
+    """
+    with torch.no_grad():
+        if solver.max_grad_norm is not None:
+            norms = torch.stack([torch.linalg.vector_norm(g.flatten(1), dim=1) for g in grads], dim=1)
+            coef = torch.clamp(solver.max_grad_norm / (torch.linalg.vector_norm(norms, dim=1) + 1e-6), max=1.0)
+            for g in grads:
+                g.mul_(coef.view(-1, *([1] * (g.dim() - 1))))
+        for i, (p, g) in enumerate(zip(params, grads, strict=True)):
+            if x0:
+                g.add_(p - x0[i], alpha=solver.mu)
+            if solver.weight_decay:
+                g.add_(p, alpha=solver.weight_decay)
+            if bufs:
+                g = bufs[i].mul_(solver.momentum).add_(g)
+            p.add_(g, alpha=-solver.lr)
+
+
+def solver_memory(params: list[torch.Tensor], solver: SolverConfig) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """``(bufs, x0)`` for :func:`solver_step` at the start of local training: zero momentum
+    buffers (momentum only) and a copy of the start (prox only)."""
+    momentum = solver.kind == "momentum" and solver.momentum > 0
+    prox = solver.kind == "prox" and solver.mu > 0
+    return ([torch.zeros_like(p) for p in params] if momentum else [],
+            [p.detach().clone() for p in params] if prox else [])
+
+
 def local_train(
     model: nn.Module,
     batches: Iterator[tuple[torch.Tensor, torch.Tensor]],
@@ -104,22 +147,16 @@ def local_train(
     solver: SolverConfig,
     device: torch.device | str = "cpu",
 ) -> LocalResult:
-    """Run exactly ``steps`` optimizer steps on batches pulled from ``batches``.
+    """Run exactly ``steps`` optimizer steps (:func:`solver_step`) on batches pulled from ``batches``.
 
-    Loss: cross-entropy on logits, or the mean model output if ``model.is_regression``.
-    The model is put in train mode and moved to ``device``; it is updated in place.
+    Loss: :func:`batch_loss`. The model is put in train mode and moved to ``device``; it is
+    updated in place.
     """
     norm = a_norm(solver.kind, steps, solver.lr, solver.momentum, solver.mu)
     model.to(device).train()
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.SGD(
-        params,
-        lr=solver.lr,
-        weight_decay=solver.weight_decay,
-        momentum=solver.momentum if solver.kind == "momentum" else 0.0,
-    )
-    prox = solver.kind == "prox" and solver.mu > 0
-    x0 = [p.detach().clone() for p in params] if prox else []
+    rows = [p.detach().unsqueeze(0) for p in params]  # views: the update writes the parameters
+    bufs, x0 = solver_memory(rows, solver)
     regression = bool(getattr(model, "is_regression", False))
     total = torch.zeros((), device=device)
     for k in range(steps):
@@ -129,25 +166,9 @@ def local_train(
             raise ValueError(
                 f"batch iterator ran out after {k} of {steps} steps"
             ) from None
-        x = x.to(device, non_blocking=True)
-        out = model(x)
-        loss = (
-            out.mean()
-            if regression
-            else F.cross_entropy(out, y.to(device, non_blocking=True))
-        )
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if solver.max_grad_norm is not None:
-            nn.utils.clip_grad_norm_(params, solver.max_grad_norm)
-        if prox:  # FedProx: grad += mu (x - x0)
-            with torch.no_grad():
-                for p, p0 in zip(params, x0, strict=False):
-                    if p.grad is None:
-                        p.grad = solver.mu * (p - p0)
-                    else:
-                        p.grad.add_(p - p0, alpha=solver.mu)
-        opt.step()
+        loss = batch_loss(model(x.to(device, non_blocking=True)), y.to(device, non_blocking=True), regression)
+        grads = torch.autograd.grad(loss, params, allow_unused=True, materialize_grads=True)
+        solver_step(rows, [g.unsqueeze(0) for g in grads], solver, bufs, x0)
         total += loss.detach()
     return LocalResult(
         num_steps=int(steps), a_norm=norm, train_loss=float(total) / steps

@@ -19,9 +19,9 @@ from torch import nn
 
 from runconfig import ConfigError, WorkloadConfig
 
-from .data import DATASETS, TensorData, load_dataset
+from .data import DATASETS, TensorData, dataset_name, dataset_reference, load_dataset
 from .models import build_model, model_params
-from .partition import cluster_of, label_distributions, partition
+from .partition import cluster_of, label_distributions, partition, partitioner_reference
 from .solvers import LocalResult, SolverConfig, local_steps, local_train, lr_at
 
 
@@ -45,8 +45,14 @@ def _seed_of(*keys: int) -> int:
 class Workload:
     def __init__(self, cfg: WorkloadConfig) -> None:
         cfg.validate()
-        if cfg.dataset not in DATASETS:
-            raise ConfigError(f"run config 'dataset' = {cfg.dataset!r}; known: {list(DATASETS)}")
+        try:
+            custom_data = dataset_reference(cfg.dataset) is not None
+            self.dataset_name = dataset_name(cfg.dataset)
+        except ValueError as exc:
+            raise ConfigError(f"run config 'dataset' = {cfg.dataset!r}: {exc}") from exc
+        if not custom_data and self.dataset_name not in DATASETS:
+            raise ConfigError(f"run config 'dataset' = {cfg.dataset!r}; known: {list(DATASETS)}, "
+                              "or the user's 'module:attr' (docs/extending.md)")
         try:
             model_params(cfg.model)
         except ValueError as exc:
@@ -61,7 +67,9 @@ class Workload:
             num_clients=cfg.num_clients,
         )
         labels = self.train.y.numpy()
-        self.parts = partition(cfg.partition, labels, cfg.num_clients, cfg.data_seed, groups=self.train.groups)
+        features = self.train.x.numpy() if partitioner_reference(cfg.partition) is not None else None
+        self.parts = partition(cfg.partition, labels, cfg.num_clients, cfg.data_seed, groups=self.train.groups,
+                               features=features)
         empty = [i for i, p in enumerate(self.parts) if len(p) == 0]
         if empty:
             raise ConfigError(
@@ -91,7 +99,7 @@ class Workload:
         """The initial global model: the same weights for the same train seed."""
         with torch.random.fork_rng(devices=[]):
             torch.default_generator.manual_seed(self.cfg.train_seed)
-            return build_model(self.cfg.model, self.input_shape, self.num_classes, dataset=self.cfg.dataset)
+            return build_model(self.cfg.model, self.input_shape, self.num_classes, dataset=self.dataset_name)
 
     def scratch_model(self, state: dict[str, torch.Tensor]) -> nn.Module:
         """This process's one working model, loaded with ``state`` (every parameter and buffer):

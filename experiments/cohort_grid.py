@@ -6,13 +6,14 @@ round's train messages together; for each it runs the ClientApp's own *start*
 (:func:`client_app.app.train_start`: decode, the availability gate, the client rule's start model
 such as FedAWE's own copy) and *reply* (:func:`client_app.app.train_reply`: metrics, FedAWE's
 echo, FedNova's a-norm), and replaces only the local training in between by
-:class:`workloads.cohort.CohortTrainer` (vmapped over the stacked parameters). Every other message
+:class:`workloads.vmapped.CohortTrainer` (vmapped over the stacked parameters). Every other message
 (identity queries, evaluation, FedAWE's adoption) goes through the ClientApp as in
 :class:`~experiments.inprocess.InProcessGrid`. Replies come back in the messages' order, so the
 strategy, the schedule, the checkpoints and the results folder cannot tell the engines apart.
 
-A workload the cohort engine cannot batch (see :func:`workloads.cohort.cohort_unsupported`), and a
-rule whose client corrects every local step (SCAFFOLD, Amplified SCAFFOLD), runs per client; the reason is logged once and recorded in ``config.json`` (``engine-used``,
+A workload the cohort engine cannot batch (see :func:`workloads.vmapped.cohort_unsupported`), and a
+rule whose client corrects every local step (SCAFFOLD, Amplified SCAFFOLD), runs per client; the
+reason is logged once and recorded in ``config.json`` (``engine-used``,
 ``engine-reason``).
 """
 
@@ -28,26 +29,20 @@ from client_app.app import TrainStart, local_training, train_reply, train_start
 from runconfig import WorkloadConfig, from_run_config
 from server_app.config import ENGINES
 from strategies.protocol import CORRECTED_RULES
-from workloads.cohort import CohortTrainer
+from workloads.vmapped import CohortTrainer, prefers_cohort
 from workloads.workload import Workload, get_workload
 
 from .grid import InProcessGrid, default_client_app
 
 log = logging.getLogger(__name__)
-#: models whose vmapped step beats the per-client loop on a CPU (benchmarks/engine_speed.py)
-CPU_COHORT_MODELS = ("mlp", "logreg", "quadratic")
 
 
 def auto_engine(wl: Workload) -> tuple[str, str]:
-    """(engine, why) for ``engine = auto``: the cohort engine on a GPU (batching is the lever
-    there), and on a CPU only for the models where it measured faster (``CPU_COHORT_MODELS``:
-    small dense layers; vmapped convolutions are slower on a CPU)."""
-    if wl.device.type == "cuda":
-        return "cohort", f"auto: a GPU ({wl.device})"
-    name = wl.cfg.model.split(":", 1)[0]
-    if name in CPU_COHORT_MODELS:
-        return "cohort", f"auto: model '{name}' on the CPU (vmapped dense layers win there)"
-    return "per-client", f"auto: model '{name}' on the CPU (vmapped convolutions are slower there)"
+    """(engine, why) for ``engine = auto``: :func:`workloads.vmapped.prefers_cohort` on the
+    workload's actual model and device. Auto never changes the numbers (the engines agree:
+    ``tests/test_engine_property.py``), only the time a run takes."""
+    cohort, why = prefers_cohort(wl.new_model(), wl.device)
+    return ("cohort" if cohort else "per-client"), f"auto: {why}"
 
 
 class CohortGrid(InProcessGrid):

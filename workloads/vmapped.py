@@ -1,17 +1,21 @@
 """Local training of a whole cohort at once: the clients' parameters stacked, one vmapped step.
 
-:func:`train_cohort` runs, for every client of a round, exactly the local steps of
+:class:`CohortTrainer` runs, for every client of a round, exactly the local steps of
 :meth:`~workloads.workload.Workload.train_client` (the same mini-batches, learning rate, solver
 and dropout masks), but as ``torch.func.vmap(functional_call)`` with autograd through it over the clients'
 stacked parameters, in chunks that fit a memory budget. Clients are grouped by mini-batch size (a
 client with fewer examples than the batch uses all of them, as per client); clients with fewer
-local steps than others stop updating (their step is masked). The solver is
-:func:`workloads.solvers.local_train`'s, written on stacked tensors: the loss gradient, clipped
-by its global norm, plus FedProx's mu (x - x0), plus weight decay, through heavy-ball momentum
-(torch SGD, dampening 0). Results equal the per-client ones up to float reassociation.
+local steps than others stop updating (the update is applied to the rows of the clients
+with steps left). The update is :func:`workloads.solvers.solver_step`, the function the
+per-client engine calls, on the stacked tensors; the loss is :func:`~workloads.solvers.batch_loss`.
+Results equal the per-client ones up to float reassociation in the forward and backward pass
+(batched matrix products): where training is chaotic (a ReLU that flips on one example, then
+momentum and a large step amplifying it) that is as large as a 1e-7 perturbation of the start
+gives the per-client engine itself; see ``benchmarks/engine_agreement.py``.
 
 :func:`cohort_unsupported` says why a workload cannot be batched (then the engine trains it per
-client and says so); a dry vmapped step catches what it does not know.
+client and says so); a dry vmapped step catches what it does not know. :func:`prefers_cohort`
+is ``engine = auto``'s choice, from what the model is (or declares), never from its name.
 """
 
 from __future__ import annotations
@@ -20,11 +24,10 @@ import copy
 from typing import TYPE_CHECKING, cast
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, vmap
 
-from .solvers import LocalResult, SolverConfig, a_norm
+from .solvers import LocalResult, SolverConfig, a_norm, batch_loss, solver_memory, solver_step
 
 if TYPE_CHECKING:
     from .workload import Workload
@@ -62,6 +65,28 @@ def cohort_unsupported(model: nn.Module) -> str | None:
         if isinstance(m, nn.modules.dropout._DropoutNd) and type(m) is not nn.Dropout:
             return f"layer '{name}' ({type(m).__name__}) draws masks the cohort engine does not reproduce"
     return None
+
+
+def prefers_cohort(model: nn.Module, device: torch.device) -> tuple[bool, str]:
+    """Whether ``engine = auto`` should train ``model`` on ``device`` as a cohort, and why.
+
+    By what the model is, never by its name: a model may declare it (attribute
+    ``prefers_cohort = True/False``); otherwise the cohort on a GPU (batching the clients is the
+    lever there) and, on a CPU, per client when the model has a convolution (vmapped convolutions
+    measured slower there than one client after the other, ``benchmarks/engine_speed.py``) and as
+    a cohort when it has none (vmapped dense layers measured as fast or faster). Whether the cohort
+    engine *can* train it is decided afterwards by :class:`CohortTrainer`'s dry vmapped step.
+    """
+    declared = getattr(model, "prefers_cohort", None)
+    if declared is not None:
+        return bool(declared), f"the model declares prefers_cohort={bool(declared)}"
+    if device.type == "cuda":
+        return True, f"a GPU ({device}): batching the clients is the lever there"
+    for name, m in model.named_modules():
+        if isinstance(m, nn.modules.conv._ConvNd):
+            return False, (f"layer '{name}' ({type(m).__name__}) on the CPU: vmapped convolutions are slower there "
+                           "than one client after the other")
+    return True, "no convolution, on the CPU: vmapped dense layers are as fast or faster there"
 
 
 class CohortTrainer:
@@ -108,13 +133,13 @@ class CohortTrainer:
         fast as ``vmap(grad(...))``."""
         leaves = {k: v.detach().requires_grad_() for k, v in params.items()}
         losses = self._losses(leaves, others, x, y)
-        grads = torch.autograd.grad(losses.sum(), list(leaves.values()))
+        grads = torch.autograd.grad(losses.sum(), list(leaves.values()), allow_unused=True, materialize_grads=True)
         return dict(zip(leaves, grads, strict=True)), losses.detach()
 
     # -- the per-client loss, vmapped over clients --------------------------------------------
     def _loss(self, params: StateDict, others: StateDict, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         out = functional_call(self.model, {**params, **others}, (x,))
-        return out.mean() if self.regression else F.cross_entropy(out, y)
+        return batch_loss(out, y, self.regression)
 
     def mask_shapes(self, batch: int) -> list[tuple[int, ...]]:
         """The input shape of every dropout layer for a mini-batch of ``batch`` (forward order)."""
@@ -187,47 +212,33 @@ class CohortTrainer:
         batches = [wl.batch_indices(c, rnd) for c in clients]
         gens = [torch.Generator().manual_seed(wl.dropout_seed(c, rnd)) for c in clients] if self.dropouts else []
         shapes = self.mask_shapes(batch) if self.dropouts else []
-        momentum = solver.kind == "momentum" and solver.momentum > 0
-        prox = solver.kind == "prox" and solver.mu > 0
-        x0 = {k: v.clone() for k, v in params.items()} if prox else {}
-        buf = {k: torch.zeros_like(v) for k, v in params.items()} if momentum else {}
+        names = list(params)
+        rows = list(params.values())
+        bufs, x0 = solver_memory(rows, solver)
         loss_sum = torch.zeros(n, device=dev)
         idle = torch.zeros(batch, dtype=torch.long)
         every_idx = torch.stack([torch.stack([next(b) if k < s else idle for b, s in zip(batches, steps, strict=True)])
                                  for k in range(longest)]).to(dev)  # (steps, clients, batch): one copy
         for k in range(longest):
-            active = active_at[k]
             idx = every_idx[k]
             for name, shape in zip(self.dropouts, shapes, strict=True):
                 others[name] = torch.stack([
                     torch.empty(shape).bernoulli_(1 - self._p(name), generator=g) if k < s else torch.ones(shape)
                     for g, s in zip(gens, steps, strict=True)]).to(dev)
             grads, loss = self._step(params, others, self.x[idx], self.y[idx])
-            everyone = k < shortest
+            g_rows = [grads[key] for key in names]
+            if k < shortest:  # every client steps: in place on the stacks
+                solver_step(rows, g_rows, solver, bufs, x0)
+                loss_sum += loss
+                continue
+            live = active_at[k].nonzero().squeeze(1)  # the clients with steps left: their rows only
+            sub = [[t[live] for t in ts] for ts in (rows, g_rows, bufs, x0)]
+            solver_step(sub[0], sub[1], solver, sub[2], sub[3])
             with torch.no_grad():
-                if solver.max_grad_norm is not None:  # torch.nn.utils.clip_grad_norm_, per client
-                    total = torch.sqrt(cast(torch.Tensor, sum(g.pow(2).flatten(1).sum(1) for g in grads.values())))
-                    coef = torch.clamp(solver.max_grad_norm / (total + 1e-6), max=1.0)
-                    grads = {key: g * _per(coef, g) for key, g in grads.items()}
-                for key, p in params.items():
-                    g = grads[key]
-                    if everyone:  # in place, in torch.optim.SGD's own order of operations
-                        if prox:
-                            g.add_(p - x0[key], alpha=solver.mu)
-                        if solver.weight_decay:
-                            g.add_(p, alpha=solver.weight_decay)
-                        if momentum:
-                            g = buf[key].mul_(solver.momentum).add_(g)
-                        p.add_(g, alpha=-solver.lr)
-                        continue
-                    if prox:
-                        g = g + solver.mu * (p - x0[key])
-                    if solver.weight_decay:
-                        g = g + solver.weight_decay * p
-                    if momentum:
-                        g = buf[key] = torch.where(_per(active, g), solver.momentum * buf[key] + g, buf[key])
-                    params[key] = torch.where(_per(active, p), p - solver.lr * g, p)
-                loss_sum += loss if everyone else torch.where(active, loss, 0.0)
+                for ts, new in ((rows, sub[0]), (bufs, sub[2])):
+                    for t, v in zip(ts, new, strict=True):
+                        t[live] = v
+                loss_sum[live] += loss[live]
         losses = loss_sum.cpu().tolist()
         out = []
         for i, s in enumerate(steps):
@@ -240,9 +251,4 @@ class CohortTrainer:
 
     def _p(self, mask_name: str) -> float:
         return cast(float, self.model.get_submodule(mask_name.rsplit(".", 1)[0]).p)
-
-
-def _per(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """``v`` (one value per client) shaped to broadcast against a stacked ``like``."""
-    return v.view(-1, *([1] * (like.dim() - 1)))
 

@@ -1,0 +1,208 @@
+"""The recipes of docs/extending.md, run from outside the project's packages: the example package
+examples/flchurn-myext, reached by ``module:attr`` specs and by its entry points."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from extension_fixtures import MYEXT, use_myext
+from torch import nn
+
+from availability import ScheduleError, SpecError, build_schedule, schedule_for
+from experiments.inprocess import run_inprocess
+from runconfig.extensions import ExtensionError, split_reference
+from server_app.results import read_metrics
+from workloads.data import load_dataset
+from workloads.models import build_model
+from workloads.partition import partition
+
+SMALL = {"num-clients": 4, "num-server-rounds": 2, "local-steps": "steps:n=2", "batch-size": 8,
+         "checkpoint-every": 0, "progress": False, "device": "cpu", "engine": "per-client", "lr": 0.1}
+MODULE_SPECS = {"dataset": "myext.data:blobs:n=200", "model": "myext.nets:tiny_mlp:width=16",
+                "partition": "myext.splits:FeatureSkew", "availability": "myext.schedules:Diurnal:period=4"}
+ENTRY_SPECS = {"dataset": "blobs:n=200", "model": "tiny-mlp:width=16", "partition": "feature-skew",
+               "availability": "diurnal:period=4"}
+
+
+@pytest.fixture
+def myext(monkeypatch, tmp_path):
+    use_myext(monkeypatch, tmp_path)
+
+
+def test_a_module_attr_spec_is_told_from_a_builtin_spec():
+    assert split_reference("mynets:resnet8:width=32") == ("mynets:resnet8", "width=32")
+    assert split_reference("my.nets:Zoo.resnet8") == ("my.nets:Zoo.resnet8", "")
+    assert split_reference("dirichlet:alpha=0.3") is None and split_reference("mlp") is None
+    with pytest.raises(ExtensionError, match="module path"):
+        split_reference("my-nets:resnet8")
+
+
+def test_model_recipe_by_module_and_by_entry_point(myext):
+    model = build_model("myext.nets:tiny_mlp:width=16,depth=2", (8,), 3)
+    assert [m.out_features for m in model.modules() if isinstance(m, nn.Linear)] == [16, 16, 3]
+    torch.manual_seed(0)
+    a = build_model("tiny-mlp:width=16", (8,), 3)
+    torch.manual_seed(0)
+    b = build_model("myext.nets:tiny_mlp:width=16", (8,), 3)
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
+    with pytest.raises(SpecError, match="expected an integer"):
+        build_model("myext.nets:tiny_mlp:width=1.5", (8,), 3)
+    with pytest.raises(SpecError, match=r"unknown parameter.*allowed: \['depth', 'width'\]"):
+        build_model("tiny-mlp:height=3", (8,), 3)
+    with pytest.raises(ExtensionError, match="no attribute 'nope'"):
+        build_model("myext.nets:nope", (8,), 3)
+    assert build_model("mlp", (8,), 3).__class__.__name__ == "Classifier"  # built-ins win
+
+
+def test_dataset_recipe_in_every_accepted_form(myext, tmp_path):
+    train, test = load_dataset("myext.data:blobs:n=200,classes=4", seed=3)
+    assert (len(train), len(test), train.num_classes, tuple(train.x.shape[1:])) == (160, 40, 4, (8,))
+    same, _ = load_dataset("blobs:n=200,classes=4", seed=3)  # the entry point
+    assert torch.equal(same.x, train.x) and torch.equal(same.y, train.y)
+    arrays, _ = load_dataset("myext.data:blobs:n=300", seed=1)
+    hf, hf_test = load_dataset("myext.data:blobs_hf", seed=1)  # a datasets.DatasetDict
+    assert torch.allclose(hf.x, arrays.x) and torch.equal(hf.y, arrays.y) and len(hf_test) == 60
+    fds, _ = load_dataset("myext.data:blobs_federated", tmp_path, seed=1)  # a FederatedDataset
+    assert torch.allclose(fds.x, arrays.x) and torch.equal(fds.y, arrays.y)
+    with pytest.raises(SpecError, match="unknown parameter"):
+        load_dataset("blobs:size=3")
+
+
+def test_builtin_datasets_take_parameters_from_their_spec():
+    a, _ = load_dataset("synthetic:alpha=0.5,beta=0.5,test-fraction=0.5", num_clients=5, seed=0)
+    b, _ = load_dataset("synthetic", num_clients=5, seed=0, alpha=0.5, beta=0.5, test_fraction=0.5)
+    c, _ = load_dataset("synthetic", num_clients=5, seed=0)
+    assert torch.equal(a.x, b.x) and torch.equal(a.y, b.y)
+    assert len(a) < len(c)  # half held out for testing, not a fifth
+
+
+def test_partition_recipe_sees_features(myext):
+    train, _ = load_dataset("myext.data:blobs:n=400", seed=0)
+    x, y = train.x.numpy(), train.y.numpy()
+    parts = partition("myext.splits:FeatureSkew:seed=5", y, 4, 0, features=x)
+    assert sorted(np.concatenate(parts).tolist()) == list(range(len(y)))  # disjoint and covering
+    score = x.astype(np.float64) @ np.random.default_rng(5).normal(size=x.shape[1])
+    for a, b in zip(parts, parts[1:], strict=False):  # contiguous blocks of feature space
+        assert score[a].max() <= score[b].min()
+    by_ep = partition("feature-skew:seed=5", y, 4, 0, features=x)
+    assert all(np.array_equal(p, q) for p, q in zip(parts, by_ep, strict=True))
+
+
+def test_any_flwr_datasets_partitioner_and_a_plain_function_are_partitioners(tmp_path, monkeypatch):
+    labels = np.repeat(np.arange(4), 25)
+    parts = partition("flwr_datasets.partitioner:DirichletPartitioner:partition-by=label,alpha=0.5,"
+                      "min-partition-size=0", labels, 5, 1)
+    assert len(parts) == 5 and sorted(np.concatenate(parts).tolist()) == list(range(100))
+    again = partition("flwr_datasets.partitioner:DirichletPartitioner:partition_by=label,alpha=0.5,"
+                      "min_partition_size=0", labels, 5, 1)  # snake_case keys name the same parameters
+    assert all(np.array_equal(p, q) for p, q in zip(parts, again, strict=True))
+    (tmp_path / "mysplit.py").write_text(
+        "import numpy as np\n"
+        "def by_label(labels, num_partitions, every=1):\n"
+        "    return [np.flatnonzero(labels % num_partitions == i)[::every] for i in range(num_partitions)]\n"
+        "def halves(labels):\n"
+        "    return np.array_split(np.arange(len(labels)), 2)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    parts = partition("mysplit:by_label:every=2", labels, 4, 0)
+    assert [set(labels[p]) for p in parts] == [{0}, {1}, {2}, {3}] and [len(p) for p in parts] == [13] * 4
+    with pytest.raises(ExtensionError, match="returned 2 partitions for 4 clients"):
+        partition("mysplit:halves", labels, 4, 0)
+
+
+def test_availability_recipe_by_module_entry_point_and_run_config(myext):
+    s = build_schedule("myext.schedules:Diurnal:period=4,depth=0.5", 6, 0)
+    assert s.spec == "myext.schedules:Diurnal:period=4,depth=0.5" and s.params["period"] == 4
+    t = build_schedule("diurnal:period=4,depth=0.5", 6, 0)
+    assert np.array_equal(s.matrix(20), t.matrix(20)) and np.allclose(s.prob(3), t.prob(3))
+    assert 0.8 * 0.5 <= s.prob(0).max() <= 0.8 and s.prob(0).min() >= 0.8 * 0.5 - 1e-12
+    run_config = {"num-clients": 6, "availability": "diurnal:period=4", "schedule-seed": 2}
+    assert schedule_for(run_config).matrix(5).shape == (5, 6)
+    with pytest.raises(ScheduleError, match="unknown parameter"):
+        build_schedule("diurnal:phase=1", 6, 0)
+
+
+def test_a_schedule_factory_is_an_availability_model(tmp_path, monkeypatch):
+    (tmp_path / "myfactory.py").write_text(
+        "from availability import build_schedule\n"
+        "def half(num_clients, seed, p=0.5):\n"
+        "    return build_schedule(f'bernoulli:p={p}', num_clients, seed)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    s = build_schedule("myfactory:half:p=0.25", 8, 1)
+    assert np.array_equal(s.matrix(10), build_schedule("bernoulli:p=0.25", 8, 1).matrix(10))
+
+
+@pytest.mark.parametrize("names", [MODULE_SPECS, ENTRY_SPECS], ids=["module-attr", "entry-point"])
+def test_all_four_recipes_in_one_in_process_run(myext, tmp_path, names):
+    run = run_inprocess({**SMALL, **names, "results-dir": str(tmp_path), "run-name": "mine"})
+    rows = read_metrics(run)
+    assert [r["round"] for r in rows] == [1, 2] and "test-accuracy" in rows[-1]
+    config = json.loads((run / "config.json").read_text())
+    assert config["model"] == names["model"] and config["partition"] == names["partition"]
+
+
+def test_module_and_entry_point_runs_give_the_same_numbers(myext, tmp_path):
+    runs = [run_inprocess({**SMALL, **names, "results-dir": str(tmp_path), "run-name": tag})
+            for tag, names in (("module", MODULE_SPECS), ("entry", ENTRY_SPECS))]
+    a, b = ([{k: v for k, v in r.items() if k not in ("round-time", "wall-time")} for r in read_metrics(p)]
+            for p in runs)
+    assert a == b
+
+
+def test_a_user_module_that_is_missing_fails_before_training_naming_it(tmp_path):
+    from runconfig import ConfigError
+
+    with pytest.raises((ConfigError, ExtensionError), match="cannot import module 'nowhere'"):
+        run_inprocess({**SMALL, "model": "nowhere:net", "results-dir": str(tmp_path)})
+    assert not any(tmp_path.iterdir())
+
+
+def test_the_example_package_lives_outside_the_project_packages():
+    import tomllib
+
+    from conftest import ROOT
+
+    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["targets"]["wheel"]
+    assert not any(str(MYEXT.relative_to(ROOT)).startswith(p) for p in packages["packages"])
+
+
+@pytest.mark.slow
+def test_the_recipes_under_flwr_run_on_the_ray_simulation(myext, tmp_path):
+    """`flwr run .` (Flower's Ray simulation on a fresh local SuperLink) with the user's model,
+    dataset, partitioner and availability model, reached through the exported PYTHONPATH; two
+    rounds, the same participants and numbers as the in-process run."""
+    import shutil
+
+    from test_engines import flwr_run
+
+    if shutil.which("flwr") is None:
+        pytest.skip("the flwr CLI is not on PATH")
+    specs = " ".join(f"{k}='{v}'" for k, v in MODULE_SPECS.items())
+    results = tmp_path / "results"
+    log, status = flwr_run(tmp_path, f"num-clients=4 num-server-rounds=2 local-steps='steps:n=2' batch-size=8 "
+                                     f"lr=0.1 checkpoint-every=0 round-timeout=600.0 device='cpu' {specs} "
+                                     f"results-dir='{results}' run-name='flwr'")
+    assert status == "finished:completed", log[-3000:]
+    reference = run_inprocess({**SMALL, **MODULE_SPECS, "results-dir": str(tmp_path), "run-name": "inprocess"})
+    got, want = read_metrics(results / "flwr"), read_metrics(reference)
+    assert [r["participants"] for r in got] == [r["participants"] for r in want]
+    assert got[-1]["test-loss"] == pytest.approx(want[-1]["test-loss"], rel=1e-5)
+
+
+def test_the_projects_partitioners_are_flwr_datasets_partitioners():
+    import datasets
+    from flwr_datasets.partitioner import Partitioner
+
+    from workloads.partition import flwr_partitioner
+
+    labels = np.random.default_rng(0).integers(0, 5, 200)
+    part = flwr_partitioner("client-dirichlet:alpha=0.3,min-size=2", 8, seed=4)
+    assert isinstance(part, Partitioner) and part.num_partitions == 8
+    part.dataset = datasets.Dataset.from_dict({"label": labels, "row": np.arange(200)})
+    ours = partition("client-dirichlet:alpha=0.3,min_size=2", labels, 8, 4)
+    for i in range(8):
+        assert sorted(part.load_partition(i)["row"]) == sorted(ours[i].tolist())
+    with pytest.raises(SpecError, match="unknown partitioner"):
+        flwr_partitioner("dirichlett", 8)
