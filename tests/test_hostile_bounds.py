@@ -12,6 +12,8 @@ from replies import build_rule, rule_reply, start_round
 from strategies import STRATEGIES
 from strategies.bounds import MAX_EXAMPLES_RATIO, MAX_MODEL_RATIO, NormBounds, lower_median
 
+assert MAX_MODEL_RATIO == 0.0  # the model-relative bound is opt-in (bounds.py says why)
+
 RULES = sorted(STRATEGIES)
 X = np.full(3, 12.0 / np.sqrt(3), np.float32)  # ‖x‖ = 12, as the honest model
 
@@ -37,10 +39,11 @@ def test_round_one_half_the_replies_huge_are_rejected(name):
 
 @pytest.mark.parametrize("name", RULES)
 def test_round_one_with_two_replies_is_bounded_by_the_model(name):
-    x, s = first_round(name, [np.array([1e3, 0, 0], np.float32), np.array([0, 1e3, 0], np.float32)])
+    spec = ("pow-d:variant=rpow-d," if name == "pow-d" else f"{name}:") + "max-model-ratio=10"  # opt-in
+    x, s = first_round(name, [np.array([1e3, 0, 0], np.float32), np.array([0, 1e3, 0], np.float32)], spec=spec)
     reasons = [why for _, why in s.round_log.rejected]
     if "pow-d" not in name:
-        assert len(reasons) == 2 and all(f"max-model-ratio {MAX_MODEL_RATIO:g} x the model's norm 12" in r
+        assert len(reasons) == 2 and all("max-model-ratio 10 x the model's norm 12" in r
                                          for r in reasons)
     assert np.linalg.norm(x - X) < 1e-3
 
