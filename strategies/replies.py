@@ -199,6 +199,29 @@ def model_delta(arrays: ArrayRecord, layout: Layout, current: np.ndarray,
 
 
 # ------------------------------------------------------------------------ messages
+def model_sized(record: ArrayRecord, layout: Layout, prefix: str, out: np.ndarray, *, missing: str,
+                what: str) -> float:
+    """Decode the model-sized array a reply carries beside its model (``prefix + key`` for every
+    floating key of ``layout``: FedAWE's echoed u_i, SCAFFOLD's Δc_i) into ``out`` as one flat
+    float32 vector; its norm. ReplyRejected when a key is absent (``missing``, with the key's name
+    in front) or the vector is not finite after the cast (``what`` names it)."""
+    start = 0
+    with np.errstate(over="ignore", invalid="ignore"):
+        for key, shape, floating in zip(layout.keys, layout.shapes, layout.floating, strict=True):
+            if not floating:  # integer arrays are no part of the flat model (strategies.layout)
+                continue
+            name = prefix + key
+            if name not in record:
+                raise ReplyRejected(f"reply lacks '{name}': {missing}")
+            values = decode(record[name], name, shape)
+            out[start : start + values.size] = values.reshape(-1)
+            start += values.size
+    norm = safe_norm(out)
+    if not math.isfinite(norm):
+        raise ReplyRejected(f"{what} contains NaN or Inf (after the cast to float32)")
+    return norm
+
+
 def source_node(msg: Message, node_of_message: Mapping[str, int]) -> int:
     """The node a reply speaks for: its sender, or for an error the SuperLink wrote on a node's
     behalf (``src_node_id == 1``), the node the replied-to message went to."""

@@ -84,7 +84,7 @@ from ..protocol import (  # noqa: F401  (re-exported: FedAWE's wire format)
     FEDAWE_UPDATE_PREFIX as UPDATE_PREFIX,
     SERVER_ROUND,
 )
-from ..replies import decode, split
+from ..replies import decode, model_sized, split
 
 DISTANCE_RATIO = 1e3  # x the median of recent ‖x_i^† − x^t‖ (bounds.py: honest up to 157)
 
@@ -250,21 +250,9 @@ class FedAWE(AvailabilityStrategy):
         """u_i as one flat float32 vector, and ‖u_i‖ (finite after the cast, or a rejection)."""
         assert self.layout is not None
         update = self.reply_buffer()
-        start = 0
-        with np.errstate(over="ignore", invalid="ignore"):
-            for key, shape, floating in zip(self.layout.keys, self.layout.shapes, self.layout.floating, strict=True):
-                if not floating:  # integer arrays are no part of the flat model (strategies.layout)
-                    continue
-                name = UPDATE_PREFIX + key
-                if name not in record:
-                    raise ReplyRejected(f"reply lacks '{name}': the server needs the client's echoed update "
-                                        "u_i (config fedawe-send-update) for its clip and x̄")
-                values = decode(record[name], name, shape)
-                update[start : start + values.size] = values.reshape(-1)
-                start += values.size
-        norm = safe_norm(update)
-        if not math.isfinite(norm):
-            raise ReplyRejected("echoed update contains NaN or Inf (after the cast to float32)")
+        norm = model_sized(record, self.layout, UPDATE_PREFIX, update, what="echoed update",
+                           missing="the server needs the client's echoed update u_i (config "
+                                   "fedawe-send-update) for its clip and x̄")
         return update, norm
 
     # ------------------------------------------------------------------------ the rule

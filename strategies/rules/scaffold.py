@@ -39,7 +39,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType
 from flwr.serverapp import Grid
 
-from ..base import AvailabilityStrategy, ClientReport, ReplyRejected, safe_norm
+from ..base import AvailabilityStrategy, ClientReport, ReplyRejected
 from ..bounds import NormBounds
 from ..protocol import (
     AMPLIFIED_SCAFFOLD_RULE,
@@ -53,7 +53,7 @@ from ..protocol import (
     SCAFFOLD_RULE,
     SCAFFOLD_RUN_KEY,
 )
-from ..replies import decode, split
+from ..replies import model_sized, split
 
 
 def scaffold_step(x: np.ndarray, c: np.ndarray, dys: np.ndarray, dcs: np.ndarray, weights: np.ndarray,
@@ -145,23 +145,10 @@ class Scaffold(AvailabilityStrategy):
         model = ArrayRecord({k: record[k] for k in keys if not k.startswith(SCAFFOLD_META_PREFIX)})
         report = self.parser.report(model, metrics, node, self.layout, self.current, self.reply_buffer())
         dc = self.reply_buffer()
-        start = 0
-        with np.errstate(over="ignore", invalid="ignore"):
-            for key, shape, floating in zip(self.layout.keys, self.layout.shapes, self.layout.floating, strict=True):
-                if not floating:
-                    continue
-                name = SCAFFOLD_DC_PREFIX + key
-                if name not in record:
-                    raise ReplyRejected(
-                        f"reply lacks '{name}': this node does not run {self.name}'s client rule. A ClientApp "
-                        "takes part with client_app.dropin: ClientApp(mods=[client_rule_mod]) and "
-                        "correct_gradients(model, context) in its train function")
-                values = decode(record[name], name, shape)
-                dc[start : start + values.size] = values.reshape(-1)
-                start += values.size
-        norm = safe_norm(dc)
-        if not math.isfinite(norm):
-            raise ReplyRejected("control-variate update contains NaN or Inf (after the cast to float32)")
+        norm = model_sized(record, self.layout, SCAFFOLD_DC_PREFIX, dc, what="control-variate update",
+                           missing=f"this node does not run {self.name}'s client rule. A ClientApp takes part "
+                                   "with client_app.dropin: ClientApp(mods=[client_rule_mod]) and "
+                                   "correct_gradients(model, context) in its train function")
         base = {f.name: getattr(report, f.name) for f in fields(ClientReport)}
         return VariateReport(**base, dc=dc, dc_norm=norm)
 
