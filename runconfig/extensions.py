@@ -1,6 +1,6 @@
 """The user's own objects, named in the run config: a ``module:attr`` spec or an entry point.
 
-Every extension point (model, dataset, partitioner, availability model, study) reads a spec
+Every extension point (model, dataset, partitioner, availability model, study, rule) reads a spec
 string. Three forms reach an object:
 
 * a built-in name with its parameters: ``dirichlet:alpha=0.3`` (the caller's own table);
@@ -31,6 +31,7 @@ GROUPS: dict[str, str] = {
     "partitioner": "flchurn.partitioners",
     "availability": "flchurn.availability",
     "study": "flchurn.studies",
+    "strategy": "flchurn.strategies",
 }
 
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")

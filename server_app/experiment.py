@@ -25,6 +25,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from availability import Schedule, parse_spec, schedule_for
 from runconfig import ConfigError
+from runconfig.extensions import split_reference
 from strategies import AvailabilityStrategy, build_strategy, named_arrays
 from strategies.protocol import TRAIN_TIME
 from strategies.replies import brief, finite
@@ -75,8 +76,10 @@ def prepare(cfg: RunConfig) -> Setup:
 def strategy_spec(s: ServerConfig) -> str:
     """The ``strategy`` spec with the run config's ``max-update-norm`` / ``max-norm-ratio`` added as
     the rule's spec keys; 0 (the default) leaves the rule's own default, and a spec that sets the
-    same key to another value is a ConfigError."""
-    spec = parse_spec(s.strategy)
+    same key to another value is a ConfigError. A rule of the user's own (``module:Class:k=v``)
+    keeps its ``module:Class`` in front of the parameters."""
+    reference = split_reference(s.strategy)
+    spec = parse_spec(s.strategy if reference is None else f"rule:{reference[1]}" if reference[1] else "rule")
     for key, value in (("max-update-norm", s.max_update_norm), ("max-norm-ratio", s.max_norm_ratio)):
         if not value:
             continue
@@ -84,7 +87,7 @@ def strategy_spec(s: ServerConfig) -> str:
             raise ConfigError(f"run config '{key}' = {value} but strategy {s.strategy!r} sets {key}="
                               f"{spec.params[key]}: set it in one place")
         spec.params[key] = value
-    return str(spec)
+    return str(spec) if reference is None else reference[0] + str(spec).removeprefix("rule")
 
 
 def run_folder(cfg: RunConfig) -> Path:

@@ -6,6 +6,11 @@ uses the same grammar as schedules: ``fedau:cutoff=50``; its parameters are the 
 keyword arguments (its constructors', beyond :class:`StrategyParams`) and the shared sanity bounds
 ``max-update-norm``, ``max-norm-ratio`` and ``max-weight-share``, type-checked against their
 defaults.
+
+A rule that lives outside the project is named like any user object (:mod:`runconfig.extensions`):
+``mypkg.rules:MyRule:k=v`` or an entry point of group ``flchurn.strategies``; it must subclass
+:class:`AvailabilityStrategy` (any rule class of this package), and its spec parameters are its own
+keyword arguments, as for a built-in rule.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from availability.spec import SpecError, parse_spec
+from runconfig.extensions import ExtensionError, resolve
 
 from .base import AvailabilityStrategy
 from .params import SPEC_FIELDS, StrategyParams
@@ -80,38 +86,50 @@ def build_strategy(
                          f"{sorted(SHARED | SPEC_SHARED)} and their spec's own parameters")
     if run_config is not None and shared.get("num_clients") is None and "num-clients" in run_config:
         shared["num_clients"] = int(run_config["num-clients"])
-    parsed = parse_spec(spec)
-    if parsed.name not in STRATEGIES:
-        raise ValueError(f"unknown strategy {parsed.name!r}; known: {sorted(STRATEGIES)}")
-    cls = STRATEGIES[parsed.name]
+    cls, label, kwargs = _rule_and_params(spec)
+    if "probabilities" in inspect.signature(cls).parameters:
+        if probabilities is None:
+            raise ValueError(f"strategy {label!r} is an oracle: it needs the schedule's probabilities")
+        kwargs["probabilities"] = probabilities
+    return cls(**kwargs, **shared)
+
+
+def _rule_class(spec: str) -> tuple[type[AvailabilityStrategy], str, str]:
+    """(the rule class, its name for messages, the spec to read its parameters from)."""
+    ref = resolve(spec, "strategy", builtin=lambda name: name in STRATEGIES)
+    if ref is None:
+        name = parse_spec(spec).name
+        if name not in STRATEGIES:
+            raise ValueError(f"unknown strategy {name!r}; known: {sorted(STRATEGIES)}, or a rule of your "
+                             "own as 'module:Class[:key=value,...]' (docs/extending.md)")
+        return STRATEGIES[name], name, spec
+    cls = ref.obj
+    if not (isinstance(cls, type) and issubclass(cls, AvailabilityStrategy)):
+        raise ExtensionError(f"strategy {ref.name!r} is {cls!r}, not a rule class: subclass one of the "
+                             "rules in strategies (for example strategies.FedAvgActive)")
+    label = cls.name or "rule"
+    return cls, f"{ref.name} ({label})", f"{label}:{ref.params}" if ref.params else label
+
+
+def _rule_and_params(spec: str) -> tuple[type[AvailabilityStrategy], str, dict[str, Any]]:
+    """The rule class ``spec`` names, its name for messages, and its spec parameters as keyword
+    arguments, type-checked against the class's own defaults."""
+    cls, label, own_spec = _rule_class(spec)
+    parsed = parse_spec(own_spec)
     allowed = strategy_params(cls)
     params = parsed.take({k: (v if v is not inspect.Parameter.empty else None) for k, v in allowed.items()},
                          what="strategy")
-    kwargs = {k.replace("-", "_"): v for k, v in params.items()}
     missing = [k for k, v in allowed.items() if v is inspect.Parameter.empty and parsed.params.get(k) is None]
     if missing:
-        raise SpecError(f"strategy {parsed.name!r} needs parameter(s) {missing}")
-    if parsed.name in ORACLES:
-        if probabilities is None:
-            raise ValueError(f"strategy {parsed.name!r} is an oracle: it needs the schedule's probabilities")
-        kwargs["probabilities"] = probabilities
-    return cls(**kwargs, **shared)
+        raise SpecError(f"strategy {label!r} needs parameter(s) {missing}")
+    return cls, label, {k.replace("-", "_"): v for k, v in params.items()}
 
 
 def rule_spec(spec: str) -> tuple[type[AvailabilityStrategy], dict[str, Any]]:
     """The rule class a spec names and its spec parameters as keyword arguments, checked as
     :func:`build_strategy` checks them: for ``class Mine(Rule)`` written by a user, built as
     ``Mine(**params, fraction_evaluate=...)``. Oracles (they need the schedule) are refused."""
-    parsed = parse_spec(spec)
-    if parsed.name not in STRATEGIES:
-        raise ValueError(f"unknown strategy {parsed.name!r}; known: {sorted(STRATEGIES)}")
-    if parsed.name in ORACLES:
-        raise ValueError(f"strategy {parsed.name!r} is an oracle: build it with build_strategy(spec, probabilities=...)")
-    cls = STRATEGIES[parsed.name]
-    allowed = strategy_params(cls)
-    params = parsed.take({k: (v if v is not inspect.Parameter.empty else None) for k, v in allowed.items()},
-                         what="strategy")
-    missing = [k for k, v in allowed.items() if v is inspect.Parameter.empty and parsed.params.get(k) is None]
-    if missing:
-        raise SpecError(f"strategy {parsed.name!r} needs parameter(s) {missing}")
-    return cls, {k.replace("-", "_"): v for k, v in params.items()}
+    cls, label, params = _rule_and_params(spec)
+    if "probabilities" in inspect.signature(cls).parameters:
+        raise ValueError(f"strategy {label!r} is an oracle: build it with build_strategy(spec, probabilities=...)")
+    return cls, params

@@ -206,3 +206,29 @@ def test_the_projects_partitioners_are_flwr_datasets_partitioners():
         assert sorted(part.load_partition(i)["row"]) == sorted(ours[i].tolist())
     with pytest.raises(SpecError, match="unknown partitioner"):
         flwr_partitioner("dirichlett", 8)
+
+
+def test_rule_recipe_by_module_and_by_entry_point(myext, tmp_path):
+    """A rule of the user's own (myext.rules.ParticipationScaled, a FedAvgActive subclass) from both
+    routes: its own parameter checked, the same numbers either way; with every client online its
+    step scale is 1, so it equals fedavg-active bit for bit, and under churn it does not."""
+    from strategies import build_strategy
+
+    rule = build_strategy("myext.rules:ParticipationScaled:floor=0.2", num_clients=4)
+    assert type(rule).__name__ == "ParticipationScaled" and rule.floor == 0.2
+    with pytest.raises(SpecError, match="expected a number|expected a float"):
+        build_strategy("participation-scaled:floor=high", num_clients=4)
+    with pytest.raises(ExtensionError, match="not a rule class"):
+        build_strategy("myext.nets:tiny_mlp", num_clients=4)
+
+    def final(strategy, availability, tag):
+        run = run_inprocess({**SMALL, "strategy": strategy, "availability": availability,
+                             "results-dir": str(tmp_path), "run-name": tag})
+        return [{k: v for k, v in r.items() if k not in ("round-time", "wall-time", "step-scale")}
+                for r in read_metrics(run)]
+
+    churn = "bernoulli:p=0.5"
+    module = final("myext.rules:ParticipationScaled:floor=0.2", churn, "module")
+    assert module == final("participation-scaled:floor=0.2", churn, "entry")
+    assert module != final("fedavg-active", churn, "fedavg-churn")
+    assert final("participation-scaled", "always", "mine-always") == final("fedavg-active", "always", "fedavg-always")

@@ -21,7 +21,7 @@ ARROWS: dict[str, frozenset[str]] = {
     "runconfig": frozenset(),
     "availability": frozenset({"runconfig"}),
     "workloads": frozenset({"runconfig", "availability.spec"}),
-    "strategies": frozenset({"availability.spec"}),
+    "strategies": frozenset({"availability.spec", "runconfig"}),
     "client_app": frozenset({"runconfig", "availability", "workloads", "strategies.protocol"}),
     "server_app": frozenset({"runconfig", "availability", "workloads", "strategies"}),
     "deploy": frozenset({"runconfig", "availability", "workloads", "client_app", "server_app"}),
