@@ -51,8 +51,13 @@ def _collect() -> dict[str, type[AvailabilityStrategy]]:
     return {cls.name: cls for cls in _all_subclasses(AvailabilityStrategy) if cls.name}
 
 
+def is_oracle(cls: type[AvailabilityStrategy]) -> bool:
+    """Whether the rule reads the schedule's true probabilities (it takes ``probabilities``)."""
+    return "probabilities" in inspect.signature(cls).parameters
+
+
 STRATEGIES: dict[str, type[AvailabilityStrategy]] = _collect()
-ORACLES = frozenset(n for n, c in STRATEGIES.items() if "probabilities" in inspect.signature(c).parameters)
+ORACLES = frozenset(n for n, c in STRATEGIES.items() if is_oracle(c))
 
 
 def strategy_params(cls: type[AvailabilityStrategy]) -> dict[str, Any]:
@@ -87,7 +92,7 @@ def build_strategy(
     if run_config is not None and shared.get("num_clients") is None and "num-clients" in run_config:
         shared["num_clients"] = int(run_config["num-clients"])
     cls, label, kwargs = _rule_and_params(spec)
-    if "probabilities" in inspect.signature(cls).parameters:
+    if is_oracle(cls):
         if probabilities is None:
             raise ValueError(f"strategy {label!r} is an oracle: it needs the schedule's probabilities")
         kwargs["probabilities"] = probabilities
@@ -130,6 +135,6 @@ def rule_spec(spec: str) -> tuple[type[AvailabilityStrategy], dict[str, Any]]:
     :func:`build_strategy` checks them: for ``class Mine(Rule)`` written by a user, built as
     ``Mine(**params, fraction_evaluate=...)``. Oracles (they need the schedule) are refused."""
     cls, label, params = _rule_and_params(spec)
-    if "probabilities" in inspect.signature(cls).parameters:
+    if is_oracle(cls):
         raise ValueError(f"strategy {label!r} is an oracle: build it with build_strategy(spec, probabilities=...)")
     return cls, params
