@@ -48,6 +48,13 @@ VIRTUAL = ("virtual-time", "virtual-round-time", "late", "lost", "session-off", 
 TIMING = ("round-time", "wall-time")
 
 
+@pytest.fixture(autouse=True, scope="module")
+def no_plots():
+    with pytest.MonkeyPatch.context() as mp:  # the pictures are test_plots.py's; here they cost 1-3 s a run
+        mp.setattr("server_app.results.plot_run", lambda *args, **kwargs: None)
+        yield
+
+
 def run(tmp_path, name, **over):
     run_dir = run_inprocess({**BASE, **over, "results-dir": str(tmp_path), "run-name": name})
     return read_metrics(run_dir), torch.load(run_dir / "final_model.pt", weights_only=True), run_dir
