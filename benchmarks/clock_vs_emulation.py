@@ -156,18 +156,54 @@ def participation(replies: list[Reply], classes: Mapping[int, str], predicted: M
     return out
 
 
-def profile_text(devices: Mapping[str, Mapping[str, Any]], step_ms: Mapping[str, float]) -> str:
-    """The devices file with each class's ``step_ms`` added (the clock's profile)."""
+def same_matrix(a: list[Reply], b: list[Reply], first_round: int = 2) -> bool:
+    """Whether two runs have the same who-answered-in-time matrix from ``first_round`` on."""
+    def on(rs: list[Reply]) -> set[tuple[int, int]]:
+        return {(r.round, r.client) for r in rs if r.round >= first_round and r.status in ("on time", "rejected")}
+
+    rounds = {r.round for r in a} & {r.round for r in b}
+    return {x for x in on(a) if x[0] in rounds} == {x for x in on(b) if x[0] in rounds}
+
+
+def profile_text(devices: Mapping[str, Mapping[str, Any]], step_ms: Mapping[str, float],
+                 cost: Mapping[str, float] | None = None) -> str:
+    """The devices file with each class's ``step_ms`` added (the clock's profile). With ``cost``
+    (class -> seconds), each class's ``rtt_ms`` grows by half its cost: the clock adds rtt once
+    per transfer, so a job then takes exactly the cost longer (how the simulation run below
+    carries the deployment's per-message cost; the profile has no key of its own for it)."""
     def value(v: Any) -> str:
         return json.dumps(v) if isinstance(v, (str, list)) else repr(v)
 
     lines = []
     for name, table in devices.items():
+        table = dict(table)
+        if cost is not None and name in cost:
+            table["rtt_ms"] = round(float(table.get("rtt_ms", 0.0)) + 500.0 * cost[name], 3)
         lines += [f"[{name}]", *(f"{k} = {value(v)}" for k, v in table.items())]
         if name in step_ms:
             lines.append(f"step_ms = {step_ms[name]:.4f}")
         lines.append("")
     return "\n".join(lines)
+
+
+def simulated(cfg: Mapping[str, Any], profile: Path, num_nodes: int, deadline: float,
+              results: Path) -> list[Reply]:
+    """The same run in process on the virtual clock (run config ``devices``, ``virtual-deadline``),
+    as :class:`Reply` records: status on time / late / lost, ``reply`` = the clock's job time."""
+    from experiments.inprocess import run_inprocess
+
+    run_dir = run_inprocess({**cfg, "devices": str(profile), "virtual-deadline": deadline, "round-deadline": 0.0,
+                             "availability-gate": "server", "num-clients": num_nodes, "results-dir": str(results),
+                             "run-name": f"sim-{cfg['run-name']}"})
+    out = []
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        times = row.get("client-virtual-time", {})
+        late, lost = set(row.get("late", [])), set(row.get("lost", []))
+        for c in range(num_nodes):
+            status = "late" if c in late else "lost" if c in lost else "on time" if c in row["participants"] else "off"
+            out.append(Reply(int(row["round"]), c, status, times.get(str(c)), None, None, None, None))
+    return out
 
 
 # ---------------------------------------------------------------------- the deployed runs
@@ -270,13 +306,19 @@ def tables(res: dict[str, Any]) -> list[str]:
     part = res["participation"]
     md += ["", f"## Realised participation under round-deadline {res['deadline']} s (deadline run, rounds 2+)", "",
            "| class | predicted E (s) | clock says | on time | late | lost | other | measured on-time share | "
-           "agree |", "|---|---|---|---|---|---|---|---|---|"]
+           "agree | simulation: job time (s), on-time share |", "|---|---|---|---|---|---|---|---|---|---|"]
+    sim = res["simulation"]
     for name, p in part.items():
         k = p["counts"]
         other = sum(v for s, v in k.items() if s not in ("on time", "late", "lost"))
         md.append(f"| {name} | {classes[name]['predicted']:.2f} | {p['clock']} | {k.get('on time', 0)} | "
                   f"{k.get('late', 0)} | {k.get('lost', 0)} | {other} | {fmt(p['on-time-share'])} | "
-                  f"{'yes' if p['agree'] else 'NO'} |")
+                  f"{'yes' if p['agree'] else 'NO'} | {fmt(sim['job-time'][name])}, "
+                  f"{fmt(sim['participation'][name]['on-time-share'])} |")
+    md += ["", "Simulation: the same run in process with run config `devices` (the profile above, each class's "
+           "rtt_ms raised by half its per-message cost so that a job takes that cost longer) and "
+           f"`virtual-deadline` {res['deadline']}: the same who-answered-in-time matrix as the deployment in "
+           f"rounds 2+: {'yes' if sim['same-matrix'] else 'NO'}."]
     md += ["", f"Verdict: median E within 15% for {sum(c['within'] for c in classes.values())} of {len(classes)} "
            f"classes; participation agrees for {sum(p['agree'] for p in part.values())} of {len(part)}."]
     return md
@@ -330,6 +372,10 @@ def main() -> None:
                 print(f"clock: {json.dumps({k: round(v, 2) for k, v in predicted.items()})}; deadline {deadline} s",
                       flush=True)
                 runs["deadline"] = deployed(site, run_config(a, tmp / "results", "deadline", a.steps, deadline))
+            sim_profile = tmp / "profile-with-cost.toml"
+            sim_profile.write_text(profile_text(doc, step_ms, cost))
+            sim = simulated(run_config(a, tmp / "results", "deadline", a.steps, deadline), sim_profile, n, deadline,
+                            tmp / "sim")
         except BaseException:
             print("\n".join(log_lines[-40:]))
             raise
@@ -363,6 +409,9 @@ def main() -> None:
     res = {"host": {"cpus": os.cpu_count(), "load-end": os.getloadavg()}, "model": a.model, "model-bytes": mbytes,
            "steps": a.steps, "rounds": a.rounds, "deadline": deadline, "classes": classes,
            "participation": participation(runs["deadline"]["replies"], cls, predicted, deadline),
+           "simulation": {"participation": participation(sim, cls, predicted, deadline),
+                          "job-time": {name: class_median(sim, cls, name, "reply") for name in first},
+                          "same-matrix": same_matrix(runs["deadline"]["replies"], sim)},
            "runs": {k: {kk: vv for kk, vv in v.items() if kk != "replies"} for k, v in runs.items()},
            "replies": {k: [asdict(r) for r in v["replies"]] for k, v in runs.items()}, "leftovers": leftovers,
            "command": "benchmarks/clock_vs_emulation.py " + " ".join(
