@@ -70,7 +70,7 @@ def class_share(rows: Sequence[Mapping[str, Any]], classes: Mapping[int, str], h
     """Per class: applied updates per client up to ``horizon`` (participants of the rows)."""
     counts: dict[str, int] = {}
     size: dict[str, int] = {}
-    for c, name in classes.items():
+    for name in classes.values():
         size[name] = size.get(name, 0) + 1
         counts.setdefault(name, 0)
     for r in rows:

@@ -9,7 +9,6 @@ seconds; the client's ``sent-at``) and the pure parts of ``benchmarks/clock_vs_e
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -19,23 +18,13 @@ from pathlib import Path
 import pytest
 from flwr.app import Message, MetricRecord, RecordDict
 
+from deploy.edge import clockcheck as bench
 from server_app.experiment import client_reply_times
 from server_app.network import PollingGrid, reply_seconds
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "clock_vs_emulation.py"
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("clock_vs_emulation", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["clock_vs_emulation"] = mod  # dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
-
-
-bench = _bench()
+DEVICES = ROOT / "benchmarks" / "clock_vs_emulation.toml"
 
 
 def _msg(node: int) -> Message:
@@ -141,19 +130,21 @@ def test_within_fifteen_percent_means_the_ratio():
 
 
 def test_the_clocks_profile_is_the_devices_file_with_the_calibrated_step_times(tmp_path):
-    virtualtime = pytest.importorskip("virtualtime")
     import tomllib
 
-    doc = tomllib.loads(bench.DEFAULT_DEVICES.read_text())
-    text = bench.profile_text(doc, {"cpu20": 6.0, "cpu50": 2.5, "free": 1.2, "net": 1.25})
+    from virtualtime import VirtualClock, read_profiles
+
+    doc = tomllib.loads(DEVICES.read_text())
+    text = bench.profile_text(doc, {"cpu20": 6.0, "cpu50": 2.5, "free": 1.2, "net": 1.25}, cost={"cpu20": 2.0})
     (tmp_path / "p.toml").write_text(text)
-    plan = virtualtime.read_profiles(tmp_path / "p.toml", 4)
+    plan = read_profiles(tmp_path / "p.toml", 4)
     assert [(p.name, p.step_ms) for p in plan.classes] == [("cpu20", 6.0), ("cpu50", 2.5), ("free", 1.2),
                                                            ("net", 1.25)]
-    pred = bench.clock_predictions(tmp_path / "p.toml", 4, 125_000, 100, {"cpu20": 0, "net": 3})
-    assert pred["cpu20"] == {"download": 0.0, "compute": pytest.approx(0.6), "upload": 0.0,
-                             "total": pytest.approx(0.6)}
-    assert pred["net"]["download"] == pytest.approx(0.1 + 1.0) and pred["net"]["total"] == pytest.approx(2.325)
+    clock = VirtualClock(plan, model_bytes=125_000, seed=0)
+    cpu20, net = clock.job_time(0, 100), clock.job_time(3, 100)
+    # the cost (2 s) goes in as rtt: 1 s more per transfer, so the job takes exactly 2 s longer
+    assert (cpu20.download, cpu20.compute, cpu20.upload) == pytest.approx((1.0, 0.6, 1.0))
+    assert net.download == pytest.approx(0.1 + 1.0) and net.total == pytest.approx(2.325)
 
 
 # ---------------------------------------------------------------------- opt-in: real caps (root)
