@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import json
 
+import matplotlib
+import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from experiments.inprocess import run_inprocess
 from runconfig import ConfigError
-from server_app.results import read_metrics
+from server_app.results import accuracy_figure, clock_statuses, participation_figure, read_metrics
 
+matplotlib.use("Agg")
 N = 4
 BASE = {
     "dataset": "quadratic", "model": "quadratic", "partition": "natural", "num-clients": N,
@@ -79,6 +81,9 @@ def test_the_closed_form_toy_closes_rounds_at_the_deadline_and_records_late_and_
     assert [r["session-off"] for r in rows] == [[], [], [3], [0, 3], [0, 3]]
     assert [r["lost"] for r in rows] == [[]] * 5
     assert rows[0]["client-virtual-time"] == pytest.approx({"0": 1.0, "1": 2.32, "2": 4.0, "3": 0.5})
+    assert clock_statuses(rows, N).tolist() == [[1, 1, 2, 1]] * 2 + [[1, 1, 2, 4]] + [[4, 1, 2, 4]] * 2
+    assert len(accuracy_figure(rows, N).axes) == 4  # against rounds, and beside it against virtual time
+    assert len(participation_figure(np.zeros((5, N)), None, clock_statuses(rows, N)).axes) == 1
     # the strategy saw exactly these replies: the same run with the others dropped at delivery
     config = json.loads((run_dir / "config.json").read_text())
     assert config["devices-used"]["c"] == {"clients": [2], "step_ms": 3000.0, "rtt_ms": 500.0}
