@@ -32,6 +32,7 @@ from strategies.replies import brief, finite
 from workloads.workload import Workload, get_workload
 
 from . import checkpoint
+from .asynchronous import is_asynchronous, run_async
 from .config import RunConfig, ServerConfig
 from .network import AvailabilityGrid, discover_clients, fast_pull, wait_for_nodes
 from .results import METRICS, RunRecorder, default_run_name
@@ -213,6 +214,8 @@ def run(grid: Grid, cfg: RunConfig, console: Console | None = None) -> Path:
     client_of_node = connect(grid, cfg)  # every check is done before the results folder exists
     new_folder = not setup.run_dir.exists()
     try:
+        if is_asynchronous(setup.strategy):
+            return run_async(grid, setup, client_of_node, console or Console())
         return _run_rounds(grid, setup, client_of_node, console or Console())
     except BaseException:
         metrics = setup.run_dir / METRICS
