@@ -15,37 +15,26 @@ when profiles are given.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
 from availability import Schedule
+from virtualtime import JobTime
 
 STEP_SECONDS = 1.0  # virtual seconds per local step without device profiles
-HORIZON_SLOTS = 100_000  # next_online looks this many slots ahead, then gives up (offline for good)
+HORIZON_SLOTS = 100_000  # next_online looks this many slots ahead, then gives up (as virtualtime.clock)
 CACHED_SLOTS = 512
-
-
-@dataclass(frozen=True)
-class StepTime:
-    """A job's time without profiles: all compute."""
-
-    download: float
-    compute: float
-    upload: float
-
-    @property
-    def total(self) -> float:
-        return self.download + self.compute + self.upload
 
 
 class Clock(Protocol):
     def online(self, client: int, t: float) -> bool: ...
 
-    def next_online(self, client: int, t: float) -> float | None: ...
+    def next_online(self, client: int, t: float) -> float: ...
 
-    def job_time(self, client: int, num_steps: int) -> StepTime: ...
+    def online_until(self, client: int, t: float) -> float: ...
+
+    def job_time(self, client: int, num_steps: int) -> JobTime: ...
 
 
 class StepClock:
@@ -70,13 +59,25 @@ class StepClock:
     def online(self, client: int, t: float) -> bool:
         return bool(self.available(self.slot_of(t))[client])
 
-    def next_online(self, client: int, t: float) -> float | None:
-        """The start of the next slot after t's in which ``client`` is online (None: not within the horizon)."""
+    def next_online(self, client: int, t: float) -> float:
+        """The first time >= t at which ``client`` is online (inf: not within the horizon)."""
+        if self.online(client, t):
+            return t
         first = self.slot_of(t) + 1
         for slot in range(first, first + HORIZON_SLOTS):
             if self.available(slot)[client]:
                 return slot * self.slot
-        return None
+        return math.inf
 
-    def job_time(self, client: int, num_steps: int) -> StepTime:
-        return StepTime(0.0, num_steps * self.step, 0.0)
+    def online_until(self, client: int, t: float) -> float:
+        """When ``client``, online at t, goes offline (t when it is offline at t)."""
+        if not self.online(client, t):
+            return t
+        first = self.slot_of(t) + 1
+        for slot in range(first, first + HORIZON_SLOTS):
+            if not self.available(slot)[client]:
+                return slot * self.slot
+        return math.inf
+
+    def job_time(self, client: int, num_steps: int) -> JobTime:
+        return JobTime(0.0, num_steps * self.step, 0.0)

@@ -24,11 +24,11 @@ and the rule's state; an asynchronous run does not resume from one (``resume-fro
 
 from __future__ import annotations
 
-import heapq
 import logging
 import math
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,13 +40,14 @@ from rich.console import Console
 from runconfig import ConfigError
 from strategies.asynchronous import AsyncRule, Outcome
 from strategies.replies import RoundLog, brief
+from virtualtime import EventQueue
 
 from .async_clock import STEP_SECONDS, Clock, StepClock
 from .results import RunRecorder
 
 log = logging.getLogger(__name__)
 
-ARRIVAL, WAKE = 0, 1
+ARRIVAL, WAKE = "arrival", "wake"
 
 
 def is_asynchronous(strategy: Any) -> bool:
@@ -54,40 +55,23 @@ def is_asynchronous(strategy: Any) -> bool:
 
 
 def clock_for(setup: Any) -> Clock:
-    """The run's clock: the schedule in slots of one synchronous round, job time ∝ local steps."""
-    wl, n = setup.workload, setup.cfg.workload.num_clients
-    slot = max(wl.steps_for(c, 0) for c in range(n)) * STEP_SECONDS
-    return StepClock(setup.schedule, slot)
+    """The run's clock. With a devices file (run config ``devices``): :class:`virtualtime.VirtualClock`
+    (profiles, sessions, the schedule in slots of ``slot-seconds``, else of the slowest client's
+    round-1 job); without: :class:`StepClock` (job time ∝ local steps, the schedule in slots of
+    one synchronous round)."""
+    wl, n, run_config = setup.workload, setup.cfg.workload.num_clients, setup.cfg.to_dict()
+    steps = [wl.steps_for(c, 0) for c in range(n)]
+    devices = str(run_config.get("devices", "") or "")
+    if not devices:
+        return StepClock(setup.schedule, max(steps) * STEP_SECONDS)
+    from virtualtime import VirtualClock, read_profiles
 
-
-@dataclass(order=True)
-class Event:
-    time: float
-    seq: int
-    kind: int = field(compare=False)
-    client: int = field(compare=False)
-    job: Any = field(compare=False, default=None)
-
-
-class EventQueue:
-    """Events by (time, sequence number): ties in time keep the order they were pushed."""
-
-    def __init__(self) -> None:
-        self._heap: list[Event] = []
-        self._seq = 0
-
-    def push(self, t: float, kind: int, client: int, job: Any = None) -> None:
-        heapq.heappush(self._heap, Event(t, self._seq, kind, client, job))
-        self._seq += 1
-
-    def pop(self) -> Event:
-        return heapq.heappop(self._heap)
-
-    def peek_time(self) -> float | None:
-        return self._heap[0].time if self._heap else None
-
-    def __len__(self) -> int:
-        return len(self._heap)
+    seed = int(run_config.get("schedule-seed", 0))
+    plan = read_profiles(devices, n, seed=seed)
+    nbytes = sum(int(a.numpy().nbytes) for a in setup.arrays.values())
+    free = VirtualClock(plan, model_bytes=nbytes, seed=seed)
+    slot = float(run_config.get("slot-seconds", 0) or 0) or max(free.job_time(c, s).total for c, s in enumerate(steps))
+    return VirtualClock(plan, model_bytes=nbytes, seed=seed, schedule=setup.schedule, slot_seconds=slot)
 
 
 @dataclass
@@ -96,20 +80,28 @@ class Job:
     message: Message
     version: int
     reply: Message | None = None
+    until: float = math.inf  # when the client goes offline: a job that ends later is lost
+
+
+@dataclass
+class Hooks:
+    """What the asynchronous loop takes from the round loop's module (server_app.experiment)."""
+
+    evaluate: Callable[[Any, Any, Any], dict[str, float]]  # (workload, strategy, arrays) -> test-* metrics
+    checkpoint: Callable[[Any, int, Any], Any]  # (setup, version, arrays)
+    config_record: dict[str, Any]  # config.json
 
 
 class AsyncRecorder:
     """The rows of an asynchronous run: what arrived since the last aggregation, then one row per aggregation."""
 
-    def __init__(self, setup: Any, recorder: RunRecorder, console: Console) -> None:
-        self.setup, self.recorder, self.console = setup, recorder, console
+    def __init__(self, setup: Any, recorder: RunRecorder, console: Console, hooks: Hooks) -> None:
+        self.setup, self.recorder, self.console, self.hooks = setup, recorder, console, hooks
         self.t_run = self.t_last = time.monotonic()
         self.arrivals: list[dict[str, Any]] = []  # every arrival, for tests and the event-order record
         self.failed_in_a_row = 0
 
     def row(self, strategy: AsyncRule, now: float, x_old: np.ndarray) -> None:
-        from .experiment import evaluate_models, save_checkpoint
-
         s = self.setup.cfg.server
         rlog, applied = strategy.round_log, strategy.applied
         assert strategy.current is not None
@@ -133,13 +125,13 @@ class AsyncRecorder:
             row["train-loss"] = float(np.mean(losses))
         arrays = strategy.arrays_of(strategy.current)
         if (s.eval_every and strategy.version % s.eval_every == 0) or strategy.version == s.num_server_rounds:
-            row.update(evaluate_models(self.setup.workload, strategy, arrays))
+            row.update(self.hooks.evaluate(self.setup.workload, strategy, arrays))
         t = time.monotonic()
         row["round-time"], row["wall-time"] = t - self.t_last, t - self.t_run
         self.t_last = t
         self.recorder.record(row)
         if s.checkpoint_every and strategy.version % s.checkpoint_every == 0:
-            save_checkpoint(self.setup, strategy.version, arrays)
+            self.hooks.checkpoint(self.setup, strategy.version, arrays)
         strategy.round_log = RoundLog()
         acc = f", acc {row['test-accuracy']:.3f}" if "test-accuracy" in row else ""
         self.console.print(f"aggregation {strategy.version}/{s.num_server_rounds} at t={now:.1f}: "
@@ -160,11 +152,8 @@ class AsyncRecorder:
                                   f"rejected (last: {outcome.reason}); nothing can be aggregated")
 
 
-def run_async(grid: Grid, setup: Any, client_of_node: dict[int, int], console: Console) -> Path:
+def run_async(grid: Grid, setup: Any, client_of_node: dict[int, int], console: Console, hooks: Hooks) -> Path:
     """Run an asynchronous rule to ``num-server-rounds`` aggregations; return the results folder."""
-    from .experiment import engine_record
-    from .experiment import _versions as versions
-
     cfg, strategy = setup.cfg, setup.strategy
     assert isinstance(strategy, AsyncRule)
     s = cfg.server
@@ -172,12 +161,10 @@ def run_async(grid: Grid, setup: Any, client_of_node: dict[int, int], console: C
         raise ConfigError(f"run config 'resume-from': strategy '{strategy.name}' is asynchronous and does not "
                           "resume (jobs in flight are not checkpointed); start a new run")
     recorder = RunRecorder(setup.run_dir, cfg.workload.num_clients)
-    recorder.write_config({**cfg.to_dict(), "weighting-used": strategy.weighting, "seeds": cfg.seeds,
-                           "schedule": setup.schedule.describe(), **engine_record(grid, cfg), "versions": versions(),
-                           "loop": "asynchronous"})
+    recorder.write_config({**hooks.config_record, "loop": "asynchronous"})
     recorder.resume_at(0)
     strategy.begin(setup.arrays)
-    rec = AsyncRecorder(setup, recorder, console)
+    rec = AsyncRecorder(setup, recorder, console, hooks)
     if cfg.availability.availability_gate == "none":
         from .async_realtime import run_realtime
 
@@ -190,6 +177,7 @@ def run_async(grid: Grid, setup: Any, client_of_node: dict[int, int], console: C
     if not recorder.rows:
         raise RuntimeError(f"{strategy.name}: no aggregation happened (no client was ever online, or every "
                            "job was lost); see the log")
+    assert strategy.current is not None
     recorder.finish(strategy.arrays_of(strategy.current).to_torch_state_dict(), setup.schedule.matrix(slots))
     console.print(f"[bold green]done[/]: {strategy.version} aggregations, {'virtual' if slots else ''} "
                   f"time {end:.1f} s", soft_wrap=True)
@@ -209,7 +197,7 @@ class VirtualLoop:
         if missing:
             raise ConfigError(f"asynchronous run: no node hosts client(s) {missing[:5]}: pass num-supernodes={n}")
         self.connected = set(self.node_of.values())
-        self.idle, self.waking = set(range(n)), set()
+        self.idle, self.waking = set(range(n)), set[int]()
         self.jobs_of = dict.fromkeys(range(n), 0)
         self.queue = EventQueue()
         self.in_flight = 0
@@ -221,10 +209,11 @@ class VirtualLoop:
             event = self.queue.pop()
             now = event.time
             if event.kind == ARRIVAL:
-                self.arrive(event, now)
+                self.arrive(event.payload, now)
             else:
-                self.waking.discard(event.client)
-            if self.strategy.version < target and self.queue.peek_time() != now:
+                self.waking.discard(event.payload)
+            nxt = self.queue.peek()
+            if self.strategy.version < target and (nxt is None or nxt.time != now):
                 self.dispatch(now)  # after every event of this instant
         if self.strategy.version < target:
             log.warning("%s: stopped after %d of %d aggregations at virtual time %.1f: no client will be online "
@@ -238,7 +227,7 @@ class VirtualLoop:
                 free.append(c)
             elif c not in self.waking:
                 t = self.clock.next_online(c, now)
-                if t is not None:
+                if math.isfinite(t):
                     self.queue.push(t, WAKE, c)
                     self.waking.add(c)
         cap = self.strategy.concurrency - self.in_flight if self.strategy.concurrency else len(free)
@@ -262,16 +251,16 @@ class VirtualLoop:
         for job in jobs:
             job.reply = by_id.get(str(job.message.metadata.message_id))
             total = float(self.clock.job_time(job.client, wl.steps_for(job.client, self.jobs_of[job.client] - 1)).total)
-            self.queue.push(now + total, ARRIVAL, job.client, job)
+            job.until = self.clock.online_until(job.client, now)
+            self.queue.push(now + total, ARRIVAL, job)
             self.idle.discard(job.client)
             self.in_flight += 1
 
-    def arrive(self, event: Event, now: float) -> None:
-        job: Job = event.job
+    def arrive(self, job: Job, now: float) -> None:
         s, x_old = self.strategy, self.strategy.current
         self.in_flight -= 1
         self.idle.add(job.client)
-        if job.reply is None or not self.clock.online(job.client, now):  # lost: no reply, or offline by now
+        if job.reply is None or job.until < now:  # lost: no reply, or offline before the job ended
             s.release(job.version)
             s.round_log.unavailable.append(job.message.metadata.dst_node_id)
             outcome = Outcome(job.message.metadata.dst_node_id, job.client, reason="unavailable", unavailable=True)

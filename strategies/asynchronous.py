@@ -194,6 +194,7 @@ class AsyncRule(AvailabilityStrategy):
             why = next((r for n, r in reversed(log.rejected) if n == node), "")
             return Outcome(node, staleness=staleness, reason=why or "unavailable", unavailable=not why)
         start = self.snapshots.get(version, self.current)
+        assert start is not None
         arrival = Arrival(_owned(report), version, staleness, start, now)
         aggregated = self.add(arrival)
         if aggregated:
