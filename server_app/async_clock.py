@@ -32,8 +32,6 @@ class Clock(Protocol):
 
     def next_online(self, client: int, t: float) -> float: ...
 
-    def online_until(self, client: int, t: float) -> float: ...
-
     def job_time(self, client: int, num_steps: int) -> JobTime: ...
 
 
@@ -69,15 +67,24 @@ class StepClock:
                 return slot * self.slot
         return math.inf
 
-    def online_until(self, client: int, t: float) -> float:
-        """When ``client``, online at t, goes offline (t when it is offline at t)."""
-        if not self.online(client, t):
-            return t
-        first = self.slot_of(t) + 1
-        for slot in range(first, first + HORIZON_SLOTS):
-            if not self.available(slot)[client]:
-                return slot * self.slot
-        return math.inf
-
     def job_time(self, client: int, num_steps: int) -> JobTime:
         return JobTime(0.0, num_steps * self.step, 0.0)
+
+
+def completes(clock: Clock, client: int, start: float, end: float) -> bool:
+    """Whether ``client``, online at ``start``, stays online until ``end`` (its job's arrival): its
+    session (a clock with sessions) lasts, and it is online at every schedule slot's start in
+    between. A few checks per job, whatever the horizon."""
+    if not clock.online(client, start):
+        return False
+    session = getattr(clock, "session", None)
+    if session is not None and session(client, start)[2] < end:
+        return False
+    slot = getattr(clock, "slot", None) or getattr(clock, "slot_seconds", None)
+    if slot:
+        k = math.floor(start / slot + 1e-9) + 1
+        while k * slot < end - 1e-9:
+            if not clock.online(client, k * slot):
+                return False
+            k += 1
+    return True

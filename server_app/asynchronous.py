@@ -42,7 +42,7 @@ from strategies.asynchronous import AsyncRule, Outcome
 from strategies.replies import RoundLog, brief
 from virtualtime import EventQueue
 
-from .async_clock import STEP_SECONDS, Clock, StepClock
+from .async_clock import STEP_SECONDS, Clock, StepClock, completes
 from .results import RunRecorder
 
 log = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ class Job:
     message: Message
     version: int
     reply: Message | None = None
-    until: float = math.inf  # when the client goes offline: a job that ends later is lost
+    lost: bool = False  # the client goes offline before the job ends
 
 
 @dataclass
@@ -251,7 +251,7 @@ class VirtualLoop:
         for job in jobs:
             job.reply = by_id.get(str(job.message.metadata.message_id))
             total = float(self.clock.job_time(job.client, wl.steps_for(job.client, self.jobs_of[job.client] - 1)).total)
-            job.until = self.clock.online_until(job.client, now)
+            job.lost = not completes(self.clock, job.client, now, now + total)
             self.queue.push(now + total, ARRIVAL, job)
             self.idle.discard(job.client)
             self.in_flight += 1
@@ -260,7 +260,7 @@ class VirtualLoop:
         s, x_old = self.strategy, self.strategy.current
         self.in_flight -= 1
         self.idle.add(job.client)
-        if job.reply is None or job.until < now:  # lost: no reply, or offline before the job ended
+        if job.reply is None or job.lost:  # no reply, or offline before the job ended
             s.release(job.version)
             s.round_log.unavailable.append(job.message.metadata.dst_node_id)
             outcome = Outcome(job.message.metadata.dst_node_id, job.client, reason="unavailable", unavailable=True)

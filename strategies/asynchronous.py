@@ -187,13 +187,13 @@ class AsyncRule(AvailabilityStrategy):
                 self.round_log.rejected.append((node, reason))
                 return Outcome(node, staleness=staleness, reason=reason)
             report = self._check_one(reply, sent, version, connected)
+            start = self.snapshots.get(version, self.current)  # x^τ, before release may drop it
         finally:
             self.release(version)
         if report is None:
             log = self.round_log
             why = next((r for n, r in reversed(log.rejected) if n == node), "")
             return Outcome(node, staleness=staleness, reason=why or "unavailable", unavailable=not why)
-        start = self.snapshots.get(version, self.current)
         assert start is not None
         arrival = Arrival(_owned(report), version, staleness, start, now)
         aggregated = self.add(arrival)
