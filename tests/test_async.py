@@ -221,3 +221,39 @@ def test_rounds_of_the_sync_interface_still_run():
     s = build_strategy("fedasync:alpha=1,staleness=constant", num_clients=2)
     x = run_round(s, 1, np.zeros(2, np.float32), {0: np.array([1.0, 0.0]), 1: np.array([0.0, 1.0])})
     np.testing.assert_allclose(x, [0.0, 1.0])  # α = 1: the last arrival's model
+
+
+# ------------------------------------------------------------------ a real deployment
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_an_async_deployment_goes_on_when_a_node_is_stopped(tmp_path):
+    """Three SuperNodes (real processes), FedBuff with K = 2 on real time, no round barrier; after
+    the second aggregation node 2 is stopped (SIGTERM, for real): the run reaches its six
+    aggregations on the two others, and client 2 takes no part after its in-flight job."""
+    import shutil
+
+    if shutil.which("flower-superlink") is None:
+        pytest.skip("flower-superlink not on PATH")
+    from deploy.local import ProcessSite
+    from deploy.run import run_deployment
+
+    cfg = {"num-server-rounds": 6, "strategy": "fedbuff:k=2", "availability": "always", "dataset": "digits",
+           "model": "logreg", "local-steps": "steps:n=2", "partition": "iid", "round-timeout": 120.0,
+           "round-deadline": 15.0, "checkpoint-every": 0, "device": "cpu", "results-dir": str(tmp_path / "results"),
+           "progress": False}
+    stopped_at: list[int] = []
+    with ProcessSite(3, tmp_path / "work") as dep:
+        def stop_one(row: dict) -> None:
+            if row["round"] == 2 and not stopped_at:
+                dep.stop_node(2, "term")
+                stopped_at.append(row["round"])
+
+        out = run_deployment(dep, cfg, on_row=stop_one, timeout=500)
+    assert out.completed, out.status
+    run_dir = next((tmp_path / "results").iterdir())
+    rows = read_metrics(run_dir)
+    assert [r["round"] for r in rows] == list(range(1, 7)) and stopped_at == [2]
+    assert all(len(r["arrivals"]) == 2 for r in rows)
+    assert all(2 not in r["participants"] for r in rows[3:])  # at most one job in flight when stopped
+    assert {0, 1} <= {c for r in rows[2:] for c in r["participants"]}
+    assert json.loads((run_dir / "config.json").read_text())["loop"] == "asynchronous"
