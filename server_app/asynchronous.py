@@ -40,7 +40,7 @@ from rich.console import Console
 from runconfig import ConfigError
 from strategies.asynchronous import AsyncRule, Outcome
 from strategies.replies import RoundLog, brief
-from virtualtime import EventQueue
+from virtualtime import EventQueue, VirtualClock
 
 from .async_clock import STEP_SECONDS, Clock, StepClock, completes
 from .results import RunRecorder
@@ -55,23 +55,18 @@ def is_asynchronous(strategy: Any) -> bool:
 
 
 def clock_for(setup: Any) -> Clock:
-    """The run's clock. With a devices file (run config ``devices``): :class:`virtualtime.VirtualClock`
-    (profiles, sessions, the schedule in slots of ``slot-seconds``, else of the slowest client's
-    round-1 job); without: :class:`StepClock` (job time ∝ local steps, the schedule in slots of
-    one synchronous round)."""
-    wl, n, run_config = setup.workload, setup.cfg.workload.num_clients, setup.cfg.to_dict()
+    """The run's clock. With a devices file (run config ``devices``, ``setup.clock``): its
+    :class:`virtualtime.VirtualClock` (profiles, sessions) composed with the schedule in slots of
+    the slowest client's round-1 job; without: :class:`StepClock` (job time ∝ local steps, the
+    schedule in slots of one synchronous round)."""
+    wl, n = setup.workload, setup.cfg.workload.num_clients
     steps = [wl.steps_for(c, 0) for c in range(n)]
-    devices = str(run_config.get("devices", "") or "")
-    if not devices:
+    base = getattr(setup, "clock", None)
+    if base is None:
         return StepClock(setup.schedule, max(steps) * STEP_SECONDS)
-    from virtualtime import VirtualClock, read_profiles
-
-    seed = int(run_config.get("schedule-seed", 0))
-    plan = read_profiles(devices, n, seed=seed)
-    nbytes = sum(int(a.numpy().nbytes) for a in setup.arrays.values())
-    free = VirtualClock(plan, model_bytes=nbytes, seed=seed)
-    slot = float(run_config.get("slot-seconds", 0) or 0) or max(free.job_time(c, s).total for c, s in enumerate(steps))
-    return VirtualClock(plan, model_bytes=nbytes, seed=seed, schedule=setup.schedule, slot_seconds=slot)
+    slot = max(base.job_time(c, s).total for c, s in enumerate(steps)) or 1.0
+    return VirtualClock(base.plan, model_bytes=base.model_bytes, seed=base.seed, schedule=setup.schedule,
+                        slot_seconds=slot, upload_bytes=base.upload_bytes)
 
 
 @dataclass
@@ -173,7 +168,8 @@ def run_async(grid: Grid, setup: Any, client_of_node: dict[int, int], console: C
     else:
         clock = clock_for(setup)
         end = VirtualLoop(grid, setup, strategy, clock, client_of_node, rec).run()
-        slots = int(min(max(1, math.ceil(end / getattr(clock, "slot", 1.0)) + 1), 10 * s.num_server_rounds + 1))
+        slot = getattr(clock, "slot", None) or getattr(clock, "slot_seconds", None) or 1.0
+        slots = int(min(max(1, math.ceil(end / slot) + 1), 10 * s.num_server_rounds + 1))
     if not recorder.rows:
         raise RuntimeError(f"{strategy.name}: no aggregation happened (no client was ever online, or every "
                            "job was lost); see the log")

@@ -7,8 +7,7 @@ import math
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 import virtualtime
 from virtualtime import EventQueue, ProfileError, VirtualClock, parse_profiles, read_profiles
