@@ -32,6 +32,7 @@ from strategies.replies import brief, finite
 from workloads.workload import Workload, get_workload
 
 from . import checkpoint
+from .asynchronous import Hooks, is_asynchronous, run_async
 from .clockgrid import VirtualClock, VirtualClockGrid, build_clock, last_virtual_time
 from .config import RunConfig, ServerConfig
 from .network import AvailabilityGrid, discover_clients, fast_pull, reply_seconds, wait_for_nodes
@@ -241,6 +242,9 @@ def run(grid: Grid, cfg: RunConfig, console: Console | None = None) -> Path:
     client_of_node = connect(grid, cfg)  # every check is done before the results folder exists
     new_folder = not setup.run_dir.exists()
     try:
+        if is_asynchronous(setup.strategy):
+            hooks = Hooks(evaluate_models, save_checkpoint, config_record(grid, setup))
+            return run_async(grid, setup, client_of_node, console or Console(), hooks)
         return _run_rounds(grid, setup, client_of_node, console or Console())
     except BaseException:
         metrics = setup.run_dir / METRICS
@@ -253,10 +257,7 @@ def _run_rounds(grid: Grid, setup: Setup, client_of_node: dict[int, int], consol
     cfg = setup.cfg
     s, n = cfg.server, cfg.workload.num_clients
     recorder = RunRecorder(setup.run_dir, n)
-    config_record = {**cfg.to_dict(), "weighting-used": setup.strategy.weighting, "seeds": cfg.seeds,
-                     "schedule": setup.schedule.describe(), **engine_record(grid, cfg), "versions": _versions(),
-                     **({"devices-used": setup.clock.plan.record()} if setup.clock else {})}
-    recorder.write_config(config_record)
+    recorder.write_config(config_record(grid, setup))
     recorder.resume_at(setup.start_round - 1)
     if setup.start_round > 1:
         checkpoint.restore_rng(checkpoint.load(s.resume_from))
@@ -324,6 +325,14 @@ def _run_rounds(grid: Grid, setup: Setup, client_of_node: dict[int, int], consol
                   f"{time.monotonic() - t_run:.1f} s; {summary}", soft_wrap=True)
     console.print(f"results: {setup.run_dir}", soft_wrap=True)
     return setup.run_dir
+
+
+def config_record(grid: Grid, setup: Setup) -> dict[str, Any]:
+    """``config.json``: the resolved run config, seeds, schedule, engine, versions."""
+    cfg = setup.cfg
+    return {**cfg.to_dict(), "weighting-used": setup.strategy.weighting, "seeds": cfg.seeds,
+            "schedule": setup.schedule.describe(), **engine_record(grid, cfg), "versions": _versions(),
+            **({"devices-used": setup.clock.plan.record()} if setup.clock else {})}
 
 
 def engine_record(grid: Grid, cfg: RunConfig) -> dict[str, str]:
