@@ -54,6 +54,16 @@ def is_asynchronous(strategy: Any) -> bool:
     return bool(getattr(strategy, "asynchronous", False))
 
 
+def is_asynchronous_spec(spec: str) -> bool:
+    """Whether the rule a ``strategy`` spec names is asynchronous (False for a spec no rule has)."""
+    from strategies.registry import rule_spec
+
+    try:
+        return bool(getattr(rule_spec(spec)[0], "asynchronous", False))
+    except Exception:  # noqa: BLE001 (an oracle, or a bad spec: the run's own checks say why)
+        return False
+
+
 def clock_for(setup: Any) -> Clock:
     """The run's clock. With a devices file (run config ``devices``, ``setup.clock``): its
     :class:`virtualtime.VirtualClock` (profiles, sessions) composed with the schedule in slots of
