@@ -165,6 +165,9 @@ def run_async(grid: Grid, setup: Any, client_of_node: dict[int, int], console: C
     if s.resume_from:
         raise ConfigError(f"run config 'resume-from': strategy '{strategy.name}' is asynchronous and does not "
                           "resume (jobs in flight are not checkpointed); start a new run")
+    if s.federated_evaluation:
+        raise ConfigError(f"run config 'federated-evaluation' = true: strategy '{strategy.name}' is asynchronous "
+                          "(no rounds whose clients could evaluate); use central evaluation (eval-every)")
     recorder = RunRecorder(setup.run_dir, cfg.workload.num_clients)
     recorder.write_config({**hooks.config_record, "loop": "asynchronous"})
     recorder.resume_at(0)
@@ -185,8 +188,8 @@ def run_async(grid: Grid, setup: Any, client_of_node: dict[int, int], console: C
                            "job was lost); see the log")
     assert strategy.current is not None
     recorder.finish(strategy.arrays_of(strategy.current).to_torch_state_dict(), setup.schedule.matrix(slots))
-    console.print(f"[bold green]done[/]: {strategy.version} aggregations, {'virtual' if slots else ''} "
-                  f"time {end:.1f} s", soft_wrap=True)
+    kind = "real" if cfg.availability.availability_gate == "none" else "virtual"
+    console.print(f"[bold green]done[/]: {strategy.version} aggregations, {kind} time {end:.1f} s", soft_wrap=True)
     console.print(f"results: {setup.run_dir}", soft_wrap=True)
     return setup.run_dir
 
