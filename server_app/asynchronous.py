@@ -206,7 +206,7 @@ class VirtualLoop:
         if missing:
             raise ConfigError(f"asynchronous run: no node hosts client(s) {missing[:5]}: pass num-supernodes={n}")
         self.connected = set(self.node_of.values())
-        self.idle, self.waking = set(range(n)), set[int]()
+        self.idle = set(range(n))  # clients without a job that are (or may be) online
         self.jobs_of = dict.fromkeys(range(n), 0)
         self.queue = EventQueue()
         self.in_flight = 0
@@ -220,7 +220,7 @@ class VirtualLoop:
             if event.kind == ARRIVAL:
                 self.arrive(event.payload, now)
             else:
-                self.waking.discard(event.payload)
+                self.idle.add(event.payload)
             nxt = self.queue.peek()
             if self.strategy.version < target and (nxt is None or nxt.time != now):
                 self.dispatch(now)  # after every event of this instant
@@ -234,11 +234,11 @@ class VirtualLoop:
         for c in sorted(self.idle):
             if self.clock.online(c, now):
                 free.append(c)
-            elif c not in self.waking:
-                t = self.clock.next_online(c, now)
-                if math.isfinite(t):
-                    self.queue.push(t, WAKE, c)
-                    self.waking.add(c)
+                continue
+            self.idle.discard(c)  # back at its wake event: an offline client costs nothing until then
+            t = self.clock.next_online(c, now)
+            if math.isfinite(t):
+                self.queue.push(t, WAKE, c)
         cap = self.strategy.concurrency - self.in_flight if self.strategy.concurrency else len(free)
         if cap <= 0 or not free:
             return
