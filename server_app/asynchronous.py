@@ -54,6 +54,16 @@ def is_asynchronous(strategy: Any) -> bool:
     return bool(getattr(strategy, "asynchronous", False))
 
 
+def is_asynchronous_spec(spec: str) -> bool:
+    """Whether the rule a ``strategy`` spec names is asynchronous (False for a spec no rule has)."""
+    from strategies.registry import rule_spec
+
+    try:
+        return bool(getattr(rule_spec(spec)[0], "asynchronous", False))
+    except Exception:  # noqa: BLE001 (an oracle, or a bad spec: the run's own checks say why)
+        return False
+
+
 def clock_for(setup: Any) -> Clock:
     """The run's clock. With a devices file (run config ``devices``, ``setup.clock``): its
     :class:`virtualtime.VirtualClock` (profiles, sessions) composed with the schedule in slots of
@@ -155,6 +165,9 @@ def run_async(grid: Grid, setup: Any, client_of_node: dict[int, int], console: C
     if s.resume_from:
         raise ConfigError(f"run config 'resume-from': strategy '{strategy.name}' is asynchronous and does not "
                           "resume (jobs in flight are not checkpointed); start a new run")
+    if s.federated_evaluation:
+        raise ConfigError(f"run config 'federated-evaluation' = true: strategy '{strategy.name}' is asynchronous "
+                          "(no rounds whose clients could evaluate); use central evaluation (eval-every)")
     recorder = RunRecorder(setup.run_dir, cfg.workload.num_clients)
     recorder.write_config({**hooks.config_record, "loop": "asynchronous"})
     recorder.resume_at(0)
@@ -175,8 +188,8 @@ def run_async(grid: Grid, setup: Any, client_of_node: dict[int, int], console: C
                            "job was lost); see the log")
     assert strategy.current is not None
     recorder.finish(strategy.arrays_of(strategy.current).to_torch_state_dict(), setup.schedule.matrix(slots))
-    console.print(f"[bold green]done[/]: {strategy.version} aggregations, {'virtual' if slots else ''} "
-                  f"time {end:.1f} s", soft_wrap=True)
+    kind = "real" if cfg.availability.availability_gate == "none" else "virtual"
+    console.print(f"[bold green]done[/]: {strategy.version} aggregations, {kind} time {end:.1f} s", soft_wrap=True)
     console.print(f"results: {setup.run_dir}", soft_wrap=True)
     return setup.run_dir
 
@@ -193,7 +206,7 @@ class VirtualLoop:
         if missing:
             raise ConfigError(f"asynchronous run: no node hosts client(s) {missing[:5]}: pass num-supernodes={n}")
         self.connected = set(self.node_of.values())
-        self.idle, self.waking = set(range(n)), set[int]()
+        self.idle = set(range(n))  # clients without a job that are (or may be) online
         self.jobs_of = dict.fromkeys(range(n), 0)
         self.queue = EventQueue()
         self.in_flight = 0
@@ -207,7 +220,7 @@ class VirtualLoop:
             if event.kind == ARRIVAL:
                 self.arrive(event.payload, now)
             else:
-                self.waking.discard(event.payload)
+                self.idle.add(event.payload)
             nxt = self.queue.peek()
             if self.strategy.version < target and (nxt is None or nxt.time != now):
                 self.dispatch(now)  # after every event of this instant
@@ -221,11 +234,11 @@ class VirtualLoop:
         for c in sorted(self.idle):
             if self.clock.online(c, now):
                 free.append(c)
-            elif c not in self.waking:
-                t = self.clock.next_online(c, now)
-                if math.isfinite(t):
-                    self.queue.push(t, WAKE, c)
-                    self.waking.add(c)
+                continue
+            self.idle.discard(c)  # back at its wake event: an offline client costs nothing until then
+            t = self.clock.next_online(c, now)
+            if math.isfinite(t):
+                self.queue.push(t, WAKE, c)
         cap = self.strategy.concurrency - self.in_flight if self.strategy.concurrency else len(free)
         if cap <= 0 or not free:
             return

@@ -250,6 +250,7 @@ def test_an_async_deployment_goes_on_when_a_node_is_stopped(tmp_path):
 
         out = run_deployment(dep, cfg, on_row=stop_one, timeout=500)
     assert out.completed, out.status
+    assert out.report is None and out.ok  # rows are aggregations: no per-round participation check
     run_dir = next((tmp_path / "results").iterdir())
     rows = read_metrics(run_dir)
     assert [r["round"] for r in rows] == list(range(1, 7)) and stopped_at == [2]
