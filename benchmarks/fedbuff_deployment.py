@@ -9,8 +9,8 @@ report, which computes its numbers from them; prints a short comparison.
 The two time bases differ: the churn driver follows the server's rows, so in the deployment a
 schedule round is one aggregation; the simulation's asynchronous loop reads the schedule in slots
 of one synchronous round (``server_app/async_clock.py``: the slowest client's round-1 job, local
-steps x 1 virtual s without devices). Equal local steps and K = nodes / 2 make a slot about two
-aggregations there.
+steps x 1 virtual s without devices). With equal local steps, two groups of two nodes and K = 2,
+a slot is one aggregation there too.
 """
 
 from __future__ import annotations
