@@ -328,6 +328,7 @@ def main() -> None:
              f"{os.cpu_count()} CPUs, 1 torch thread; the runs' rounds took {spent:.0f} wall s{ran}). Devices "
              f"`{Path(a.devices).relative_to(ROOT) if Path(a.devices).is_relative_to(ROOT) else a.devices}`: "
              f"{plan.describe()}.")
+    out.parent.mkdir(parents=True, exist_ok=True)
     figures = plot(summary, out)
     out.write_text(report(summary, a, figures, setup))
     out.with_suffix(".json").write_text(json.dumps(summary, indent=1))
