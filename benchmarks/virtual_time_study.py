@@ -205,10 +205,18 @@ def reading(summary: Mapping[str, Any]) -> list[str]:
         out.append(f"- Time to {summary['target']}: the synchronous rules took {min(sync_t):.1f}-{max(sync_t):.1f} "
                    f"virtual s (means over seeds), the asynchronous {min(async_t):.1f}-{max(async_t):.1f} s: "
                    f"{min(sync_t) / max(async_t):.1f}-{max(sync_t) / min(async_t):.1f}x sooner.")
+    out.append(f"- Reached {summary['target']} (seeds): " + ", ".join(
+        f"{k} {r['reached']}" for k, r in rules.items()) + "; a dash in the table is a run that did not reach it "
+        "in its rounds or aggregations.")
+    acc = {k: r["accuracy-mean"] for k, r in rules.items() if r["accuracy-mean"] is not None}
+    if acc:
+        out.append(f"- At the horizon ({summary['horizon']:.1f} virtual s): " + ", ".join(
+            f"{k} {v:.3f}" for k, v in acc.items()) + " (means over seeds).")
     slow = {k: r["updates-per-client"].get("slow") for k, r in rules.items()}
     late = [r["late-share"]["slow"] for r in rules.values() if r["late-share"]]
     if late:
-        out.append(f"- The deadline made the slow class late in {min(late):.0%}-{max(late):.0%} of its jobs; by the "
+        span = f"{min(late):.0%}" if min(late) == max(late) else f"{min(late):.0%}-{max(late):.0%}"
+        out.append(f"- The deadline made the slow class late in {span} of its jobs; by the "
                    f"horizon a slow client had " + ", ".join(f"{k} {v:.1f}" for k, v in slow.items() if v is not None)
                    + " updates applied.")
     out += [
