@@ -154,15 +154,15 @@ def plot(summary: Mapping[str, Any], out: Path) -> list[str]:
     import matplotlib.pyplot as plt
 
     fig, (ax_t, ax_r) = plt.subplots(1, 2, figsize=(10, 3.8))
-    for rule, per in summary["curves"].items():
+    for i, (rule, per) in enumerate(summary["curves"].items()):
         style = "--" if summary["rules"][rule]["kind"] == "async" else "-"
         for k, (_, pts) in enumerate(sorted(per.items())):
             if not pts:
                 continue
             t, r, acc = zip(*pts, strict=True)
-            label = rule if k == 0 else None
-            line = ax_t.plot(t, acc, style, lw=1, label=label, alpha=0.8)[0]
-            ax_r.plot(r, acc, style, lw=1, color=line.get_color(), alpha=0.8)
+            label = f"{rule} ({len(per)} seeds)" if k == 0 else None
+            ax_t.plot(t, acc, style, lw=1, label=label, alpha=0.7, color=f"C{i}")
+            ax_r.plot(r, acc, style, lw=1, color=f"C{i}", alpha=0.7)
     for ax in (ax_t, ax_r):
         ax.axhline(summary["target"], color="grey", lw=0.6, ls=":")
         ax.set_ylabel("test accuracy")
