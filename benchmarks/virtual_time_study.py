@@ -295,13 +295,14 @@ def main() -> None:
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--devices", default=str(DEVICES))
     ap.add_argument("--deadline", type=float, default=4.0, help="virtual-deadline of the sync rules, s")
-    ap.add_argument("--rounds", type=int, default=12, help="rounds of the sync rules")
+    ap.add_argument("--rounds", type=int, default=20, help="rounds of the sync rules")
     ap.add_argument("--fedbuff-aggregations", type=int, default=100)
     ap.add_argument("--fedasync-aggregations", type=int, default=900)
     ap.add_argument("--fedasync-eval-every", type=int, default=3, help="FedAsync: evaluate every n aggregations")
     ap.add_argument("--target", type=float, default=0.85)
     ap.add_argument("--results", default=str(ROOT / "results" / "virtual-time-study"))
     ap.add_argument("--out", default=str(ROOT / "reports" / "virtual-time.md"))
+    ap.add_argument("--note", default="", help="a sentence for the report's setup line (e.g. the host's load)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of the in-process runs")
     ap.add_argument("--from-results", action="store_true", help="only read the results folders and write the report")
     a = ap.parse_args()
@@ -335,7 +336,7 @@ def main() -> None:
              f"--fedasync-aggregations {a.fedasync_aggregations}` on {time.strftime('%Y-%m-%d')} (in process, "
              f"{os.cpu_count()} CPUs, 1 torch thread; the runs' rounds took {spent:.0f} wall s{ran}). Devices "
              f"`{Path(a.devices).relative_to(ROOT) if Path(a.devices).is_relative_to(ROOT) else a.devices}`: "
-             f"{plan.describe()}.")
+             f"{plan.describe()}." + (f" {a.note}" if a.note else ""))
     out.parent.mkdir(parents=True, exist_ok=True)
     figures = plot(summary, out)
     out.write_text(report(summary, a, figures, setup))
