@@ -152,6 +152,7 @@ class FedAWE(AvailabilityStrategy):
 
     name = "fedawe"
     State = FedAWEState
+    robust_clip = False  # its first norm is ‖u_i‖/(t − τ_i), not ‖Δ_i‖ = ‖x_i^† − x^t‖
     needs_num_clients = True  # x̄ is the mean over all N clients' copies
     # ‖u_i‖/(t − τ_i) of a client back from a stale copy: honest up to 12.3 x the reference
     # (benchmarks/honest_variation.py, digits Dirichlet 0.2, 1-5 local epochs), where every other

@@ -63,6 +63,7 @@ class PowerOfChoice(AvailabilityStrategy):
     """Loss-biased client selection (Cho et al., AISTATS 2022, Alg. 1)."""
 
     name = "pow-d"
+    mean_of_updates = True
     State = PowerOfChoiceState
     fixed_selection = ("power-of-choice chooses its own clients each round (d candidates probed, the m "
                        "with the largest loss trained): set d and m instead")
@@ -189,5 +190,7 @@ class PowerOfChoice(AvailabilityStrategy):
         metrics = dict(self.selection)
         if not reports:
             return x, metrics
-        w = self.weights(reports)
-        return x + self.server_lr * weighted_sum(w, (r.delta for r in reports)), metrics
+        u = self.robust_mean(reports)
+        if u is None:
+            u = weighted_sum(self.weights(reports), (r.delta for r in reports))
+        return x + self.server_lr * u, metrics
