@@ -278,7 +278,7 @@ class Stale(StoredUpdates):
     name = "stale"
 
     def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
-        table = self._table(x.size)
+        table = self._table(x.size, [r.client_id for r in reports])
         for r in reports:
             table.set_row(r.client_id, r.delta)
         metrics = {"num-stale": int(table.seen.sum()) - len(reports)}
