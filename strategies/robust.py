@@ -2,10 +2,12 @@
 
 - ``robust=median``: the coordinate-wise median of the round's Δ_i (Yin, Chen, Ramchandran and
   Bartlett, "Byzantine-Robust Distributed Learning: Towards Optimal Statistical Rates", ICML 2018,
-  Def. 1), ``numpy.median`` over the stacked updates;
+  Def. 1);
 - ``robust=trimmed-mean:beta=0.2``: the coordinate-wise β-trimmed mean (Yin et al. 2018, Def. 2):
-  per coordinate the ⌊β n⌋ largest and smallest values are dropped and the rest averaged,
-  ``scipy.stats.trim_mean`` (so with n = 8 replies, β = 0.2 drops 1 per end; β < 1/n drops none);
+  per coordinate the ⌊β n⌋ largest and smallest values are dropped and the rest averaged (as
+  ``scipy.stats.trim_mean``; so with n = 8 replies, β = 0.2 drops 1 per end; β < 1/n drops none);
+  both from one ``numpy.sort`` of the stacked updates along the replies (5 × faster than
+  ``numpy.median`` or ``trim_mean`` along that axis: 13 against 67 and 81 ms CPU at 20 × 2·10⁵);
 - ``robust=clip``: a reply whose update norm is beyond the ratio bound (``max-norm-ratio`` × the
   lower median of recent norms, :class:`strategies.bounds.NormBounds`) is scaled down to the
   bound instead of being rejected (metric ``num-clipped``), so the bound can be set tight (e.g.
@@ -26,7 +28,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.stats import trim_mean
 
 from availability.spec import SpecError, parse_spec
 
@@ -76,8 +77,11 @@ class Robust:
 
     def combine(self, stacked: np.ndarray) -> np.ndarray:
         """The coordinate-wise statistic of the rows of ``stacked`` (n × d), float32."""
+        if not self.combines:
+            raise ValueError(f"robust={self} does not combine updates")
+        n = len(stacked)
+        ordered = np.sort(stacked, axis=0)
         if self.kind == "median":
-            return np.median(stacked, axis=0).astype(np.float32)
-        if self.kind == "trimmed-mean":
-            return np.asarray(trim_mean(stacked, self.beta, axis=0), np.float32)
-        raise ValueError(f"robust={self} does not combine updates")
+            return ((ordered[(n - 1) // 2].astype(np.float64) + ordered[n // 2]) / 2).astype(np.float32)
+        cut = int(self.beta * n)
+        return ordered[cut:n - cut].mean(axis=0, dtype=np.float64).astype(np.float32)

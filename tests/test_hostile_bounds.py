@@ -143,3 +143,16 @@ def test_robust_off_is_the_papers_mean_bit_for_bit():
         a, _, _ = one_round(spec, ups)
         b, _, _ = one_round(spec + (",robust=off" if ":" in spec else ":robust=off"), ups)
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 8, 21])
+def test_the_statistics_are_numpys_median_and_scipys_trimmed_mean(n):
+    from scipy.stats import trim_mean
+
+    from strategies.robust import Robust
+
+    a = np.random.default_rng(n).normal(size=(n, 50)).astype(np.float32)
+    np.testing.assert_allclose(Robust("median").combine(a), np.median(a, axis=0), rtol=1e-6, atol=1e-7)
+    for beta in (0.1, 0.2, 0.45):
+        np.testing.assert_allclose(Robust("trimmed-mean", beta).combine(a), trim_mean(a.astype(np.float64), beta, axis=0),
+                                   rtol=1e-5, atol=1e-6)
