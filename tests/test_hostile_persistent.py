@@ -18,7 +18,9 @@ from attacks import N, influence
 from strategies import STRATEGIES
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "threat-model.md"
-SPECS = [*sorted(STRATEGIES), "fednova:server-momentum=0.9", "fedawe:clip=0.5"]
+ROBUST = ["fedavg-active:robust=median", "fedavg-active:robust=trimmed-mean", "fedavg-active:robust=clip,max-norm-ratio=2",
+          "fednova:robust=median", "fedadam:robust=median", "mifa:robust=clip,max-norm-ratio=2"]
+SPECS = [*sorted(STRATEGIES), "fednova:server-momentum=0.9", "fedawe:clip=0.5", *ROBUST]
 
 
 def documented() -> dict[str, tuple[float, float]]:
