@@ -38,10 +38,11 @@ class FedAvgActive(AvailabilityStrategy):
     def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
         if not reports:
             return x, {}
-        u = self.robust_mean(reports)
+        u: np.ndarray | int | None = self.robust_mean(reports)
         if u is None:
             w = self.weights(reports)
             u = weighted_sum(map(float, w), (r.delta for r in reports))  # float32, as sum(float(w_i) Δ_i)
+        assert u is not None
         return x + self.server_lr * u, {}
 
 

@@ -70,7 +70,7 @@ class _FlowerOptimizer(AvailabilityStrategy):
     def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
         if not reports:
             return x, {}
-        u = self.robust_mean(reports)
+        u: np.ndarray | int | None = self.robust_mean(reports)
         if u is None:
             w = self.weights(reports)
             u = weighted_sum(map(float, w), (r.delta for r in reports))

@@ -213,7 +213,8 @@ class PowerOfChoice(AvailabilityStrategy):
         metrics = dict(self.selection)
         if not reports:
             return x, metrics
-        u = self.robust_mean(reports)
+        u: np.ndarray | int | None = self.robust_mean(reports)
         if u is None:
             u = weighted_sum(self.weights(reports), (r.delta for r in reports))
+        assert u is not None
         return x + self.server_lr * u, metrics
