@@ -182,6 +182,8 @@ class FedAWE(AvailabilityStrategy):
         self.sketch_seed = secrets.randbits(63) or 1  # secret: the clients do not know P
         self.sketches: dict[int, np.ndarray] = {}  # round t -> P x^t (SKETCH numbers per round)
         self._projection: np.ndarray | None = None  # P, SKETCH x d float64, from sketch_seed
+        self._abs_p: np.ndarray | None = None  # |P|
+        self._abs_sketch: np.ndarray | None = None  # |P| |x^t|, this round's (reset by configure_train)
 
     # ------------------------------------------------------------------ messages out
     def client_config(self) -> dict[str, Any]:
@@ -208,6 +210,7 @@ class FedAWE(AvailabilityStrategy):
             self.sketches[-1] = self.projection() @ self.layout.flatten(initial).astype(np.float64)  # x^0
         assert self.current is not None
         self.sketches[self._t] = self.projection() @ self.current.astype(np.float64)  # x^t
+        self._abs_sketch = None
         if not sent:
             return sent
         content = self.keys.content(initial, sent[0].content.config_records[self.keys.configrecord_key])
@@ -279,6 +282,15 @@ class FedAWE(AvailabilityStrategy):
             self._projection = rng.standard_normal((SKETCH, self.current.size))
         return self._projection
 
+    def _abs_projection(self) -> np.ndarray:
+        """|P| (elementwise), and |P| |x^t| for this round (``_abs_sketch``), computed once a round."""
+        assert self.current is not None
+        if self._abs_p is None or self._abs_sketch is None or self._abs_p.shape[1] != self.current.size:
+            self._abs_p = np.abs(self.projection())
+        if self._abs_sketch is None:
+            self._abs_sketch = self._abs_p @ np.abs(self.current.astype(np.float64))
+        return self._abs_p
+
     def _check_start(self, report: ClientReport, update: np.ndarray) -> None:
         """x_i^{t,0} = x_i^† − η_g u_i must be a model the client can hold: x^0, or a broadcast
         x^{s+1} of a round s ≤ its last accepted one, or x^t (a plain reply, as
@@ -293,12 +305,11 @@ class FedAWE(AvailabilityStrategy):
         known = [self.sketches[s] for s in rounds if s in self.sketches]
         if -1 not in self.sketches:
             return
-        x = self.current.astype(np.float64)
-        start = x + report.delta - self.server_lr * update.astype(np.float64)
-        slack = np.ldexp(np.abs(x) + np.abs(report.delta) + self.server_lr * np.abs(update), -23)
-        p = self.projection()
-        tol = np.abs(p) @ slack + 1e-12
-        got = p @ start
+        p, magnitude = self.projection(), self._abs_projection()
+        # P x_i^{t,0} = P x^t + P Δ_i − η_g P u_i (P x^t: this round's sketch), 4 products of 2 × d
+        got = self.sketches[self._t] + p @ report.delta - self.server_lr * (p @ update)
+        slack = self._abs_sketch + magnitude @ np.abs(report.delta) + self.server_lr * (magnitude @ np.abs(update))
+        tol = np.ldexp(slack, -23) + 1e-12
         if not np.all(np.isfinite(got)) or not any(np.all(np.abs(got - s) <= tol) for s in known):
             raise ReplyRejected("the returned model and the echoed update u_i disagree: x_i^† − η_g u_i is not x^0 "
                                 "nor a model broadcast to this client since (FedAWE's consistency check)")
