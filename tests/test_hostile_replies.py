@@ -201,7 +201,7 @@ def test_fedawe_u_i_must_agree_with_a_model_the_client_can_hold(rule):
     """x_i^† − η_g u_i must be x^0, a broadcast to that client since, or x^t: client 0, back in
     round 3 from its copy x^2 (adopted after round 1), is accepted with a consistent u_i and
     rejected when u_i is off by 1e-3 in one coordinate, or when its start is a model it never got."""
-    s = build_rule(rule)
+    s = build_rule(rule, min_available_nodes=1)  # one node per round: no wait for a second
     xs = [X.astype(np.float32)]
     for rnd, client in ((1, 0), (2, 1)):
         sent = start_round(s, rnd, xs[-1], [100 + client])
