@@ -11,6 +11,7 @@ for both; on a shared machine the CPU-time ratio is the steadier figure.
 
     python benchmarks/aggregate_time.py                       # every rule, R = 100, d = 10^6
     python benchmarks/aggregate_time.py --rules fedavg-active mifa --rounds 5
+    python benchmarks/aggregate_time.py --rules fedavg-active fedavg-active:robust=median   # robust rows
     OPENBLAS_NUM_THREADS=1 python benchmarks/aggregate_time.py   # on a shared host: BLAS threads
                                                                  # inflate the CPU time of norms
 """
@@ -42,6 +43,9 @@ from strategies.protocol import (
 
 # how a rule is built here: every node trains (power-of-choice without probes, d = m = R)
 SPECS = {"pow-d": "pow-d:variant=rpow-d,d={r},m={r}", "mifa": "mifa:gradient-units=true"}
+# extra rows: the optional robust aggregation (spec key robust, strategies/robust.py)
+ROBUST_ROWS = ("fedavg-active:robust=median", "fedavg-active:robust=trimmed-mean", "fedavg-active:robust=clip",
+               "fednova:robust=median")
 
 
 class Grid:
@@ -125,7 +129,8 @@ def main() -> None:
     ap.add_argument("--replies", type=int, default=100)
     ap.add_argument("--dim", type=int, default=10**6)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--rules", nargs="*", default=sorted(STRATEGIES))
+    ap.add_argument("--rules", nargs="*", default=[*sorted(STRATEGIES), *ROBUST_ROWS],
+                    help="rule names or specs (e.g. fedavg-active:robust=median)")
     args = ap.parse_args()
     TaskIdentity.task_id = TaskIdentity.run_id = TaskIdentity.node_id = 1  # Message() needs them
     logging.getLogger("flwr").setLevel(logging.WARNING)  # Flower's FedAvg logs every round

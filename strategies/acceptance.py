@@ -23,6 +23,7 @@ from .layout import Layout, Scratch, safe_norm
 from .metrics import carries_client_id
 from .options import RecordKeys
 from .replies import ClientReport, ReplyParser, ReplyRejected, RoundLog, brief, destinations, source_node
+from .robust import Robust
 from .rule import Rule
 
 log = logging.getLogger("flwr")  # Flower's logger: these lines appear where Flower's own do
@@ -38,6 +39,8 @@ class ReplyAcceptance(Rule):
     bounds: NormBounds
     weighting: str
     examples_clipped: int
+    norms_clipped: int  # this round's updates scaled down to the ratio bound (robust=clip)
+    robust: Robust
     binding: ClientBinding
     connected: set[int]  # node ids the grid listed at this round's configure_train
     layout: Layout | None
@@ -142,9 +145,17 @@ class ReplyAcceptance(Rule):
     def check_norms(self, reports: list[ClientReport]) -> list[ClientReport]:
         """Reject reports beyond any of the :meth:`norm_checks` (:meth:`NormBounds.check`)."""
         scale = safe_norm(self.current) if self.current is not None else 0.0  # ‖x^t‖: without a median
-        for bounds, norm_of in self.norm_checks():
-            reports = bounds.check(reports, norm_of, lambda r: r.node_id, self.reject, scale)
+        self.norms_clipped = 0
+        for i, (bounds, norm_of) in enumerate(self.norm_checks()):
+            clip = self.clip_report if i == 0 and self.robust.clips else None  # robust=clip: ‖Δ_i‖ only
+            reports = bounds.check(reports, norm_of, lambda r: r.node_id, self.reject, scale, clip)
         return reports
+
+    def clip_report(self, report: ClientReport, norm: float, limit: float) -> None:
+        """``robust=clip``: Δ_i scaled to norm ``limit`` (a new array: the reply's buffer is shared)."""
+        report.delta = report.delta * np.float32(limit / norm)
+        report.norm = limit
+        self.norms_clipped += 1
 
     def check_claims(self, reports: list[ClientReport]) -> list[ClientReport]:
         """One report per client id, from the node allowed to claim it (:meth:`ClientBinding.check`)."""

@@ -58,7 +58,7 @@ class FedStale(StoredUpdates):
         self.beta = float(beta)
 
     def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
-        table = self._table(x.size)
+        table = self._table(x.size, [r.client_id for r in reports])
         if not reports:
             return x, {"num-seen": table.num_seen}
         fresh = np.zeros(x.size, np.float64)

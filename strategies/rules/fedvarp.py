@@ -38,7 +38,7 @@ class FedVARP(StoredUpdates):
     name = "fedvarp"
 
     def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
-        table = self._table(x.size)
+        table = self._table(x.size, [r.client_id for r in reports])
         if not reports:
             return x, {"num-seen": table.num_seen}
         correction = np.zeros(x.size, np.float64)
@@ -108,9 +108,16 @@ class ClusterFedVARP(StoredUpdates):
     def num_rows(self) -> int:
         return int(self._assignment().max()) + 1
 
+    def forget_row(self, table, row: int) -> None:
+        """An expired cluster row leaves ȳ = Σ_c (N_c/N) y_c too."""
+        if self.ybar is not None and self.ybar.size == table.dim:
+            cluster = self._assignment()
+            self.ybar -= (np.count_nonzero(cluster == row) / len(cluster)) * table.row(row).astype(np.float64)
+        table.clear_row(row)
+
     def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
         cluster = self._assignment()
-        table = self._table(x.size)
+        table = self._table(x.size, [int(cluster[r.client_id]) for r in reports])
         if self.ybar is None or self.ybar.size != x.size:
             self.ybar = np.zeros(x.size, np.float64)  # Σ_c (N_c/N) y_c, kept up to date in O(d)
         if not reports:

@@ -100,7 +100,7 @@ class MIFA(StoredUpdates):
             self.lr_history.extend(float(r.metrics[LR]) for r in reports)
 
     def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
-        table = self._table(x.size)
+        table = self._table(x.size, [r.client_id for r in reports])
         if self.gradient_units and reports:
             lrs = [float(r.metrics[LR]) for r in reports]
             self.last_lr = float(np.mean(lrs))
