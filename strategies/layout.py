@@ -16,7 +16,7 @@ round integers above 2^24: they travel beside the vector, exactly, as name -> ar
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -144,32 +144,107 @@ def aggregate_integers(policy: str, current: Mapping[str, np.ndarray], replied: 
     return out
 
 
+def matrix_runs(vectors: Sequence[np.ndarray]) -> list[tuple[np.ndarray, list[int]]]:
+    """``vectors`` grouped into runs of equally spaced rows of one C-contiguous matrix (the reply
+    :class:`Scratch`, a client table), in the matrix's row order: ``[(2-D view, positions in
+    vectors)]``, one run per stretch (a vector that is no such row is a run of its own). A run is
+    a strided view, no copy, so one matrix product (BLAS) reads its rows once."""
+    keyed: list[tuple[int, int, int]] = []  # (matrix id, row, position)
+    owners: dict[int, np.ndarray] = {}
+    alone: list[int] = []
+    for k, v in enumerate(vectors):
+        base = v.base if isinstance(v, np.ndarray) else None
+        if (isinstance(base, np.ndarray) and v.ndim == 1 and base.ndim == 2 and base.dtype == v.dtype
+                and base.flags.c_contiguous and base.shape[1] == v.size and v.strides == (v.itemsize,)):
+            row, rem = divmod(v.ctypes.data - base.ctypes.data, base.strides[0])
+            if rem == 0 and 0 <= row < base.shape[0]:
+                owners[id(base)] = base
+                keyed.append((id(base), row, k))
+                continue
+        alone.append(k)
+    keyed.sort()
+    runs: list[tuple[np.ndarray, list[int]]] = []
+    i = 0
+    while i < len(keyed):
+        owner, first, _ = keyed[i]
+        j, step = i + 1, 0
+        while j < len(keyed) and keyed[j][0] == owner:
+            gap = keyed[j][1] - keyed[j - 1][1]
+            if gap <= 0 or (step and gap != step):
+                break
+            step, j = gap, j + 1
+        last = keyed[j - 1][1]
+        runs.append((owners[owner][first : last + 1 : step or 1], [k for _, _, k in keyed[i:j]]))
+        i = j
+    runs += [(np.asarray(vectors[k])[None, :], [k]) for k in alone]
+    return runs
+
+
 class Scratch:
     """Flat float32 rows for one round's replies (Δ_i, u_i) and matrices of stacked replies, kept
     and reused in the next rounds: writing into fresh memory (page faults, zeroing) costs several
     times the arithmetic, and a round's replies must all be held while the rule aggregates them.
-    A rule that keeps a reply's vector across rounds copies it (as the tables do)."""
+    A rule that keeps a reply's vector across rounds copies it (as the tables do).
+
+    The rows are rows of matrices, one per vector a reply fills (pool 0: Δ_i; pool 1: FedAWE's
+    u_i, SCAFFOLD's Δc_i), each with a row per reply of the round (:meth:`new_round`). The reply
+    of rank ``k`` (:meth:`begin`: the rank of its client id) fills row k, so the accepted
+    replies' vectors, sorted by client id, are the rows of one matrix in order: a weighted sum of
+    them is one matrix-vector product, in an order that does not depend on the replies' arrival
+    (:func:`strategies.weighting.weighted_sum`), and :meth:`stacked` returns the rows without a
+    copy."""
 
     def __init__(self) -> None:
-        self.rows: list[np.ndarray] = []
-        self.used = 0
+        self.pools: list[np.ndarray] = []  # pool j: the j-th vector of every reply, a row each
+        self.size: int | None = None  # the rows' length
+        self.extra: list[np.ndarray] = []  # rows beyond the pools' (more replies than announced)
+        self.slot = 0  # the row of the reply being read
+        self.call = 0  # the vectors it took so far: its next pool
+        self.begun = False  # begin() gives the slots; without it, each row() is the next reply's
+        self.used = 0  # slots handed out this round (without begin()) or the largest slot + 1
+        self.wanted = 0  # the most slots a round needed: the pools' size from the next round on
         self.stacks: dict[str, np.ndarray] = {}
 
-    def new_round(self) -> None:
-        """Last round's reports are gone: their rows are free."""
-        self.used = 0
+    def new_round(self, replies: int = 0, size: int | None = None) -> None:
+        """Last round's reports are gone: their rows are free. ``replies`` slots of ``size``
+        this round (pools are made or grown here, only when too small; the memory is touched
+        only where written)."""
+        self.wanted = max(self.wanted, self.used, replies)
+        if size is not None and size != self.size:
+            self.pools, self.size = [], size
+        self.pools = [p if len(p) >= self.wanted else np.empty((self.wanted, p.shape[1]), np.float32)
+                      for p in self.pools]
+        self.extra, self.slot, self.call, self.begun, self.used = [], 0, 0, False, 0
+
+    def begin(self, slot: int) -> None:
+        """The next rows handed out (:meth:`row`) are the reply of rank ``slot``'s: row ``slot``
+        of pool 0, then of pool 1, ..."""
+        self.slot, self.call, self.begun = slot, 0, True
+        self.used = max(self.used, slot + 1)
 
     def row(self, size: int) -> np.ndarray:
-        """A float32 vector of ``size`` not handed out since :meth:`new_round`."""
-        if self.rows and self.rows[0].size != size:
-            self.rows = []
-        if self.used == len(self.rows):
-            self.rows.append(np.empty(size, np.float32))
-        self.used += 1
-        return self.rows[self.used - 1]
+        """A float32 vector of ``size`` not handed out since :meth:`new_round`: row ``slot`` of
+        the next pool of the reply begun (:meth:`begin`), or without it the next slot of pool 0."""
+        if size != self.size:
+            self.pools, self.size = [], size
+        if self.begun:
+            pool, self.call = self.call, self.call + 1
+        else:
+            pool, self.slot, self.used = 0, self.used, self.used + 1
+        while len(self.pools) <= pool:
+            self.pools.append(np.empty((max(self.wanted, self.used, 1), size), np.float32))
+        if self.slot < len(self.pools[pool]):
+            return self.pools[pool][self.slot]
+        self.extra.append(np.empty(size, np.float32))  # the pools grow at the next round
+        return self.extra[-1]
 
     def stacked(self, name: str, vectors: list[np.ndarray]) -> np.ndarray:
-        """``np.stack(vectors)`` (the same numbers) written into a matrix kept under ``name``."""
+        """``np.stack(vectors)`` (the same numbers): the rows themselves when they are already
+        consecutive rows of one matrix in this order (the reply rows: no copy; read only), else
+        written into a matrix kept under ``name``."""
+        runs = matrix_runs(vectors)
+        if len(runs) == 1 and runs[0][1] == list(range(len(vectors))) and runs[0][0].flags.c_contiguous:
+            return runs[0][0]
         dtype, shape = np.result_type(*vectors), (len(vectors), *np.shape(vectors[0]))
         buf = self.stacks.get(name)
         if buf is None or buf.dtype != dtype or buf.shape[1:] != shape[1:] or len(buf) < shape[0]:

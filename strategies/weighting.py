@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from .layout import matrix_runs
+
 AUTO_WEIGHTING = "auto"  # the rule's paper_weighting
 RESOLVED_WEIGHTINGS = ("equal", "num-examples")
 WEIGHTINGS = (AUTO_WEIGHTING, *RESOLVED_WEIGHTINGS)
@@ -57,9 +59,33 @@ def cap_shares(weights: np.ndarray, max_share: float) -> np.ndarray:
 
 
 def weighted_sum(weights: Iterable[Any], vectors: Iterable[np.ndarray]) -> np.ndarray | int:
-    """Σ_i w_i v_i accumulated in place, in the order given: the same numbers as
-    ``sum(w_i * v_i ...)`` (numpy's type rules: a Python float keeps float32 vectors in float32, a
-    numpy float64 makes the sum float64) without a new array per term (0 when there is no term)."""
+    """Σ_i w_i v_i (0 when there is no term). Float32 vectors give a float32 sum, the weights taken
+    in float32 (as ``float(w_i) * v_i`` does); vectors that are rows of one matrix (the reply
+    rows of :class:`strategies.layout.Scratch`, sorted by client id) are summed by one
+    matrix-vector product per run of rows (:func:`strategies.layout.matrix_runs`: BLAS, each row
+    read once), in the rows' order, whatever the order given; others (float64 vectors) in place,
+    in the order given, with numpy's type rules."""
+    w, vs = list(weights), list(vectors)
+    if not vs:
+        return 0
+    if len(w) != len(vs):
+        raise ValueError(f"weighted_sum: {len(w)} weights for {len(vs)} vectors")
+    if any(np.asarray(v).dtype != np.float32 for v in vs):
+        return _weighted_sum_in_order(w, vs)
+    w32 = np.array([float(x) for x in w], np.float32)
+    out: np.ndarray | None = None
+    for rows, positions in matrix_runs(vs):
+        part = w32[positions] @ rows if len(positions) > 1 else w32[positions[0]] * rows[0]
+        if out is None:
+            out = part  # a new array
+        else:
+            out += part
+    assert out is not None
+    return out
+
+
+def _weighted_sum_in_order(weights: list[Any], vectors: list[np.ndarray]) -> np.ndarray:
+    """Σ_i w_i v_i accumulated in place, in the order given (numpy's type rules)."""
     out: np.ndarray | None = None
     term: np.ndarray | None = None
     for w, v in zip(weights, vectors, strict=True):
@@ -69,4 +95,5 @@ def weighted_sum(weights: Iterable[Any], vectors: Iterable[np.ndarray]) -> np.nd
         else:
             np.multiply(v, w, out=term)
             out += term
-    return 0 if out is None else out
+    assert out is not None
+    return out
