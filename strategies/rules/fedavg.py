@@ -52,7 +52,7 @@ class FedAvgAll(AvailabilityStrategy):
         n = self.require_num_clients()
         if not reports:
             return x, {}
-        u = weighted_sum([1.0] * len(reports), (r.delta for r in reports)) / n
+        u = weighted_sum([1.0 / n] * len(reports), (r.delta for r in reports))
         return x + self.server_lr * u, {}
 
 
