@@ -102,6 +102,18 @@ def safe_norm(vector: np.ndarray) -> float:
     return math.sqrt(float(np.dot(v, v)))
 
 
+def distance(a: np.ndarray, b: np.ndarray) -> float:
+    """‖a − b‖₂: the difference in float32 when both are float32 (one pass, no float64 copy), in
+    float64 when that is not finite (a float32 difference can overflow where float64's does not);
+    NaN or Inf in ``a`` or ``b`` gives a value that is not finite."""
+    if a.dtype == np.float32 and b.dtype == np.float32:
+        with np.errstate(over="ignore", invalid="ignore"):
+            norm = safe_norm(np.subtract(a, b))
+        if math.isfinite(norm):
+            return norm
+    return safe_norm(np.subtract(a, b, dtype=np.float64))
+
+
 def named_arrays(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
     """An ArrayRecord from name -> ndarray (Flower's constructor takes lists or Arrays). Shapes are
     kept as they are: ``np.ascontiguousarray`` would turn a 0-d array into shape (1,)."""
