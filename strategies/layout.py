@@ -16,11 +16,13 @@ round integers above 2^24: they travel beside the vector, exactly, as name -> ar
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 from flwr.app import Array, ArrayRecord
+
+from .weighting import matrix_runs
 
 INTEGER_POLICIES = ("mean", "keep")
 
@@ -154,42 +156,6 @@ def aggregate_integers(policy: str, current: Mapping[str, np.ndarray], replied: 
         mean = np.tensordot(np.asarray(weights, np.float64), np.stack([r[key].astype(np.float64) for r in replied]), axes=1)
         out[key] = mean >= 0.5 if value.dtype.kind == "b" else np.rint(mean).astype(value.dtype)
     return out
-
-
-def matrix_runs(vectors: Sequence[np.ndarray]) -> list[tuple[np.ndarray, list[int]]]:
-    """``vectors`` grouped into runs of equally spaced rows of one C-contiguous matrix (the reply
-    :class:`Scratch`, a client table), in the matrix's row order: ``[(2-D view, positions in
-    vectors)]``, one run per stretch (a vector that is no such row is a run of its own). A run is
-    a strided view, no copy, so one matrix product (BLAS) reads its rows once."""
-    keyed: list[tuple[int, int, int]] = []  # (matrix id, row, position)
-    owners: dict[int, np.ndarray] = {}
-    alone: list[int] = []
-    for k, v in enumerate(vectors):
-        base = v.base if isinstance(v, np.ndarray) else None
-        if (isinstance(base, np.ndarray) and v.ndim == 1 and base.ndim == 2 and base.dtype == v.dtype
-                and base.flags.c_contiguous and base.shape[1] == v.size and v.strides == (v.itemsize,)):
-            row, rem = divmod(v.ctypes.data - base.ctypes.data, base.strides[0])
-            if rem == 0 and 0 <= row < base.shape[0]:
-                owners[id(base)] = base
-                keyed.append((id(base), row, k))
-                continue
-        alone.append(k)
-    keyed.sort()
-    runs: list[tuple[np.ndarray, list[int]]] = []
-    i = 0
-    while i < len(keyed):
-        owner, first, _ = keyed[i]
-        j, step = i + 1, 0
-        while j < len(keyed) and keyed[j][0] == owner:
-            gap = keyed[j][1] - keyed[j - 1][1]
-            if gap <= 0 or (step and gap != step):
-                break
-            step, j = gap, j + 1
-        last = keyed[j - 1][1]
-        runs.append((owners[owner][first : last + 1 : step or 1], [k for _, _, k in keyed[i:j]]))
-        i = j
-    runs += [(np.asarray(vectors[k])[None, :], [k]) for k in alone]
-    return runs
 
 
 class Scratch:

@@ -11,8 +11,6 @@ from typing import Any
 
 import numpy as np
 
-from .layout import matrix_runs
-
 AUTO_WEIGHTING = "auto"  # the rule's paper_weighting
 RESOLVED_WEIGHTINGS = ("equal", "num-examples")
 WEIGHTINGS = (AUTO_WEIGHTING, *RESOLVED_WEIGHTINGS)
@@ -58,11 +56,47 @@ def cap_shares(weights: np.ndarray, max_share: float) -> np.ndarray:
         out = np.where(capped, max_share, weights * rest / weights[free].sum())
 
 
+def matrix_runs(vectors: Sequence[np.ndarray]) -> list[tuple[np.ndarray, list[int]]]:
+    """``vectors`` grouped into runs of equally spaced rows of one C-contiguous matrix (the reply
+    :class:`Scratch`, a client table), in the matrix's row order: ``[(2-D view, positions in
+    vectors)]``, one run per stretch (a vector that is no such row is a run of its own). A run is
+    a strided view, no copy, so one matrix product (BLAS) reads its rows once."""
+    keyed: list[tuple[int, int, int]] = []  # (matrix id, row, position)
+    owners: dict[int, np.ndarray] = {}
+    alone: list[int] = []
+    for k, v in enumerate(vectors):
+        base = v.base if isinstance(v, np.ndarray) else None
+        if (isinstance(base, np.ndarray) and v.ndim == 1 and base.ndim == 2 and base.dtype == v.dtype
+                and base.flags.c_contiguous and base.shape[1] == v.size and v.strides == (v.itemsize,)):
+            row, rem = divmod(v.ctypes.data - base.ctypes.data, base.strides[0])
+            if rem == 0 and 0 <= row < base.shape[0]:
+                owners[id(base)] = base
+                keyed.append((id(base), row, k))
+                continue
+        alone.append(k)
+    keyed.sort()
+    runs: list[tuple[np.ndarray, list[int]]] = []
+    i = 0
+    while i < len(keyed):
+        owner, first, _ = keyed[i]
+        j, step = i + 1, 0
+        while j < len(keyed) and keyed[j][0] == owner:
+            gap = keyed[j][1] - keyed[j - 1][1]
+            if gap <= 0 or (step and gap != step):
+                break
+            step, j = gap, j + 1
+        last = keyed[j - 1][1]
+        runs.append((owners[owner][first : last + 1 : step or 1], [k for _, _, k in keyed[i:j]]))
+        i = j
+    runs += [(np.asarray(vectors[k])[None, :], [k]) for k in alone]
+    return runs
+
+
 def weighted_sum(weights: Iterable[Any], vectors: Iterable[np.ndarray]) -> np.ndarray | int:
     """Σ_i w_i v_i (0 when there is no term). Float32 vectors give a float32 sum, the weights taken
     in float32 (as ``float(w_i) * v_i`` does); vectors that are rows of one matrix (the reply
     rows of :class:`strategies.layout.Scratch`, sorted by client id) are summed by one
-    matrix-vector product per run of rows (:func:`strategies.layout.matrix_runs`: BLAS, each row
+    matrix-vector product per run of rows (:func:`matrix_runs`: BLAS, each row
     read once), in the rows' order, whatever the order given; others (float64 vectors) in place,
     in the order given, with numpy's type rules."""
     w, vs = list(weights), list(vectors)

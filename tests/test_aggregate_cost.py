@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from flwr.app import Array
 
-from strategies.layout import Scratch, matrix_runs
+from strategies.layout import Scratch
 from strategies.memory import ClientTable
 from strategies.replies import HEADERS, ReplyRejected, decode
-from strategies.weighting import weighted_sum
+from strategies.weighting import matrix_runs, weighted_sum
 
 
 def test_weighted_sum_of_scratch_rows_equals_the_plain_sum_whatever_the_order():
