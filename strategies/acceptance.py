@@ -12,6 +12,7 @@ rejection is recorded with its reason (``round_log``).
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Iterable
 
 import numpy as np
@@ -20,13 +21,24 @@ from flwr.app import Message, RecordDict
 from .bounds import NormBounds
 from .client_binding import ClientBinding
 from .layout import Layout, Scratch, safe_norm
-from .metrics import carries_client_id
+from .metrics import carries_client_id, claimed_client_id
 from .options import RecordKeys
 from .replies import ClientReport, ReplyParser, ReplyRejected, RoundLog, brief, destinations, source_node
 from .robust import Robust
 from .rule import Rule
 
 log = logging.getLogger("flwr")  # Flower's logger: these lines appear where Flower's own do
+
+
+def reply_slots(replies: list[Message], nodes: list[int]) -> list[int]:
+    """Each reply's rank by (the client id it claims, its node): its row of the round's reply
+    memory (:meth:`strategies.layout.Scratch.begin`), so that the accepted replies, sorted by
+    client id, are consecutive rows in that order whatever the order they arrived in."""
+    keys = [(math.inf if m.has_error() else claimed_client_id(m.content), n) for m, n in zip(replies, nodes, strict=True)]
+    slot = [0] * len(replies)
+    for rank, i in enumerate(sorted(range(len(replies)), key=keys.__getitem__)):
+        slot[i] = rank
+    return slot
 
 
 class ReplyAcceptance(Rule):
@@ -89,16 +101,18 @@ class ReplyAcceptance(Rule):
         replies = list(replies)
         node_of_message = destinations(self._sent)
         sent = set(self.round_log.sent) if self._sent else None
-        self._scratch.new_round()
         answered: set[int] = set()
         parsed: list[ClientReport] = []
         content_of: dict[int, RecordDict] = {}
         self._ids_reported |= any(not m.has_error() and carries_client_id(m.content) for m in replies)
+        nodes = [node if isinstance(node := source_node(msg, node_of_message), int)
+                 else -(i + 1) for i, msg in enumerate(replies)]  # a mocked reply (create_mock_reply): no sender
+        self._scratch.new_round(len(replies), self.layout.size if self.layout is not None else None)
+        slot = reply_slots(replies, nodes)
         for i, msg in enumerate(replies):
-            node = source_node(msg, node_of_message)
-            if not isinstance(node, int):  # a mocked reply (Flower's create_mock_reply): no sender
-                node = -(i + 1)
+            node = nodes[i]
             answered.add(node)
+            self._scratch.begin(slot[i])
             if msg.has_error():
                 self.round_log.unavailable.append(node)
                 continue

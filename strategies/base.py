@@ -42,7 +42,7 @@ from .acceptance import ReplyAcceptance
 from .client_binding import ClientBinding
 from .evaluate_round import EvaluateRound
 from .failures import FailurePolicy, StrategyFailure, log_round
-from .layout import Layout, Scratch, aggregate_integers, named_arrays, safe_norm
+from .layout import Layout, Scratch, aggregate_integers, distance, named_arrays, safe_norm
 from .params import StrategyParams
 from .protocol import CLIENT_RULE, PLAIN_RULE, SERVER_ROUND
 from .replies import (
@@ -221,7 +221,7 @@ class AvailabilityStrategy(ReplyAcceptance, EvaluateRound):
         replies = list(replies)
         reports = self.collect(replies)
         new, metrics = self.aggregate(server_round - 1, self.current, reports)
-        step = safe_norm(np.subtract(new, self.current, dtype=np.float64))  # NaN/Inf in x^{t+1} -> not finite
+        step = distance(new, self.current)  # NaN/Inf in x^{t+1} -> not finite
         if not math.isfinite(step):
             log.error("round %d: %s produced a non-finite model; keeping x^t", server_round, self.name)
             new, step = self.current, 0.0

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import tempfile
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,8 @@ import numpy as np
 
 from .base import AvailabilityStrategy, log
 from .state import kept_as
+
+COLUMN_BLOCK = 1 << 17  # columns per block of set_rows: few Python steps, the blocks of the sums in cache
 
 
 def _remove(path: str) -> None:
@@ -78,18 +81,28 @@ class ClientTable:
     def row(self, i: int) -> np.ndarray:
         return self._rows[i]
 
-    def set_row(self, i: int, values: np.ndarray) -> None:
-        """Row i ← values (cast to float32); the running sum follows in O(d)."""
+    def set_row(self, i: int, values: np.ndarray, cols: slice | None = None) -> None:
+        """Row i ← values (cast to float32); the running sum follows in O(d). ``cols``: only
+        these columns of the row (``values`` holds them)."""
         new = np.asarray(values, np.float32)
-        if new.shape != (self.dim,):
-            raise ValueError(f"row of shape {new.shape} for a table of dim {self.dim}")
-        self._sum += new
-        self._sum -= self._rows[i]
-        self._rows[i] = new
-        if self.seen[i]:
-            self.longest[i] = max(self.longest[i], self.silent[i])
-        self.seen[i] = True
-        self.silent[i] = 0
+        span = slice(0, self.dim) if cols is None else cols
+        width = len(range(*span.indices(self.dim)))
+        if new.shape != (width,):
+            raise ValueError(f"row of shape {new.shape} for a table of dim {self.dim}"
+                             + ("" if cols is None else f", columns {span.start}:{span.stop}"))
+        total = self._sum[span]
+        total += new
+        total -= self._rows[i, span]
+        self._rows[i, span] = new
+        self._mark_set([i])
+
+    def _mark_set(self, ids: Sequence[int]) -> None:
+        """Rows ``ids`` were just set: seen, silent 0, and the absence they came back from kept."""
+        rows = np.asarray(ids, np.int64)
+        back = rows[self.seen[rows]]
+        self.longest[back] = np.maximum(self.longest[back], self.silent[back])
+        self.seen[rows] = True
+        self.silent[rows] = 0
 
     def clear_row(self, i: int) -> None:
         """Row i ← 0 and not seen (an expired row: as if the client had never replied)."""
@@ -109,6 +122,63 @@ class ClientTable:
             return []
         limit = np.maximum(max_silent, factor * self.longest)
         return np.flatnonzero(self.seen & absent & (self.silent > limit)).tolist()
+
+    def set_rows(self, ids: Sequence[int], vectors: Sequence[np.ndarray], scales: Sequence[float] | None = None,
+                 weights: Sequence[float] | None = None, fresh: np.ndarray | None = None,
+                 stale: np.ndarray | None = None) -> None:
+        """Row ids[k] ← vectors[k] (× float32(scales[k]) when given), in order, ids distinct; in one
+        pass over blocks of columns, every row's block while the block's sums stay in cache.
+        ``fresh`` and ``stale`` (float64, d), when given, get Σ_k w_k of the new rows and of the
+        rows they replace added (w = ``weights``, else 1: FedVARP's, FedStale's and
+        ClusterFedVARP's sums). A block's sums over the rows are float32 (no float64 conversion
+        per row: that conversion costs twice the rest), added to the float64 running sum (and
+        to ``fresh``, ``stale``) once per block and round: the running sum then differs from
+        Σ rows in float64 by the float32 rounding of each round's change, not by a drift that
+        grows with its size (:meth:`recompute_sum` makes it exact)."""
+        news = [np.asarray(v, np.float32) for v in vectors]
+        if len(news) != len(ids) or any(len(z) != len(ids) for z in (scales, weights) if z is not None):
+            raise ValueError(f"set_rows: {len(ids)} ids, {len(news)} rows, scales and weights of other lengths")
+        if len(set(ids)) != len(ids):
+            raise ValueError("set_rows: the ids must be distinct")
+        for v in news:
+            if v.shape != (self.dim,):
+                raise ValueError(f"row of shape {v.shape} for a table of dim {self.dim}")
+        factors = [None if scales is None or scales[k] == 1.0 else np.float32(scales[k]) for k in range(len(ids))]
+        w32 = [None] * len(ids) if weights is None else [np.float32(w) for w in weights]
+        split = weights is None and fresh is not None and stale is not None  # the change is fresh − stale
+        width = min(COLUMN_BLOCK, self.dim)
+        change, scaled, term = (np.empty(width, np.float32) for _ in range(3))
+        new_sum = np.empty(width, np.float32) if fresh is not None else None
+        old_sum = np.empty(width, np.float32) if stale is not None else None
+        for lo in range(0, self.dim, COLUMN_BLOCK):
+            cols = slice(lo, min(lo + COLUMN_BLOCK, self.dim))
+            k = cols.stop - lo
+            dc, buf, tb = change[:k], scaled[:k], term[:k]
+            fs = None if new_sum is None else new_sum[:k]
+            ss = None if old_sum is None else old_sum[:k]
+            for z in (dc, fs, ss):
+                if z is not None:
+                    z[...] = 0
+            for i, v, factor, w in zip(ids, news, factors, w32, strict=True):
+                new = v[cols] if factor is None else np.multiply(v[cols], factor, out=buf)
+                old = self._rows[i, cols]
+                if fs is not None:
+                    fs += new if w is None else np.multiply(new, w, out=tb)
+                if ss is not None:
+                    ss += old if w is None else np.multiply(old, w, out=tb)
+                if not split:
+                    dc += new
+                    dc -= old
+                old[...] = new
+            if split:
+                assert fs is not None and ss is not None
+                np.subtract(fs, ss, out=dc)
+            self._sum[cols] += dc
+            if fresh is not None and fs is not None:
+                fresh[cols] += fs
+            if stale is not None and ss is not None:
+                stale[cols] += ss
+        self._mark_set(ids)
 
     def sum(self) -> np.ndarray:
         """Σ_i row_i in float64 (a copy)."""

@@ -320,8 +320,7 @@ class Stale(StoredUpdates):
 
     def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
         table = self._table(x.size, [r.client_id for r in reports])
-        for r in reports:
-            table.set_row(r.client_id, r.delta)
+        table.set_rows([r.client_id for r in reports], [r.delta for r in reports])
         metrics = {"num-stale": int(table.seen.sum()) - len(reports)}
         if not reports:
             return x, metrics

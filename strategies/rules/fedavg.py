@@ -60,7 +60,7 @@ class FedAvgAll(AvailabilityStrategy):
         robust = self.robust_mean(reports)
         if robust is not None:
             return x + self.server_lr * (len(reports) / n) * robust, {}
-        u = weighted_sum([1.0] * len(reports), (r.delta for r in reports)) / n
+        u = weighted_sum([1.0 / n] * len(reports), (r.delta for r in reports))
         return x + self.server_lr * u, {}
 
 
