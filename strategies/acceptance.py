@@ -12,6 +12,7 @@ rejection is recorded with its reason (``round_log``).
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Iterable
 
 import numpy as np
@@ -20,12 +21,24 @@ from flwr.app import Message, RecordDict
 from .bounds import NormBounds
 from .client_binding import ClientBinding
 from .layout import Layout, Scratch, safe_norm
-from .metrics import carries_client_id
+from .metrics import carries_client_id, claimed_client_id
 from .options import RecordKeys
 from .replies import ClientReport, ReplyParser, ReplyRejected, RoundLog, brief, destinations, source_node
+from .robust import Robust
 from .rule import Rule
 
 log = logging.getLogger("flwr")  # Flower's logger: these lines appear where Flower's own do
+
+
+def reply_slots(replies: list[Message], nodes: list[int]) -> list[int]:
+    """Each reply's rank by (the client id it claims, its node): its row of the round's reply
+    memory (:meth:`strategies.layout.Scratch.begin`), so that the accepted replies, sorted by
+    client id, are consecutive rows in that order whatever the order they arrived in."""
+    keys = [(math.inf if m.has_error() else claimed_client_id(m.content), n) for m, n in zip(replies, nodes, strict=True)]
+    slot = [0] * len(replies)
+    for rank, i in enumerate(sorted(range(len(replies)), key=keys.__getitem__)):
+        slot[i] = rank
+    return slot
 
 
 class ReplyAcceptance(Rule):
@@ -38,6 +51,8 @@ class ReplyAcceptance(Rule):
     bounds: NormBounds
     weighting: str
     examples_clipped: int
+    norms_clipped: int  # this round's updates scaled down to the ratio bound (robust=clip)
+    robust: Robust
     binding: ClientBinding
     connected: set[int]  # node ids the grid listed at this round's configure_train
     layout: Layout | None
@@ -86,16 +101,18 @@ class ReplyAcceptance(Rule):
         replies = list(replies)
         node_of_message = destinations(self._sent)
         sent = set(self.round_log.sent) if self._sent else None
-        self._scratch.new_round()
         answered: set[int] = set()
         parsed: list[ClientReport] = []
         content_of: dict[int, RecordDict] = {}
         self._ids_reported |= any(not m.has_error() and carries_client_id(m.content) for m in replies)
+        nodes = [node if isinstance(node := source_node(msg, node_of_message), int)
+                 else -(i + 1) for i, msg in enumerate(replies)]  # a mocked reply (create_mock_reply): no sender
+        self._scratch.new_round(len(replies), self.layout.size if self.layout is not None else None)
+        slot = reply_slots(replies, nodes)
         for i, msg in enumerate(replies):
-            node = source_node(msg, node_of_message)
-            if not isinstance(node, int):  # a mocked reply (Flower's create_mock_reply): no sender
-                node = -(i + 1)
+            node = nodes[i]
             answered.add(node)
+            self._scratch.begin(slot[i])
             if msg.has_error():
                 self.round_log.unavailable.append(node)
                 continue
@@ -142,9 +159,17 @@ class ReplyAcceptance(Rule):
     def check_norms(self, reports: list[ClientReport]) -> list[ClientReport]:
         """Reject reports beyond any of the :meth:`norm_checks` (:meth:`NormBounds.check`)."""
         scale = safe_norm(self.current) if self.current is not None else 0.0  # ‖x^t‖: without a median
-        for bounds, norm_of in self.norm_checks():
-            reports = bounds.check(reports, norm_of, lambda r: r.node_id, self.reject, scale)
+        self.norms_clipped = 0
+        for i, (bounds, norm_of) in enumerate(self.norm_checks()):
+            clip = self.clip_report if i == 0 and self.robust.clips else None  # robust=clip: ‖Δ_i‖ only
+            reports = bounds.check(reports, norm_of, lambda r: r.node_id, self.reject, scale, clip)
         return reports
+
+    def clip_report(self, report: ClientReport, norm: float, limit: float) -> None:
+        """``robust=clip``: Δ_i scaled to norm ``limit`` (a new array: the reply's buffer is shared)."""
+        report.delta = report.delta * np.float32(limit / norm)
+        report.norm = limit
+        self.norms_clipped += 1
 
     def check_claims(self, reports: list[ClientReport]) -> list[ClientReport]:
         """One report per client id, from the node allowed to claim it (:meth:`ClientBinding.check`)."""

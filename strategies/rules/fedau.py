@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..base import AvailabilityStrategy, ClientReport
+from ..weighting import weighted_sum
 
 
 @dataclass
@@ -109,10 +110,7 @@ class FedAU(AvailabilityStrategy):
 
         if not reports:
             return x, {}
-        u = np.zeros(x.size, np.float64)
-        for w, r in zip(omega, reports, strict=True):
-            u += float(w) * r.delta  # a float32 temporary, accumulated in float64
-        u /= n
+        u = weighted_sum(omega / n, (r.delta for r in reports))  # float32: one BLAS product of the rows
         return x + self.server_lr * u, {"mean-omega": float(omega.mean())}
 
     def set_state(self, state: FedAUState) -> None:

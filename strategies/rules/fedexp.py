@@ -31,12 +31,13 @@ The official code (github.com/Divyansh03/FedExP, main.py) differs as follows (op
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from flwr.app import ArrayRecord
 
-from ..base import AvailabilityStrategy, ClientReport
+from ..base import AvailabilityStrategy, ClientReport, safe_norm
+from ..weighting import weighted_sum
 
 
 class FedExP(AvailabilityStrategy):
@@ -68,17 +69,14 @@ class FedExP(AvailabilityStrategy):
         if not reports:
             return x, {}
         w = self.weights(reports)
-        mean, spread = np.zeros(x.size, np.float64), 0.0
-        d, term = np.empty(x.size, np.float64), np.empty(x.size, np.float64)  # reused: no array per reply
-        for wi, r in zip(w, reports, strict=True):  # float64: float32 sums of squares overflow at ~1e19
-            np.copyto(d, r.delta)
-            mean += np.multiply(d, wi, out=term)
-            spread += float(wi * np.dot(d, d))
-        denom = 2.0 * (float(np.dot(mean, mean)) + self.epsilon(t, len(reports)))
+        mean = cast(np.ndarray, weighted_sum(w, (r.delta for r in reports)))  # float32: one BLAS product
+        # Σ w_i ‖Δ_i‖² from the norms parsing computed (float64: no overflow), and ‖Δ̄‖² likewise
+        spread = float(sum(wi * self.update_norm(r) ** 2 for wi, r in zip(w, reports, strict=True)))
+        denom = 2.0 * (safe_norm(mean) ** 2 + self.epsilon(t, len(reports)))
         step = max(1.0, spread / denom) if denom > 0 else 1.0
         if self.max_step:
             step = min(step, self.max_step)
-        return (x + self.server_lr * step * mean).astype(np.float32), {"fedexp-step": step}
+        return x + np.float32(self.server_lr * step) * mean, {"fedexp-step": step}
 
     def evaluation_arrays(self, arrays: ArrayRecord) -> ArrayRecord:
         """(x^{t+1} + x^t)/2: the model FedExP reports."""

@@ -75,6 +75,7 @@ class FedNova(AvailabilityStrategy):
     required_metrics = (NUM_EXAMPLES, A_NORM, NUM_STEPS)
     metric_hints = {A_NORM: NEEDS_A_NORM, NUM_STEPS: NEEDS_NUM_STEPS}
     paper_weighting = "num-examples"  # p_i = n_i / n (Wang et al. 2020, Eq. 7)
+    mean_of_updates = True  # τ_eff × the robust statistic of the normalised updates Δ_i / a_i
     State = FedNovaState
 
     def __init__(self, *, server_momentum: float = 0.0, max_a_norm_ratio: float = 10.0,
@@ -131,7 +132,12 @@ class FedNova(AvailabilityStrategy):
         p = self.weights(reports)
         a = np.array([r.a_norm for r in reports], np.float64)
         tau_eff = float(p @ a)
-        u = cast(np.ndarray, tau_eff * weighted_sum(p / a, (r.delta for r in reports)))
+        if self.robust.combines:  # τ_eff and the normalised update Δ_i / a_i, each by the robust statistic
+            tau_eff = float(self.robust.combine(a[:, None].astype(np.float32))[0])
+            normalised = [r.delta / np.float32(ai) for r, ai in zip(reports, a, strict=True)]
+            u = tau_eff * self.robust.combine(self.stacked("robust", normalised)).astype(np.float64)
+        else:
+            u = cast(np.ndarray, tau_eff * weighted_sum(p / a, (r.delta for r in reports)))
         if self.server_momentum > 0:
             self.buffer = u if self.buffer is None else self.server_momentum * self.buffer + u
             u = self.buffer
