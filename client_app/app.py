@@ -181,7 +181,8 @@ def train_reply(ts: TrainStart, trained: dict[str, Any], result: LocalResult,
         metrics[TRAIN_TIME] = train_time
         timing.record(ts.context, pid, rnd + 1, {"train-time": train_time, "cpu-time": cpu_time,
                                                  "num-steps": result.num_steps, "peak-rss-mb": timing.peak_rss_mb(),
-                                                 "receive-to-reply": time.monotonic() - ts.received})
+                                                 "receive-to-reply": time.monotonic() - ts.received,
+                                                 "sent-at": ts.msg.metadata.created_at})
     return Message(RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=ts.msg)
 
 

@@ -3,7 +3,8 @@
 With node config ``report-timing=true`` (the launcher sets it under ``--devices``), a training
 reply carries ``train-time`` (seconds of local training, :data:`strategies.protocol.TRAIN_TIME`)
 and the client appends one JSON line per reply to ``<state-dir>/timing/client-<id>.jsonl``:
-round, train time, CPU time, receive-to-reply time, peak RSS of the process that trained. The
+round, train time, CPU time, receive-to-reply time, peak RSS of the process that trained, the
+server's send time (the message's ``created_at``) and the reply's wall-clock time (``at``). The
 launcher reads those lines after the run to tell a late reply (trained, but after the round
 closed) from a lost one (``deploy/realised.py``). Without the key nothing is measured or written,
 so simulations and their numbers are unchanged.

@@ -35,7 +35,7 @@ from . import checkpoint
 from .asynchronous import Hooks, is_asynchronous, run_async
 from .clockgrid import VirtualClock, VirtualClockGrid, build_clock, last_virtual_time
 from .config import RunConfig, ServerConfig
-from .network import AvailabilityGrid, discover_clients, fast_pull, wait_for_nodes
+from .network import AvailabilityGrid, discover_clients, fast_pull, reply_seconds, wait_for_nodes
 from .results import METRICS, RunRecorder, default_run_name
 
 log = logging.getLogger(__name__)
@@ -209,6 +209,18 @@ def client_train_times(replies: list[Message], sent: list[Message], participants
     return {"client-train-time": dict(sorted(times.items(), key=lambda kv: int(kv[0])))} if times else {}
 
 
+def client_reply_times(arrived: Mapping[str, float], sent: list[Message], participants: list[int],
+                       node_of_client: Mapping[int, int]) -> dict[str, dict[str, float]]:
+    """``client-reply-time``: participant -> seconds from the push of the round's training messages
+    to the server's look that found its reply (a deployment's :class:`PollingGrid`, resolution its
+    pull interval; ``arrived``: message id -> seconds, from :func:`reply_seconds`). {} elsewhere."""
+    to_node = {m.metadata.message_id: m.metadata.dst_node_id for m in sent if m.metadata.message_id}
+    by_node = {to_node[mid]: s for mid, s in arrived.items() if mid in to_node}
+    times = {str(c): round(by_node[node_of_client[c]], 3) for c in participants
+             if node_of_client.get(c) in by_node}
+    return {"client-reply-time": dict(sorted(times.items(), key=lambda kv: int(kv[0])))} if times else {}
+
+
 def evaluate(workload: Workload, arrays: ArrayRecord) -> dict[str, float]:
     model = workload.scratch_model(arrays.to_torch_state_dict())
     return {f"test-{k}": v for k, v in workload.evaluate(model).items()}
@@ -271,6 +283,7 @@ def _run_rounds(grid: Grid, setup: Setup, client_of_node: dict[int, int], consol
             t0 = time.monotonic()
             sent = list(strategy.configure_train(rnd, arrays, ConfigRecord(), net))
             replies = list(net.send_and_receive(sent, timeout=train_timeout(s, rnd, setup.start_round)))
+            arrived = reply_seconds(net)  # a deployment: when each reply came (before any broadcast)
             new_arrays, metrics = strategy.aggregate_train(rnd, replies)
             arrays = new_arrays if new_arrays is not None else arrays
             if broadcast := strategy.configure_broadcast(rnd, arrays, net):
@@ -283,6 +296,7 @@ def _run_rounds(grid: Grid, setup: Setup, client_of_node: dict[int, int], consol
                 "rejected": [[node, brief(why)] for node, why in rlog.rejected],
                 **(dict(metrics) if metrics else {}),
                 **client_train_times(replies, sent, rlog.participants, strategy.node_of_client),
+                **client_reply_times(arrived, sent, rlog.participants, strategy.node_of_client),
                 **(net.round_record(rnd) if isinstance(net, VirtualClockGrid) else {}),
             }
             if s.federated_evaluation:

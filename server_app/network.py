@@ -141,21 +141,29 @@ PULL_INTERVAL = 0.1
 class PollingGrid(DelegatingGrid):
     """``send_and_receive`` over the wrapped grid's ``push_messages`` / ``pull_messages``, looking
     for replies every ``interval`` seconds instead of Flower's 3 s. Same contract as Flower's:
-    returns the replies that arrived before ``timeout`` (``None``: waits for all of them)."""
+    returns the replies that arrived before ``timeout`` (``None``: waits for all of them).
+    ``arrived`` keeps, for the last call, each answered message's seconds from the end of the push
+    (where ``timeout`` starts) to the look that found its reply (:func:`reply_seconds`)."""
 
     def __init__(self, grid: Grid, interval: float = PULL_INTERVAL) -> None:
         if not interval > 0:
             raise ValueError(f"PollingGrid interval must be > 0 seconds, got {interval!r}")
         super().__init__(grid)
         self.interval = interval
+        self.arrived: dict[str, float] = {}  # of the last send_and_receive: message id -> s to its reply
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
         pending = set(self.grid.push_messages(messages))
-        deadline = None if timeout is None else time.monotonic() + timeout
+        start = time.monotonic()
+        deadline = None if timeout is None else start + timeout
         replies: list[Message] = []
+        self.arrived = {}
         while pending:
             got = list(self.grid.pull_messages(pending))
             replies.extend(got)
+            seen = time.monotonic() - start
+            for m in got:
+                self.arrived.setdefault(m.metadata.reply_to_message_id, seen)
             pending.difference_update(m.metadata.reply_to_message_id for m in got)
             if pending and deadline is not None and time.monotonic() >= deadline:
                 break
@@ -173,6 +181,17 @@ def fast_pull(grid: Grid, interval: float | None = None) -> Grid:
     if interval is None:
         interval = float(os.environ.get(PULL_INTERVAL_VAR, PULL_INTERVAL))
     return PollingGrid(grid, interval) if isinstance(grid, HttpGrid) else grid
+
+
+def reply_seconds(grid: Grid) -> dict[str, float]:
+    """Message id -> seconds from its push to its reply's arrival, for the last ``send_and_receive``
+    of the :class:`PollingGrid` in or under ``grid`` (a deployment); {} for any other grid."""
+    inner: Any = grid
+    while inner is not None:
+        if isinstance(inner, PollingGrid):
+            return dict(inner.arrived)
+        inner = getattr(inner, "grid", None)
+    return {}
 
 
 class AvailabilityGrid(DelegatingGrid):
