@@ -153,20 +153,30 @@ class Scratch:
     def __init__(self) -> None:
         self.rows: list[np.ndarray] = []
         self.used = 0
+        self.free: list[np.ndarray] = []  # rows handed back this round (:meth:`release`)
         self.stacks: dict[str, np.ndarray] = {}
 
     def new_round(self) -> None:
         """Last round's reports are gone: their rows are free."""
         self.used = 0
+        self.free = []
 
     def row(self, size: int) -> np.ndarray:
-        """A float32 vector of ``size`` not handed out since :meth:`new_round`."""
+        """A float32 vector of ``size`` not handed out since :meth:`new_round` (or handed back)."""
         if self.rows and self.rows[0].size != size:
-            self.rows = []
+            self.rows, self.free = [], []
+        if self.free:
+            return self.free.pop()
         if self.used == len(self.rows):
             self.rows.append(np.empty(size, np.float32))
         self.used += 1
         return self.rows[self.used - 1]
+
+    def release(self, row: np.ndarray) -> None:
+        """``row`` (from :meth:`row`) is no longer read: hand it out again this round (a streaming
+        round holds as many rows as replies it has not yet folded in)."""
+        if self.rows and row.size == self.rows[0].size:
+            self.free.append(row)
 
     def stacked(self, name: str, vectors: list[np.ndarray]) -> np.ndarray:
         """``np.stack(vectors)`` (the same numbers) written into a matrix kept under ``name``."""

@@ -26,7 +26,7 @@ from .weighting import AUTO_WEIGHTING
 
 # the fields a strategy spec may set for every rule (e.g. "mifa:max-norm-ratio=50")
 SPEC_FIELDS = frozenset({"max_update_norm", "max_norm_ratio", "max_weight_share", "max_model_ratio",
-                         "max_examples_ratio"})
+                         "max_examples_ratio", "stream"})
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,9 @@ class StrategyParams:
         the round (:func:`strategies.weighting.cap_shares`), so that a client claiming a huge
         ``num-examples`` cannot take the round; 0 (the default) = no cap, the papers'
         p_i = n_i / n. Spec key ``max-weight-share`` (e.g. ``fednova:max-weight-share=0.2``).
+    stream : a rule that declares ``streams`` folds replies in as they arrive (server memory
+        O(model); :mod:`strategies.streaming`); False holds every reply of a round (the same
+        numbers to float rounding). Spec key ``stream`` (e.g. ``fedavg-active:stream=false``).
     """
 
     num_clients: int | None = None
@@ -93,6 +96,7 @@ class StrategyParams:
     max_weight_share: float = 0.0
     max_model_ratio: float = MAX_MODEL_RATIO
     max_examples_ratio: float = MAX_EXAMPLES_RATIO
+    stream: bool = True
 
     def __post_init__(self) -> None:
         self.sampling(), self.record_keys(), self.bounds()  # each checks its own fields

@@ -37,12 +37,14 @@ import numpy as np
 from flwr.app import ArrayRecord
 
 from ..base import AvailabilityStrategy, ClientReport
+from ..streaming import Fold, RunningSum, example_weight
 
 
 class FedExP(AvailabilityStrategy):
     """Extrapolated FedAvg (Jhunjhunwala et al., ICLR 2023, Eq. 9)."""
 
     name = "fedexp"
+    streams = True
 
     def __init__(self, *, eps: float = 1e-3, eps_times_m: bool = False, decay: float = 1.0,
                  max_step: float = 10.0, **kwargs: Any) -> None:
@@ -74,14 +76,47 @@ class FedExP(AvailabilityStrategy):
             np.copyto(d, r.delta)
             mean += np.multiply(d, wi, out=term)
             spread += float(wi * np.dot(d, d))
-        denom = 2.0 * (float(np.dot(mean, mean)) + self.epsilon(t, len(reports)))
+        return self.extrapolate(t, x, mean, spread, len(reports))
+
+    def extrapolate(self, t: int, x: np.ndarray, mean: np.ndarray, spread: float,
+                    m: int) -> tuple[np.ndarray, dict[str, float]]:
+        """x + η_g^t Δ̄ (Eq. 9) from Δ̄ and Σ p_i ‖Δ_i‖² of the round's m replies."""
+        denom = 2.0 * (float(np.dot(mean, mean)) + self.epsilon(t, m))
         step = max(1.0, spread / denom) if denom > 0 else 1.0
         if self.max_step:
             step = min(step, self.max_step)
         return (x + self.server_lr * step * mean).astype(np.float32), {"fedexp-step": step}
+
+    def start_fold(self, t: int, x: np.ndarray) -> Fold:
+        self.previous = x
+        return FedExPFold(self, t, x)
 
     def evaluation_arrays(self, arrays: ArrayRecord) -> ArrayRecord:
         """(x^{t+1} + x^t)/2: the model FedExP reports."""
         if self.previous is None or self.layout is None or self.layout.mismatch(arrays) is not None:
             return arrays
         return self.arrays_of((self.layout.flatten(arrays) + self.previous) / 2)
+
+
+class FedExPFold(Fold):
+    """FedExP's Δ̄ = Σ v_i Δ_i / W and Σ v_i ‖Δ_i‖² / W (v_i: n_i, or 1; W = Σ v_i), folded in
+    reply by reply (float64)."""
+
+    def __init__(self, rule: FedExP, t: int, x: np.ndarray) -> None:
+        self.rule, self.t, self.x = rule, t, x
+        self.weight_of = example_weight(rule.weighting)
+        self.sum = RunningSum(x.size)
+        self.squares = 0.0  # Σ v_i ‖Δ_i‖²
+        self._d = np.empty(x.size, np.float64)
+
+    def add(self, report: ClientReport) -> None:
+        v = self.weight_of(report)
+        self.sum.add(v, report.delta)
+        np.copyto(self._d, report.delta)  # float64: float32 sums of squares overflow at ~1e19
+        self.squares += v * float(np.dot(self._d, self._d))
+
+    def finish(self) -> tuple[np.ndarray, dict[str, float]]:
+        if not self.sum.count:
+            return self.x, {}
+        w = self.sum.weight
+        return self.rule.extrapolate(self.t, self.x, self.sum.total / w, self.squares / w, self.sum.count)
