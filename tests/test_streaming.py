@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 import strategies.acceptance as acceptance
 from tests.replies import build_rule, error, rule_reply, start_round
@@ -119,7 +118,7 @@ def test_a_weight_cap_holds_every_reply_and_says_why():
 
 def test_a_streaming_round_holds_only_its_reference_window(monkeypatch):
     """Past the window, each reply's vector is folded in and its row handed to the next reply:
-    a 40-reply round of fedavg-active uses window + 1 rows; holding every reply uses 40."""
+    a 40-reply round of fedavg-active uses as many rows as the window (4); holding every reply, 40."""
     monkeypatch.setattr(acceptance, "REFERENCE_WINDOW", 4)
     rows = {}
     for stream in (True, False):
@@ -129,4 +128,4 @@ def test_a_streaming_round_holds_only_its_reference_window(monkeypatch):
         s.aggregate_train(1, [rule_reply("fedavg-active", sent[n], x + 0.1 * (1 + n % 3), n - 100) for n in sent])
         assert len(s.round_log.participants) == 40
         rows[stream] = len(s._scratch.rows)
-    assert rows == {True: 5, False: 40}
+    assert rows == {True: 4, False: 40}
