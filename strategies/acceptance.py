@@ -149,7 +149,9 @@ class ReplyAcceptance(Rule):
                 raise ReplyRejected("reply from a node this round did not address")
             if sent is not None and msg.metadata.reply_to_message_id not in node_of_message:
                 raise ReplyRejected("reply to a message this round did not send")
-            return self.parse_reply(msg, node)
+            report = self.parse_reply(msg, node)
+            self._open_rows = []
+            return report
         except ReplyRejected as exc:
             self.reject(node, str(exc))
         except Exception as exc:  # noqa: BLE001
@@ -158,6 +160,7 @@ class ReplyAcceptance(Rule):
                           "foresaw)", self.name, node)
         for row in self._open_rows:
             self._scratch.release(row)
+        self._open_rows = []
         return None
 
     def judge(self, batch: list[ClientReport]) -> list[ClientReport]:
