@@ -19,8 +19,9 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import strategies.acceptance as acceptance
 from tests.replies import build_rule, error, rule_reply, start_round
 
-STREAMING = ["fedavg-active", "fedavg-all", "fedavg-known-p", "fedau", "fednova", "fedexp", "debiased-fedavg"]
-DATA_WEIGHTED = {"fedavg-active", "fednova", "fedexp"}  # the others weight equally (their papers)
+STREAMING = ["fedavg-active", "fedavg-all", "fedavg-known-p", "fedau", "fednova", "fedexp", "debiased-fedavg",
+             "fedadam", "fedyogi", "fedadagrad", "fedavgm"]
+DATA_WEIGHTED = {"fedavg-active", "fednova", "fedexp", "fedadam", "fedyogi", "fedadagrad", "fedavgm"}
 KINDS = ["honest"] * 6 + ["huge", "nan", "second-claim", "other-id", "many-examples", "error", "no-a-norm"]
 D = 7  # model size
 
