@@ -9,8 +9,18 @@ the ratio of the best to Flower's best, in wall-clock and in CPU (process) time.
 a rule is timed right beside a round of Flower's FedAvg, so that the machine's load drifts alike
 for both; on a shared machine the CPU-time ratio is the steadier figure.
 
+A rule whose math is more than a weighted sum also gets its **inherent work** timed beside it
+(:data:`INHERENT`): a minimal numpy implementation of that math on the same flat vectors (the
+round's Δ_i stacked as an m × d float32 matrix, made untimed), with whole-array numpy and BLAS
+calls: MIFA, Stale, FedVARP, FedStale, ClusterFedVARP the table's rows replaced and its mean
+(two gemv of the old and new rows, one copy); FL-FDMS the similarity Gram D Dᵀ (one BLAS call);
+FedAWARE the momentum update, the N × N Gram (one BLAS call), its min-norm solver and Σ λ_i m̂_i.
+Any rule must also receive the replies, which is what Flower's FedAvg does: the table's last
+columns are the baseline Flower + inherent and the rule's ratio to it (CPU time).
+
     python benchmarks/aggregate_time.py                       # every rule, R = 100, d = 10^6
     python benchmarks/aggregate_time.py --rules fedavg-active mifa --rounds 5
+    python benchmarks/aggregate_time.py --rules fedavg-active fedavg-active:robust=median   # robust rows
     OPENBLAS_NUM_THREADS=1 python benchmarks/aggregate_time.py   # on a shared host: BLAS threads
                                                                  # inflate the CPU time of norms
 """
@@ -42,6 +52,9 @@ from strategies.protocol import (
 
 # how a rule is built here: every node trains (power-of-choice without probes, d = m = R)
 SPECS = {"pow-d": "pow-d:variant=rpow-d,d={r},m={r}", "mifa": "mifa:gradient-units=true"}
+# extra rows: the optional robust aggregation (spec key robust, strategies/robust.py)
+ROBUST_ROWS = ("fedavg-active:robust=median", "fedavg-active:robust=trimmed-mean", "fedavg-active:robust=clip",
+               "fednova:robust=median")
 
 
 class Grid:
@@ -87,15 +100,69 @@ def flower_round(strategy: FedAvg, rnd: int, x: dict[str, np.ndarray], n: int) -
     return time.perf_counter() - start, time.process_time() - cpu
 
 
-def time_side_by_side(spec: str, n: int, x: dict[str, np.ndarray], rounds: int) -> tuple[np.ndarray, np.ndarray]:
-    """(rule's, Flower FedAvg's) (wall, CPU) seconds per round, one round of each in turn, after one
-    untimed round of each (the rule's tables and buffers become resident): the machine's load
-    drifts alike for both."""
+# ----------------------------------------------------------------- inherent work per rule
+def table_update(state: dict, deltas: np.ndarray, scale: float = 1.0) -> np.ndarray:
+    """The stored-update rules' table: rows 0..m-1 replaced by the round's Δ_i (× scale), the
+    running float64 sum following by the old and new rows' sums (two gemv), the mean returned."""
+    table, total = state.setdefault("table", np.zeros_like(deltas)), state.setdefault("sum", np.zeros(deltas.shape[1]))
+    ones = np.ones(len(deltas), np.float32)
+    total -= ones @ table
+    if scale == 1.0:
+        np.copyto(table, deltas)
+    else:
+        np.multiply(deltas, np.float32(scale), out=table)
+    total += ones @ table
+    return total / len(table)
+
+
+def fdms_similarity(state: dict, deltas: np.ndarray) -> np.ndarray:
+    """FL-FDMS's pairwise cosine similarities of the round's updates: one Gram product."""
+    gram = (deltas @ deltas.T).astype(np.float64)
+    norms = np.sqrt(np.diag(gram))
+    return gram / np.outer(norms, norms)
+
+
+def fedaware_round(state: dict, deltas: np.ndarray, alpha: float = 0.5) -> np.ndarray:
+    """FedAWARE: m_i ← α m_i − (1 − α) Δ_i, the N × N Gram of the momenta (one BLAS call), the
+    min-norm weights of the normalised momenta, and Σ λ_i m_i / ‖m_i‖."""
+    from strategies.rules.fedaware import min_norm_weights
+
+    momenta = state.setdefault("momenta", np.zeros_like(deltas))
+    for row, delta in zip(momenta, deltas, strict=True):
+        row *= np.float32(alpha)
+        row -= np.float32(1 - alpha) * delta
+    gram = (momenta @ momenta.T).astype(np.float64)
+    norms = np.sqrt(np.diag(gram))
+    lam = min_norm_weights(gram / np.outer(norms, norms))
+    return (lam / norms).astype(np.float32) @ momenta
+
+
+INHERENT = {  # rule -> its math beyond receiving the replies, on the stacked Δ_i
+    "mifa": lambda st, d: table_update(st, d, 1 / 0.1),  # gradient units: Δ_i / lr
+    "stale": table_update, "fedvarp": table_update, "fedstale": table_update, "cluster-fedvarp": table_update,
+    "fl-fdms": fdms_similarity, "fedaware": fedaware_round,
+}
+
+
+def stacked_deltas(replies: list[Message], x: dict[str, np.ndarray]) -> np.ndarray:
+    """The replies' Δ_i = x_i − x as one m × d float32 matrix (untimed)."""
+    flat = np.concatenate([v.ravel() for v in x.values()])
+    rows = [np.concatenate([a.numpy().ravel() for a in m.content.array_records["arrays"].values()]) for m in replies]
+    return np.stack(rows) - flat
+
+
+def time_side_by_side(spec: str, n: int, x: dict[str, np.ndarray],
+                      rounds: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """(rule's, Flower FedAvg's, the rule's inherent work's or None) (wall, CPU) seconds per
+    round, one round of each in turn, after one untimed round of each (the rule's tables and
+    buffers become resident): the machine's load drifts alike for all."""
     extra = {"probabilities": (lambda t: np.full(n, 0.5))} if spec.split(":")[0] in ORACLES else {}
     strategy = build_strategy(spec, num_clients=n, **extra)
     flower = FedAvg()
     nodes = list(range(1000, 1000 + n))
-    ours, theirs = [], []
+    ours, theirs, inherent = [], [], []
+    math = INHERENT.get(spec.split(":")[0])
+    state: dict = {}
     arrays = named_arrays(x)
     for rnd in range(1, rounds + 2):
         sent = list(strategy.configure_train(rnd, arrays, ConfigRecord(), Grid(nodes)))
@@ -112,12 +179,19 @@ def time_side_by_side(spec: str, n: int, x: dict[str, np.ndarray], rounds: int) 
         del replies
         gc.collect()
         flower_time = flower_round(flower, rnd, current, n)
+        if math is not None:
+            deltas = stacked_deltas(replies_for(sent, current, False, rnd), current)
+            gc.collect()
+            start, cpu = time.perf_counter(), time.process_time()
+            math(state, deltas)
+            inherent.append((time.perf_counter() - start, time.process_time() - cpu))
+            del deltas
         if rnd > 1:
             ours.append(elapsed)
             theirs.append(flower_time)
-    del strategy
+    del strategy, state
     gc.collect()
-    return np.array(ours), np.array(theirs)
+    return np.array(ours), np.array(theirs), np.array(inherent[1:]) if inherent else None
 
 
 def main() -> None:
@@ -125,21 +199,29 @@ def main() -> None:
     ap.add_argument("--replies", type=int, default=100)
     ap.add_argument("--dim", type=int, default=10**6)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--rules", nargs="*", default=sorted(STRATEGIES))
+    ap.add_argument("--rules", nargs="*", default=[*sorted(STRATEGIES), *ROBUST_ROWS],
+                    help="rule names or specs (e.g. fedavg-active:robust=median)")
     args = ap.parse_args()
     TaskIdentity.task_id = TaskIdentity.run_id = TaskIdentity.node_id = 1  # Message() needs them
     logging.getLogger("flwr").setLevel(logging.WARNING)  # Flower's FedAvg logs every round
     x = model_arrays(args.dim, np.random.default_rng(0))
     print(f"{args.replies} replies, d = {args.dim}: aggregate_train, best of {args.rounds} rounds, each beside a "
           "round of Flower's FedAvg on replies of the same size; wall and CPU (process) time in ms")
-    print(f"| {'rule':34s} | rule wall | flwr wall | ratio | rule CPU | flwr CPU | ratio |")
-    print(f"|{'-' * 36}|-----------|-----------|-------|----------|----------|-------|")
+    print(f"| {'rule':34s} | rule wall | flwr wall | ratio | rule CPU | flwr CPU | ratio | inherent CPU | "
+          "flwr + inherent | ratio |")
+    print(f"|{'-' * 36}|-----------|-----------|-------|----------|----------|-------|--------------|"
+          "-----------------|-------|")
     for name in args.rules:
         spec = SPECS.get(name, name).format(r=args.replies)
-        ours, theirs = time_side_by_side(spec, args.replies, x, args.rounds)
+        ours, theirs, inherent = time_side_by_side(spec, args.replies, x, args.rounds)
         (ow, oc), (tw, tc) = ours.min(axis=0), theirs.min(axis=0)
+        extra = "|              |                 |       |"
+        if inherent is not None:
+            ic = inherent.min(axis=0)[1]
+            extra = f"| {1e3 * ic:12.1f} | {1e3 * (tc + ic):15.1f} | {oc / (tc + ic):5.2f} |"
         print(f"| {spec:34s} | {1e3 * ow:9.1f} | {1e3 * tw:9.1f} | {ow / tw:5.2f} | {1e3 * oc:8.1f} | "
-              f"{1e3 * tc:8.1f} | {oc / tc:5.2f} |", flush=True)
+              f"{1e3 * tc:8.1f} | {oc / tc:5.2f} {extra}", flush=True)
+
 
 if __name__ == "__main__":
     main()

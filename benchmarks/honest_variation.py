@@ -90,9 +90,9 @@ class Recorder:
     def install(self) -> None:
         recorder = self
 
-        def check(bounds, reports, norm_of, node_of, reject):
+        def check(bounds, reports, norm_of, node_of, reject, *args, **kwargs):  # scale, clip: as NormBounds.check
             recorder.observe(reports, norm_of)
-            return recorder._check(bounds, reports, norm_of, node_of, reject)
+            return recorder._check(bounds, reports, norm_of, node_of, reject, *args, **kwargs)
 
         bounds_module.NormBounds.check = check  # type: ignore[method-assign]
 

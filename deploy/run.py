@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from server_app.asynchronous import is_asynchronous_spec
+
 from .app import AppRun
 from .churn import ChurnDriver, Crash, RoundChurn, WallClockChurn
 from .errors import DeployError
@@ -201,7 +203,8 @@ def _run(site: Site, cfg: dict[str, Any], *, churn: str | None, churn_mode: str,
     if driver is not None:
         driver.on_event(RunDone(time.monotonic()))
     out.wall = time.monotonic() - t0
-    if not isinstance(driver, WallClockChurn):  # wall-clock churn follows time, not rounds
+    # wall-clock churn follows time, not rounds; an asynchronous rule's rows are aggregations, not rounds
+    if not isinstance(driver, WallClockChurn) and not is_asynchronous_spec(str(out.run_config.get("strategy", ""))):
         expected = (schedule.matrix(num_rounds).astype(bool) if schedule is not None
                     else np.ones((num_rounds, site.num_nodes), dtype=bool))
         rounds = driver if isinstance(driver, RoundChurn) else None

@@ -34,8 +34,8 @@ FEDAWE_RULES = {
     "fedavg-all": {"strategy": "fedavg-all", "lr": 0.05},
     "fedau": {"strategy": "fedau:cutoff=50", "lr": 0.05},
     "known-p": {"strategy": "fedavg-known-p", "lr": 0.1},
-    "mifa": {"strategy": "mifa", "lr": 0.05},
-    "fedvarp": {"strategy": "fedvarp", "lr": 0.05},
+    "mifa": {"strategy": "mifa:max-silent-rounds=0", "lr": 0.05},  # the papers' tables keep every row
+    "fedvarp": {"strategy": "fedvarp:max-silent-rounds=0", "lr": 0.05},
 }
 FEDAWE_BASE = {"dataset": "fashion-mnist", "data-dir": DATA_DIR, "model": "mlp", "num-clients": 100,
                "partition": "client-dirichlet:alpha=0.1", "local-steps": "steps:n=10", "batch-size": 128,
@@ -81,9 +81,9 @@ FEDAWE_PAPER = {
 
 FDMS_DROPOUT = {f"dropout {a}": {"availability": f"dropout:alpha={a},keep_per_cluster=true"} for a in (0.3, 0.5, 0.7)}
 FDMS_RULES = {
-    "fl-fdms": {"strategy": "fl-fdms"},
+    "fl-fdms": {"strategy": "fl-fdms:max-friend-share=1"},  # the paper's argmax friend
     "dropout": {"strategy": "fedavg-active", "weighting": "equal"},  # the paper weighs clients 1/N
-    "stale": {"strategy": "stale"},
+    "stale": {"strategy": "stale:max-silent-rounds=0"},
     "full": {"strategy": "full"},
 }
 # Why a FL-FDMS claim can fail in the last rounds (checked with the --early report of the same runs)

@@ -52,7 +52,7 @@ from server_app.config import RunConfig
 from server_app.results import METRICS, default_run_name
 
 TAG_VAR = "FLCHURN_RUN_TAG"  # inherited by the detached SuperLink and everything it starts
-PATH_KEYS = ("results-dir", "data-dir", "state-dir", "resume-from")
+PATH_KEYS = ("results-dir", "data-dir", "state-dir", "resume-from", "devices")
 
 
 class RunnerError(RuntimeError):

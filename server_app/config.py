@@ -45,6 +45,10 @@ class ServerConfig:
     resume_from: str = ""  # a checkpoint file; continues that run in its own folder
     progress: bool = True
     engine: str = "per-client"  # in-process runs: "per-client", "cohort" (vmapped cohort), "auto"
+    devices: str = ""  # a devices file (TOML): simulated devices on a virtual clock ("": off)
+    virtual_deadline: float = 0.0  # with devices: virtual seconds a training round waits (0: no deadline)
+    min_replies: int = 0  # with devices: a round closes at its k-th arrival (0: waits for all)
+    reference_step_ms: float = 0.0  # with devices: ms per local step of the reference device (0: unknown)
 
     def validate(self) -> ServerConfig:
         check(self.num_server_rounds >= 1, "num-server-rounds", self.num_server_rounds, ">= 1")
@@ -62,6 +66,14 @@ class ServerConfig:
         check(self.eval_every >= 0, "eval-every", self.eval_every, ">= 0")
         check(self.checkpoint_every >= 0, "checkpoint-every", self.checkpoint_every, ">= 0")
         check(self.engine in ENGINES, "engine", self.engine, f"one of {ENGINES}")
+        check(self.virtual_deadline >= 0, "virtual-deadline", self.virtual_deadline,
+              ">= 0 virtual seconds (0: no deadline)")
+        check(self.min_replies >= 0, "min-replies", self.min_replies, ">= 0 (0: every addressed client)")
+        check(self.reference_step_ms >= 0, "reference-step-ms", self.reference_step_ms, ">= 0 ms (0: unknown)")
+        for key, value in (("virtual-deadline", self.virtual_deadline), ("min-replies", self.min_replies),
+                           ("reference-step-ms", self.reference_step_ms)):
+            check(not value or bool(self.devices), key, value,
+                  "0 without devices (it times rounds on the virtual clock: set devices=<devices file>)")
         return self
 
 

@@ -32,6 +32,8 @@ from strategies.replies import brief, finite
 from workloads.workload import Workload, get_workload
 
 from . import checkpoint
+from .asynchronous import Hooks, is_asynchronous, run_async
+from .clockgrid import VirtualClock, VirtualClockGrid, build_clock, last_virtual_time
 from .config import RunConfig, ServerConfig
 from .network import AvailabilityGrid, discover_clients, fast_pull, wait_for_nodes
 from .results import METRICS, RunRecorder, default_run_name
@@ -50,6 +52,7 @@ class Setup:
     run_dir: Path
     start_round: int
     arrays: ArrayRecord
+    clock: VirtualClock | None = None  # run config devices: rounds on the virtual clock
 
 
 def prepare(cfg: RunConfig) -> Setup:
@@ -70,7 +73,21 @@ def prepare(cfg: RunConfig) -> Setup:
         arrays = named_arrays(ckpt["arrays"])
         strategy.load_state_dict(ckpt["strategy"])
         start_round = ckpt["round"] + 1
-    return Setup(cfg, workload, schedule, strategy, run_folder(cfg), start_round, arrays)
+    return Setup(cfg, workload, schedule, strategy, run_folder(cfg), start_round, arrays, virtual_clock(cfg, arrays))
+
+
+def virtual_clock(cfg: RunConfig, arrays: ArrayRecord) -> VirtualClock | None:
+    """The run's virtual clock (run config ``devices``; None without), its sessions seeded by
+    ``schedule-seed``, its transfers the model's size each way."""
+    s = cfg.server
+    if not s.devices:
+        return None
+    if cfg.availability.availability_gate == "none":
+        raise ConfigError(f"run config 'devices' = {s.devices!r} times a simulation; with availability-gate "
+                          "'none' (a deployment) time is real: leave devices empty")
+    return build_clock(s.devices, cfg.workload.num_clients, seed=cfg.availability.schedule_seed,
+                       reference_step_ms=s.reference_step_ms,
+                       model_bytes=sum(int(a.nbytes) for a in arrays.to_numpy_ndarrays()))
 
 
 def strategy_spec(s: ServerConfig) -> str:
@@ -232,6 +249,9 @@ def run(grid: Grid, cfg: RunConfig, console: Console | None = None) -> Path:
     client_of_node = connect(grid, cfg)  # every check is done before the results folder exists
     new_folder = not setup.run_dir.exists()
     try:
+        if is_asynchronous(setup.strategy):
+            hooks = Hooks(evaluate_models, save_checkpoint, config_record(grid, setup))
+            return run_async(grid, setup, client_of_node, console or Console(), hooks)
         return _run_rounds(grid, setup, client_of_node, console or Console())
     except BaseException:
         metrics = setup.run_dir / METRICS
@@ -244,10 +264,7 @@ def _run_rounds(grid: Grid, setup: Setup, client_of_node: dict[int, int], consol
     cfg = setup.cfg
     s, n = cfg.server, cfg.workload.num_clients
     recorder = RunRecorder(setup.run_dir, n)
-    config_record = {**cfg.to_dict(), "weighting-used": setup.strategy.weighting,
-                     "aggregation": f"holds every reply: {why}" if (why := setup.strategy.holds_every_reply()) else "streaming", "seeds": cfg.seeds,
-                     "schedule": setup.schedule.describe(), **engine_record(grid, cfg), "versions": _versions()}
-    recorder.write_config(config_record)
+    recorder.write_config(config_record(grid, setup))
     recorder.resume_at(setup.start_round - 1)
     if setup.start_round > 1:
         checkpoint.restore_rng(checkpoint.load(s.resume_from))
@@ -257,6 +274,10 @@ def _run_rounds(grid: Grid, setup: Setup, client_of_node: dict[int, int], consol
     net: Grid = grid
     if cfg.availability.availability_gate == "server":
         net = AvailabilityGrid(grid, setup.schedule, client_of_node, s.round_timeout)
+    if setup.clock is not None:  # outside the gate: it times what the strategy sends
+        net = VirtualClockGrid(net, setup.clock, client_of_node, setup.workload.steps_for, deadline=s.virtual_deadline,
+                               min_replies=s.min_replies, start=last_virtual_time(recorder.rows),
+                               scheduled=setup.schedule.available)
 
     arrays, strategy, t_run = setup.arrays, setup.strategy, time.monotonic()
     strategy.scored_evaluation = True  # evaluate_models shows the rule's scored models
@@ -282,6 +303,7 @@ def _run_rounds(grid: Grid, setup: Setup, client_of_node: dict[int, int], consol
                 "rejected": [[node, brief(why)] for node, why in rlog.rejected],
                 **(dict(metrics) if metrics else {}),
                 **times.record(rlog.participants, strategy.node_of_client),
+                **(net.round_record(rnd) if isinstance(net, VirtualClockGrid) else {}),
             }
             if s.federated_evaluation:
                 fed = strategy.aggregate_evaluate(rnd, net.send_and_receive(
@@ -309,6 +331,16 @@ def _run_rounds(grid: Grid, setup: Setup, client_of_node: dict[int, int], consol
                   f"{time.monotonic() - t_run:.1f} s; {summary}", soft_wrap=True)
     console.print(f"results: {setup.run_dir}", soft_wrap=True)
     return setup.run_dir
+
+
+def config_record(grid: Grid, setup: Setup) -> dict[str, Any]:
+    """``config.json``: the resolved run config, seeds, schedule, engine, versions."""
+    cfg = setup.cfg
+    why = setup.strategy.holds_every_reply()
+    return {**cfg.to_dict(), "weighting-used": setup.strategy.weighting,
+            "aggregation": f"holds every reply: {why}" if why else "streaming", "seeds": cfg.seeds,
+            "schedule": setup.schedule.describe(), **engine_record(grid, cfg), "versions": _versions(),
+            **({"devices-used": setup.clock.plan.record()} if setup.clock else {})}
 
 
 def engine_record(grid: Grid, cfg: RunConfig) -> dict[str, str]:

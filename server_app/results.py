@@ -100,7 +100,8 @@ def plot_run(run_dir: Path, rows: list[dict[str, Any]], participation: np.ndarra
     import matplotlib.pyplot as plt
 
     for name, fig in (("accuracy.png", accuracy_figure(rows, participation.shape[1], title=run_dir.name)),
-                      ("participation.png", participation_figure(participation, schedule))):
+                      ("participation.png", participation_figure(participation, schedule,
+                                                                 clock_statuses(rows, participation.shape[1])))):
         fig.savefig(run_dir / name, dpi=120)
         plt.close(fig)
 
@@ -115,48 +116,89 @@ def integer_ticks(*axes: Any, nbins: int | Literal["auto"] = "auto") -> None:
 
 def accuracy_figure(rows: list[dict[str, Any]], num_clients: int, title: str = ""):
     """Test accuracy (or loss; extra models such as FedAWE's ``-xbar`` dashed) over rounds, and
-    below it the number of clients that took part in each round: the dips line up."""
+    below it the number of clients that took part in each round: the dips line up. A run on the
+    virtual clock (rows with ``virtual-time``) gets the same two panels against virtual time
+    beside them."""
     import matplotlib.pyplot as plt
 
     metric = "test-accuracy" if any("test-accuracy" in r for r in rows) else "test-loss"
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(6, 4.5), sharex=True, height_ratios=(3, 1))
+    timed = any("virtual-time" in r for r in rows)
+    fig, axes = plt.subplots(2, 2 if timed else 1, figsize=(10.5 if timed else 6, 4.5), sharex="col",
+                             height_ratios=(3, 1), squeeze=False)
     curves = sorted({k for r in rows for k in r if k == metric or k.startswith(metric + "-")})
-    for key in curves:
-        pts = [(r["round"], r[key]) for r in rows if key in r]
-        top.plot(*zip(*pts, strict=True), marker="o" if len(pts) <= 60 else None, markersize=3, label=key,
-                 linestyle="-" if key == metric else "--")
-    if len(curves) > 1:
-        top.legend(fontsize=7)
-    top.set_ylabel(metric)
-    top.set_title(title, fontsize=8)
-    top.grid(alpha=0.3)
-    rounds = [r["round"] for r in rows]
-    counts = [len(r["participants"]) for r in rows]
-    bottom.bar(rounds, counts, width=0.8 if len(rounds) <= 60 else 1.0, linewidth=0, alpha=0.7)
-    bottom.set_ylim(0, max(num_clients, 1) * 1.05)
-    bottom.set_ylabel("participants", fontsize=8)
-    bottom.set_xlabel("round")
-    bottom.grid(alpha=0.3)
-    integer_ticks(top.xaxis, bottom.xaxis)
-    integer_ticks(bottom.yaxis, nbins=3)
+    xs = [("round", "round")] + ([("virtual-time", "virtual time (s)")] if timed else [])
+    for col, (xkey, xlabel) in enumerate(xs):
+        top, bottom = axes[0][col], axes[1][col]
+        for key in curves:
+            pts = [(r[xkey], r[key]) for r in rows if key in r and xkey in r]
+            if pts:
+                top.plot(*zip(*pts, strict=True), marker="o" if len(pts) <= 60 else None, markersize=3,
+                         label=key, linestyle="-" if key == metric else "--")
+        if len(curves) > 1:
+            top.legend(fontsize=7)
+        top.set_ylabel(metric)
+        top.set_title(title if col == 0 else f"against virtual time; {rows[-1].get('virtual-time', 0):.0f} s in all"
+                      if rows else "", fontsize=8)
+        top.grid(alpha=0.3)
+        pts = [(r[xkey], len(r["participants"])) for r in rows if xkey in r]
+        if col == 0:
+            bottom.bar([p[0] for p in pts], [p[1] for p in pts], width=0.8 if len(pts) <= 60 else 1.0,
+                       linewidth=0, alpha=0.7)
+            integer_ticks(top.xaxis, bottom.xaxis)
+        elif pts:
+            bottom.step([p[0] for p in pts], [p[1] for p in pts], where="pre", alpha=0.7)
+        bottom.set_ylim(0, max(num_clients, 1) * 1.05)
+        bottom.set_ylabel("participants", fontsize=8)
+        bottom.set_xlabel(xlabel)
+        bottom.grid(alpha=0.3)
+        integer_ticks(bottom.yaxis, nbins=3)
     fig.tight_layout()
     return fig
 
 
-def participation_figure(participation: np.ndarray, schedule: np.ndarray | None = None):
-    """Heat maps, clients down, rounds across: the schedule's A(i, t) and who really replied."""
-    import matplotlib.pyplot as plt
+#: a run on the virtual clock: each client's status per round, as drawn (0 = not addressed / off in the schedule)
+CLOCK_STATUSES = ("off", "on time", "late", "lost", "session off")
+CLOCK_COLOURS = ("white", "black", "tab:orange", "tab:red", "lightgrey")
 
-    panels = ([("schedule A(i, t) (black = available)", schedule)] if schedule is not None else [])
-    panels.append(("realised (black = replied)", participation))
+
+def clock_statuses(rows: list[dict[str, Any]], num_clients: int) -> np.ndarray | None:
+    """(rounds, clients) codes into :data:`CLOCK_STATUSES` from the rows' ``participants``,
+    ``late``, ``lost`` and ``session-off``; None for a run without the virtual clock."""
+    if not any("virtual-time" in r for r in rows):
+        return None
+    out = np.zeros((len(rows), num_clients), dtype=np.int8)
+    for t, row in enumerate(rows):
+        for code, key in ((4, "session-off"), (3, "lost"), (2, "late"), (1, "participants")):
+            ids = [c for c in row.get(key, []) if 0 <= c < num_clients]
+            out[t, ids] = code
+    return out
+
+
+def participation_figure(participation: np.ndarray, schedule: np.ndarray | None = None,
+                         statuses: np.ndarray | None = None):
+    """Heat maps, clients down, rounds across: the schedule's A(i, t) and who really replied (on
+    the virtual clock: on time, late, lost, session off)."""
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import ListedColormap
+
+    panels: list[tuple[str, np.ndarray]] = (
+        [("schedule A(i, t) (black = available)", schedule)] if schedule is not None else [])
+    if statuses is not None:
+        counts = ", ".join(f"{name} {int((statuses == k).sum())}" for k, name in enumerate(CLOCK_STATUSES) if k)
+        panels.append((f"realised on the virtual clock: black on time, orange late, red lost,\ngrey session off "
+                       f"({counts})", statuses))
+    else:
+        panels.append(("realised (black = replied)", participation))
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.8), sharey=True, squeeze=False)
     for ax, (title, matrix) in zip(axes[0], panels, strict=True):
         rounds, clients = matrix.shape
         # one cell per (round, client) centred on integers; large matrices are averaged, not aliased
-        ax.imshow(matrix.T, aspect="auto", cmap="Greys", vmin=0, vmax=1,
+        coded = statuses is not None and matrix is statuses
+        ax.imshow(matrix.T, aspect="auto", cmap=ListedColormap(CLOCK_COLOURS) if coded else "Greys", vmin=0,
+                  vmax=len(CLOCK_STATUSES) - 1 if coded else 1,
                   interpolation="nearest" if max(matrix.shape) <= 200 else "antialiased",
                   extent=(0.5, rounds + 0.5, clients - 0.5, -0.5))
-        ax.set_title(f"{title}; mean {matrix.mean():.2f}" if matrix.size else title, fontsize=8)
+        ax.set_title(f"{title}; mean {matrix.mean():.2f}" if matrix.size and not coded else title, fontsize=7 if coded else 8)
         ax.set_xlabel("round")
         integer_ticks(ax.xaxis, ax.yaxis)
     axes[0][0].set_ylabel("client id")

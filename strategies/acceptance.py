@@ -12,7 +12,8 @@ rejection is recorded with its reason (``round_log``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Iterator
+import math
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -21,12 +22,24 @@ from flwr.app import ArrayRecord, Message, RecordDict
 from .bounds import REFERENCE_WINDOW, NormBounds, RatioBound
 from .client_binding import ClientBinding
 from .layout import Layout, Scratch, safe_norm
-from .metrics import carries_client_id
+from .metrics import carries_client_id, claimed_client_id
 from .options import RecordKeys
 from .replies import ClientReport, ReplyParser, ReplyRejected, RoundLog, brief, destinations, source_node
+from .robust import Robust
 from .rule import Rule
 
 log = logging.getLogger("flwr")  # Flower's logger: these lines appear where Flower's own do
+
+
+def reply_slots(replies: Sequence[Message], nodes: list[int]) -> list[int]:
+    """Each reply's rank by (the client id it claims, its node): its row of the round's reply
+    memory (:meth:`strategies.layout.Scratch.begin`), so that the accepted replies, sorted by
+    client id, are consecutive rows in that order whatever the order they arrived in."""
+    keys = [(math.inf if m.has_error() else claimed_client_id(m.content), n) for m, n in zip(replies, nodes, strict=True)]
+    slot = [0] * len(replies)
+    for rank, i in enumerate(sorted(range(len(replies)), key=keys.__getitem__)):
+        slot[i] = rank
+    return slot
 
 
 class ReplyAcceptance(Rule):
@@ -39,6 +52,8 @@ class ReplyAcceptance(Rule):
     bounds: NormBounds
     weighting: str
     examples_clipped: int
+    norms_clipped: int  # this round's updates scaled down to the ratio bound (robust=clip)
+    robust: Robust
     binding: ClientBinding
     connected: set[int]  # node ids the grid listed at this round's configure_train
     layout: Layout | None
@@ -85,10 +100,14 @@ class ReplyAcceptance(Rule):
 
     def collect(self, replies: Iterable[Message]) -> list[ClientReport]:
         """Validate every reply (:meth:`intake`) and end the round's intake (:meth:`end_intake`):
-        the accepted reports, by client id (what a rule that holds every reply aggregates)."""
-        return self.end_intake(list(self.intake(replies)))
+        the accepted reports, by client id (what a rule that holds every reply aggregates).
 
-    def intake(self, replies: Iterable[Message]) -> Iterator[ClientReport]:
+        The round's replies are all known here: each reply's vectors go to the row of its rank
+        by claimed client id (:func:`reply_slots`, :meth:`Scratch.begin`), so the accepted Δ_i
+        are consecutive rows in client order whatever the order they arrived in."""
+        return self.end_intake(list(self.intake(list(replies), slotted=True)))
+
+    def intake(self, replies: Iterable[Message], slotted: bool = False) -> Iterator[ClientReport]:
         """The accepted reports, as the replies arrive (a streaming rule folds each in and lets it go).
 
         Per reply, in arrival order: the reply alone (:meth:`parse_reply`), then who may claim
@@ -100,21 +119,35 @@ class ReplyAcceptance(Rule):
         references. A round with at most :data:`REFERENCE_WINDOW` such replies is judged on all
         of them. A reply rejected at any step reaches neither the rule nor its state; fills
         ``round_log`` (:meth:`end_intake` completes it).
+
+        ``slotted`` (``replies`` a list: :meth:`collect`): rows by client id (:func:`reply_slots`);
+        otherwise rows are handed out as replies arrive and reused once released (:meth:`release_report`).
         """
         node_of_message = destinations(self._sent)
         sent = set(self.round_log.sent) if self._sent else None
-        self._scratch.new_round()
+        slot: list[int] | None = None
+        if slotted:
+            assert isinstance(replies, list)
+            nodes = [node if isinstance(node := source_node(msg, node_of_message), int)
+                     else -(i + 1) for i, msg in enumerate(replies)]  # a mocked reply (create_mock_reply): no sender
+            self._ids_reported |= any(not m.has_error() and carries_client_id(m.content) for m in replies)
+            self._scratch.new_round(len(replies), self.layout.size if self.layout is not None else None)
+            slot = reply_slots(replies, nodes)
+        else:
+            self._scratch.new_round()
         for bounds in self.round_bounds():
             bounds.new_round(fix=True)
         claims = self.binding.round(self.connected)
         self._answered, self._received, self._metrics_of = set(), 0, {}
-        self.examples_clipped = 0
+        self.examples_clipped = self.norms_clipped = 0
         window: list[ClientReport] | None = []
         for i, msg in enumerate(replies):
             node = source_node(msg, node_of_message)
             if not isinstance(node, int):  # a mocked reply (Flower's create_mock_reply): no sender
                 node = -(i + 1)
             self._answered.add(node)
+            if slot is not None:
+                self._scratch.begin(slot[i])
             if msg.has_error():
                 self.round_log.unavailable.append(node)
                 continue
@@ -122,7 +155,7 @@ class ReplyAcceptance(Rule):
             self._ids_reported |= carries_client_id(msg.content)
             report = self.read_reply(msg, node, sent, node_of_message)
             if report is None or not claims.take(report, self.reject):
-                self.release(report)
+                self.release_report(report)
                 continue
             if self.keys.train_metrics_aggr_fn is not None:
                 self._metrics_of[report.node_id] = metric_records(msg.content)
@@ -173,10 +206,10 @@ class ReplyAcceptance(Rule):
             ids = {id(r) for r in kept}
             for r in batch:
                 if id(r) not in ids:
-                    self.release(r)
+                    self.release_report(r)
         return kept
 
-    def release(self, report: ClientReport | None) -> None:
+    def release_report(self, report: ClientReport | None) -> None:
         """``report``'s vectors are read no more: their rows serve the next replies; the report
         keeps its counts (what :meth:`end_intake` and the integer arrays need)."""
         if report is None:
@@ -221,9 +254,16 @@ class ReplyAcceptance(Rule):
     def check_norms(self, reports: list[ClientReport]) -> list[ClientReport]:
         """Reject reports beyond any of the :meth:`norm_checks` (:meth:`NormBounds.check`)."""
         scale = safe_norm(self.current) if self.current is not None else 0.0  # ‖x^t‖: without a median
-        for bounds, norm_of in self.norm_checks():
-            reports = bounds.check(reports, norm_of, lambda r: r.node_id, self.reject, scale)
+        for i, (bounds, norm_of) in enumerate(self.norm_checks()):
+            clip = self.clip_report if i == 0 and self.robust.clips else None  # robust=clip: ‖Δ_i‖ only
+            reports = bounds.check(reports, norm_of, lambda r: r.node_id, self.reject, scale, clip)
         return reports
+
+    def clip_report(self, report: ClientReport, norm: float, limit: float) -> None:
+        """``robust=clip``: Δ_i scaled to norm ``limit`` (a new array: the reply's buffer is shared)."""
+        report.delta = report.delta * np.float32(limit / norm)
+        report.norm = limit
+        self.norms_clipped += 1
 
     def check_claims(self, reports: list[ClientReport]) -> list[ClientReport]:
         """One report per client id, from the node allowed to claim it (:meth:`ClientBinding.check`)."""

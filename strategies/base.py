@@ -42,7 +42,7 @@ from .acceptance import ReplyAcceptance
 from .client_binding import ClientBinding
 from .evaluate_round import EvaluateRound
 from .failures import FailurePolicy, StrategyFailure, log_round
-from .layout import Layout, Scratch, aggregate_integers, named_arrays, safe_norm
+from .layout import Layout, Scratch, aggregate_integers, distance, named_arrays, safe_norm
 from .params import StrategyParams
 from .protocol import CLIENT_RULE, PLAIN_RULE, SERVER_ROUND
 from .replies import (
@@ -51,6 +51,7 @@ from .replies import (
     ReplyRejected,
     RoundLog,
 )
+from .robust import Robust
 from .sampling import check_destinations
 from .weighting import WEIGHTINGS, cap_shares, client_weights, resolve_weighting
 
@@ -88,6 +89,16 @@ class AvailabilityStrategy(ReplyAcceptance, EvaluateRound):
         self.num_clients = params.num_clients  # N; the nodes connected at the first round when None
         self.server_lr = float(params.server_lr)
         self.weighting = weighting  # resolved: never "auto"
+        self.robust = Robust.parse(params.robust)
+        if self.robust.combines and not self.mean_of_updates:
+            raise ValueError(f"strategy '{self.name}': robust={self.robust} replaces a mean of the round's updates, "
+                             f"and this rule's update is not one (stored rows, per-client weights or momenta, "
+                             f"echoes): use robust=clip, or a rule that averages the round's updates "
+                             f"(docs/strategies.md, 'Robust aggregation')")
+        if self.robust.clips and not self.robust_clip:
+            raise ValueError(f"strategy '{self.name}': robust=clip scales Δ_i to the norm bound, and this rule's "
+                             f"checked norm is not ‖Δ_i‖ (its replies are echoed models)")
+        self.norms_clipped = 0  # this round's updates scaled to the bound (robust=clip)
         self.max_num_examples = params.max_num_examples
         self.max_num_steps = params.max_num_steps
         self.integer_arrays = params.integer_arrays
@@ -150,6 +161,13 @@ class AvailabilityStrategy(ReplyAcceptance, EvaluateRound):
         """Per-report weights summing to 1 over the reports (equal or by num-examples)."""
         w = client_weights(self.weighting, [r.num_examples for r in reports])
         return cap_shares(w, self.max_weight_share) if self.weighting == "num-examples" else w
+
+    def robust_mean(self, reports: list[ClientReport]) -> np.ndarray | None:
+        """The coordinate-wise median or trimmed mean of the reports' Δ_i (``robust``), float32;
+        None when ``robust`` does not replace the mean (the rule then runs its own)."""
+        if not self.robust.combines or not reports:
+            return None
+        return self.robust.combine(self.stacked("robust", [r.delta for r in reports]))
 
     def set_global(self, arrays: ArrayRecord) -> None:
         """Take ``arrays`` as x^t (what configure_train does; tests call it directly)."""
@@ -214,11 +232,11 @@ class AvailabilityStrategy(ReplyAcceptance, EvaluateRound):
             reports = []
             for report in self.intake(replies):
                 fold.add(report)
-                self.release(report)
+                self.release_report(report)
                 reports.append(report)
             reports = self.end_intake(reports)
             new, metrics = fold.finish()
-        step = safe_norm(np.subtract(new, self.current, dtype=np.float64))  # NaN/Inf in x^{t+1} -> not finite
+        step = distance(new, self.current)  # NaN/Inf in x^{t+1} -> not finite
         if not math.isfinite(step):
             log.error("round %d: %s produced a non-finite model; keeping x^t", server_round, self.name)
             new, step = self.current, 0.0
@@ -230,6 +248,7 @@ class AvailabilityStrategy(ReplyAcceptance, EvaluateRound):
             "num-unavailable": len(self.round_log.unavailable),
             "num-rejected": len(self.round_log.rejected),
             **({"num-examples-clipped": self.examples_clipped} if self.examples_clipped else {}),
+            **({"num-clipped": self.norms_clipped} if self.norms_clipped else {}),
             "update-norm": step,
             **metrics,
         }
@@ -244,9 +263,9 @@ class AvailabilityStrategy(ReplyAcceptance, EvaluateRound):
         return self.layout.unflatten(new, integers), MetricRecord(record)
 
     def summary(self) -> None:
-        log.info("%s: N=%s, server_lr=%s, weighting=%s, max-weight-share=%g, %s, %s, %s, max_failed_rounds=%d, "
-                 "integer arrays: %s", self.name, self.num_clients, self.server_lr, self.weighting,
-                 self.max_weight_share, self.bounds, self.sampling, self.keys, self.failures.max_failed_rounds,
+        log.info("%s: N=%s, server_lr=%s, weighting=%s, max-weight-share=%g, robust=%s, %s, %s, %s, "
+                 "max_failed_rounds=%d, integer arrays: %s", self.name, self.num_clients, self.server_lr,
+                 self.weighting, self.max_weight_share, self.robust, self.bounds, self.sampling, self.keys, self.failures.max_failed_rounds,
                  self.integer_arrays)
 
     def holds_every_reply(self) -> str:
@@ -254,6 +273,8 @@ class AvailabilityStrategy(ReplyAcceptance, EvaluateRound):
         ``streams`` and ``stream`` is on); logged the first time."""
         if not self.params.stream:
             why = "stream=false"
+        elif self.robust.combines:
+            why = f"robust={self.robust} takes the coordinate-wise statistic of every reply's update"
         elif not self.streams:
             why = self.holds_replies
         elif self.weighting == "num-examples" and self.max_weight_share:

@@ -143,7 +143,8 @@ class NormBounds:
         return self.ratio.history
 
     def check(self, reports: list[R], norm_of: Callable[[R], float], node_of: Callable[[R], int],
-              reject: Callable[[int, str], None], scale: float = 0.0) -> list[R]:
+              reject: Callable[[int, str], None], scale: float = 0.0,
+              clip: Callable[[R, float, float], None] | None = None) -> list[R]:
         """The reports within the bounds; the others go to ``reject`` with the reason.
 
         First the absolute cap ``max_update_norm`` (and a norm that is not a finite number, or
@@ -154,6 +155,8 @@ class NormBounds:
         In a round begun with ``new_round(fix=True)`` the first call fixes the references
         (:class:`RatioBound`): the reply intake calls it first with the round's reference window,
         then with each later reply.
+        ``clip`` (``robust=clip``): a report beyond the ratio bound is kept, scaled down by
+        ``clip(report, norm, limit)``, and its norm enters the history as ``limit``.
         """
         no_reference = self._no_reference
         if no_reference is None:
@@ -181,6 +184,11 @@ class NormBounds:
         kept = []
         for r, norm in under:
             if self.max_norm_ratio and reference > 0 and norm > self.max_norm_ratio * reference:
+                if clip is not None:
+                    clip(r, norm, self.max_norm_ratio * reference)
+                    kept.append(r)
+                    self._pending[id(r)] = self.max_norm_ratio * reference
+                    continue
                 reject(node_of(r), f"update norm {norm:.2g} > max-norm-ratio {self.max_norm_ratio:g} "
                                    f"x the median of recent norms {reference:.2g}")
             else:

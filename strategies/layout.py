@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 from flwr.app import Array, ArrayRecord
 
+from .weighting import matrix_runs
+
 INTEGER_POLICIES = ("mean", "keep")
 
 
@@ -102,6 +104,18 @@ def safe_norm(vector: np.ndarray) -> float:
     return math.sqrt(float(np.dot(v, v)))
 
 
+def distance(a: np.ndarray, b: np.ndarray) -> float:
+    """‖a − b‖₂: the difference in float32 when both are float32 (one pass, no float64 copy), in
+    float64 when that is not finite (a float32 difference can overflow where float64's does not);
+    NaN or Inf in ``a`` or ``b`` gives a value that is not finite."""
+    if a.dtype == np.float32 and b.dtype == np.float32:
+        with np.errstate(over="ignore", invalid="ignore"):
+            norm = safe_norm(np.subtract(a, b))
+        if math.isfinite(norm):
+            return norm
+    return safe_norm(np.subtract(a, b, dtype=np.float64))
+
+
 def named_arrays(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
     """An ArrayRecord from name -> ndarray (Flower's constructor takes lists or Arrays). Shapes are
     kept as they are: ``np.ascontiguousarray`` would turn a 0-d array into shape (1,)."""
@@ -148,38 +162,80 @@ class Scratch:
     """Flat float32 rows for one round's replies (Δ_i, u_i) and matrices of stacked replies, kept
     and reused in the next rounds: writing into fresh memory (page faults, zeroing) costs several
     times the arithmetic, and a round's replies must all be held while the rule aggregates them.
-    A rule that keeps a reply's vector across rounds copies it (as the tables do)."""
+    A rule that keeps a reply's vector across rounds copies it (as the tables do).
+
+    The rows are rows of matrices, one per vector a reply fills (pool 0: Δ_i; pool 1: FedAWE's
+    u_i, SCAFFOLD's Δc_i), each with a row per reply of the round (:meth:`new_round`). The reply
+    of rank ``k`` (:meth:`begin`: the rank of its client id) fills row k, so the accepted
+    replies' vectors, sorted by client id, are the rows of one matrix in order: a weighted sum of
+    them is one matrix-vector product, in an order that does not depend on the replies' arrival
+    (:func:`strategies.weighting.weighted_sum`), and :meth:`stacked` returns the rows without a
+    copy. Without :meth:`begin` (a streaming round, :mod:`strategies.streaming`) rows are handed
+    out in arrival order and reused once handed back (:meth:`release`), so a round holds only the
+    replies not yet folded in."""
 
     def __init__(self) -> None:
-        self.rows: list[np.ndarray] = []
-        self.used = 0
-        self.free: list[np.ndarray] = []  # rows handed back this round (:meth:`release`)
+        self.pools: list[np.ndarray] = []  # pool j: the j-th vector of every reply, a row each
+        self.size: int | None = None  # the rows' length
+        self.extra: list[np.ndarray] = []  # rows beyond the pools' (more replies than announced)
+        self.slot = 0  # the row of the reply being read
+        self.call = 0  # the vectors it took so far: its next pool
+        self.begun = False  # begin() gives the slots; without it, each row() is the next reply's
+        self.used = 0  # slots handed out this round (without begin()) or the largest slot + 1
+        self.wanted = 0  # the most slots a round needed: the pools' size from the next round on
+        self.free: list[np.ndarray] = []  # rows handed back this round without begin() (:meth:`release`)
         self.stacks: dict[str, np.ndarray] = {}
 
-    def new_round(self) -> None:
-        """Last round's reports are gone: their rows are free."""
-        self.used = 0
-        self.free = []
+    def new_round(self, replies: int = 0, size: int | None = None) -> None:
+        """Last round's reports are gone: their rows are free. ``replies`` slots of ``size``
+        this round (pools are made or grown here, only when too small; the memory is touched
+        only where written)."""
+        self.wanted = max(self.wanted, self.used, replies)
+        if size is not None and size != self.size:
+            self.pools, self.size = [], size
+        self.pools = [p if len(p) >= self.wanted else np.empty((self.wanted, p.shape[1]), np.float32)
+                      for p in self.pools]
+        self.extra, self.slot, self.call, self.begun, self.used, self.free = [], 0, 0, False, 0, []
+
+    def begin(self, slot: int) -> None:
+        """The next rows handed out (:meth:`row`) are the reply of rank ``slot``'s: row ``slot``
+        of pool 0, then of pool 1, ..."""
+        self.slot, self.call, self.begun = slot, 0, True
+        self.used = max(self.used, slot + 1)
 
     def row(self, size: int) -> np.ndarray:
-        """A float32 vector of ``size`` not handed out since :meth:`new_round` (or handed back)."""
-        if self.rows and self.rows[0].size != size:
-            self.rows, self.free = [], []
-        if self.free:
+        """A float32 vector of ``size`` not handed out since :meth:`new_round`: row ``slot`` of
+        the next pool of the reply begun (:meth:`begin`), or without it a row handed back
+        (:meth:`release`) or the next slot of pool 0."""
+        if size != self.size:
+            self.pools, self.size, self.free = [], size, []
+        if self.begun:
+            pool, self.call = self.call, self.call + 1
+        elif self.free:
             return self.free.pop()
-        if self.used == len(self.rows):
-            self.rows.append(np.empty(size, np.float32))
-        self.used += 1
-        return self.rows[self.used - 1]
+        else:
+            pool, self.slot, self.used = 0, self.used, self.used + 1
+        while len(self.pools) <= pool:
+            self.pools.append(np.empty((max(self.wanted, self.used, 1), size), np.float32))
+        if self.slot < len(self.pools[pool]):
+            return self.pools[pool][self.slot]
+        self.extra.append(np.empty(size, np.float32))  # the pools grow at the next round
+        return self.extra[-1]
 
     def release(self, row: np.ndarray) -> None:
         """``row`` (from :meth:`row`) is no longer read: hand it out again this round (a streaming
-        round holds as many rows as replies it has not yet folded in)."""
-        if self.rows and row.size == self.rows[0].size:
+        round holds as many rows as replies it has not yet folded in). Rows of replies begun
+        (:meth:`begin`: slotted by client id) are each reply's own: nothing to hand back."""
+        if not self.begun and row.size == self.size:
             self.free.append(row)
 
     def stacked(self, name: str, vectors: list[np.ndarray]) -> np.ndarray:
-        """``np.stack(vectors)`` (the same numbers) written into a matrix kept under ``name``."""
+        """``np.stack(vectors)`` (the same numbers): the rows themselves when they are already
+        consecutive rows of one matrix in this order (the reply rows: no copy; read only), else
+        written into a matrix kept under ``name``."""
+        runs = matrix_runs(vectors)
+        if len(runs) == 1 and runs[0][1] == list(range(len(vectors))) and runs[0][0].flags.c_contiguous:
+            return runs[0][0]
         dtype, shape = np.result_type(*vectors), (len(vectors), *np.shape(vectors[0]))
         buf = self.stacks.get(name)
         if buf is None or buf.dtype != dtype or buf.shape[1:] != shape[1:] or len(buf) < shape[0]:

@@ -16,14 +16,17 @@ from __future__ import annotations
 import os
 import tempfile
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .base import AvailabilityStrategy
+from .base import AvailabilityStrategy, log
 from .state import kept_as
+
+COLUMN_BLOCK = 1 << 17  # columns per block of set_rows: few Python steps, the blocks of the sums in cache
 
 
 def _remove(path: str) -> None:
@@ -62,6 +65,8 @@ class ClientTable:
             self._rows = np.zeros((self.num_rows, self.dim), np.float32)
         self._sum = np.zeros(self.dim, np.float64)
         self.seen = np.zeros(self.num_rows, bool)
+        self.silent = np.zeros(self.num_rows, np.int64)  # rounds since the row was last set
+        self.longest = np.zeros(self.num_rows, np.int64)  # the longest absence the row came back from
 
     # ------------------------------------------------------------------ access
     @property
@@ -76,15 +81,104 @@ class ClientTable:
     def row(self, i: int) -> np.ndarray:
         return self._rows[i]
 
-    def set_row(self, i: int, values: np.ndarray) -> None:
-        """Row i ← values (cast to float32); the running sum follows in O(d)."""
+    def set_row(self, i: int, values: np.ndarray, cols: slice | None = None) -> None:
+        """Row i ← values (cast to float32); the running sum follows in O(d). ``cols``: only
+        these columns of the row (``values`` holds them)."""
         new = np.asarray(values, np.float32)
-        if new.shape != (self.dim,):
-            raise ValueError(f"row of shape {new.shape} for a table of dim {self.dim}")
-        self._sum += new
+        span = slice(0, self.dim) if cols is None else cols
+        width = len(range(*span.indices(self.dim)))
+        if new.shape != (width,):
+            raise ValueError(f"row of shape {new.shape} for a table of dim {self.dim}"
+                             + ("" if cols is None else f", columns {span.start}:{span.stop}"))
+        total = self._sum[span]
+        total += new
+        total -= self._rows[i, span]
+        self._rows[i, span] = new
+        self._mark_set([i])
+
+    def _mark_set(self, ids: Sequence[int]) -> None:
+        """Rows ``ids`` were just set: seen, silent 0, and the absence they came back from kept."""
+        rows = np.asarray(ids, np.int64)
+        back = rows[self.seen[rows]]
+        self.longest[back] = np.maximum(self.longest[back], self.silent[back])
+        self.seen[rows] = True
+        self.silent[rows] = 0
+
+    def clear_row(self, i: int) -> None:
+        """Row i ← 0 and not seen (an expired row: as if the client had never replied)."""
         self._sum -= self._rows[i]
-        self._rows[i] = new
-        self.seen[i] = True
+        self._rows[i] = 0.0
+        self.seen[i] = False
+        self.silent[i] = self.longest[i] = 0
+
+    def age(self, present: list[int], max_silent: int, factor: float = 2.0) -> list[int]:
+        """One more round: every row not in ``present`` has been silent one more round. Returns
+        the seen rows silent for more than max(``max_silent``, ``factor`` × the longest absence
+        the row came back from), which the caller clears; ``max_silent = 0``: none (no expiry)."""
+        absent = np.ones(self.num_rows, bool)
+        absent[np.asarray(present, np.int64)] = False
+        self.silent[absent] += 1
+        if not max_silent:
+            return []
+        limit = np.maximum(max_silent, factor * self.longest)
+        return np.flatnonzero(self.seen & absent & (self.silent > limit)).tolist()
+
+    def set_rows(self, ids: Sequence[int], vectors: Sequence[np.ndarray], scales: Sequence[float] | None = None,
+                 weights: Sequence[float] | None = None, fresh: np.ndarray | None = None,
+                 stale: np.ndarray | None = None) -> None:
+        """Row ids[k] ← vectors[k] (× float32(scales[k]) when given), in order, ids distinct; in one
+        pass over blocks of columns, every row's block while the block's sums stay in cache.
+        ``fresh`` and ``stale`` (float64, d), when given, get Σ_k w_k of the new rows and of the
+        rows they replace added (w = ``weights``, else 1: FedVARP's, FedStale's and
+        ClusterFedVARP's sums). A block's sums over the rows are float32 (no float64 conversion
+        per row: that conversion costs twice the rest), added to the float64 running sum (and
+        to ``fresh``, ``stale``) once per block and round: the running sum then differs from
+        Σ rows in float64 by the float32 rounding of each round's change, not by a drift that
+        grows with its size (:meth:`recompute_sum` makes it exact)."""
+        news = [np.asarray(v, np.float32) for v in vectors]
+        if len(news) != len(ids) or any(len(z) != len(ids) for z in (scales, weights) if z is not None):
+            raise ValueError(f"set_rows: {len(ids)} ids, {len(news)} rows, scales and weights of other lengths")
+        if len(set(ids)) != len(ids):
+            raise ValueError("set_rows: the ids must be distinct")
+        for v in news:
+            if v.shape != (self.dim,):
+                raise ValueError(f"row of shape {v.shape} for a table of dim {self.dim}")
+        factors = [None if scales is None or scales[k] == 1.0 else np.float32(scales[k]) for k in range(len(ids))]
+        w32 = [None] * len(ids) if weights is None else [np.float32(w) for w in weights]
+        split = weights is None and fresh is not None and stale is not None  # the change is fresh − stale
+        width = min(COLUMN_BLOCK, self.dim)
+        change, scaled, term = (np.empty(width, np.float32) for _ in range(3))
+        new_sum = np.empty(width, np.float32) if fresh is not None else None
+        old_sum = np.empty(width, np.float32) if stale is not None else None
+        for lo in range(0, self.dim, COLUMN_BLOCK):
+            cols = slice(lo, min(lo + COLUMN_BLOCK, self.dim))
+            k = cols.stop - lo
+            dc, buf, tb = change[:k], scaled[:k], term[:k]
+            fs = None if new_sum is None else new_sum[:k]
+            ss = None if old_sum is None else old_sum[:k]
+            for z in (dc, fs, ss):
+                if z is not None:
+                    z[...] = 0
+            for i, v, factor, w in zip(ids, news, factors, w32, strict=True):
+                new = v[cols] if factor is None else np.multiply(v[cols], factor, out=buf)
+                old = self._rows[i, cols]
+                if fs is not None:
+                    fs += new if w is None else np.multiply(new, w, out=tb)
+                if ss is not None:
+                    ss += old if w is None else np.multiply(old, w, out=tb)
+                if not split:
+                    dc += new
+                    dc -= old
+                old[...] = new
+            if split:
+                assert fs is not None and ss is not None
+                np.subtract(fs, ss, out=dc)
+            self._sum[cols] += dc
+            if fresh is not None and fs is not None:
+                fresh[cols] += fs
+            if stale is not None and ss is not None:
+                stale[cols] += ss
+        self._mark_set(ids)
 
     def sum(self) -> np.ndarray:
         """Σ_i row_i in float64 (a copy)."""
@@ -121,7 +215,7 @@ class ClientTable:
     def state_dict(self) -> dict[str, Any]:
         """A self-contained copy (the matrix is copied even when disk-backed)."""
         return {"rows": np.array(self._rows, np.float32, copy=True), "sum": self._sum.copy(),
-                "seen": self.seen.copy()}
+                "seen": self.seen.copy(), "silent": self.silent.copy(), "longest": self.longest.copy()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         rows = np.asarray(state["rows"], np.float32)
@@ -130,6 +224,9 @@ class ClientTable:
         self._rows[...] = rows
         self._sum = np.array(state["sum"], np.float64, copy=True)
         self.seen = np.array(state["seen"], bool, copy=True)
+        zeros = np.zeros(self.num_rows, np.int64)  # a checkpoint from before expiry: no absence yet
+        self.silent = np.array(state.get("silent", zeros), np.int64, copy=True)
+        self.longest = np.array(state.get("longest", zeros), np.int64, copy=True)
 
     @classmethod
     def from_state(cls, state: dict[str, Any], directory: str | Path = "", name: str = "table") -> ClientTable:
@@ -153,24 +250,62 @@ class TableState:
         lambda saved, rule: None if saved is None else ClientTable.from_state(saved, rule.memory_dir, name=rule.name)))
 
 
+MAX_SILENT_ROUNDS = 50  # FedAU's default cutoff K: an absence this long is "long" (docs/threat-model.md)
+
+
 class StoredUpdates(AvailabilityStrategy):
-    """Base of the rules that store one update per client (MIFA, FedVARP, Stale): equal weights,
-    client ids as rows, a lazily built :class:`ClientTable` (``memory_dir``: disk-backed), and its
-    state (:class:`TableState`: a copy of the table, restored into RAM or a new memmap)."""
+    """Base of the rules that store one update per client (MIFA, FedVARP, Stale, FedStale,
+    ClusterFedVARP): equal weights, client ids as rows, a lazily built :class:`ClientTable`
+    (``memory_dir``: disk-backed), and its state (:class:`TableState`: a copy of the table,
+    restored into RAM or a new memmap).
+
+    ``max_silent_rounds`` (spec key ``max-silent-rounds``, default 50): a stored row expires (is
+    cleared, as if the client had never replied) once its client has been silent for more than
+    max(``max_silent_rounds``, 2 × the longest absence that client came back from); 0 keeps
+    every row for the run, the papers' rule. So a node that replies once (a sybil on a free id)
+    stays in the mean for at most 50 silent rounds, and a client whose absences are long but
+    regular keeps its row as in the paper. Metric ``num-expired``; logged.
+    """
 
     equal_weights_only = True
     needs_client_ids = True
     State = TableState
 
-    def __init__(self, *, memory_dir: str = "", **kwargs: Any) -> None:
+    def __init__(self, *, memory_dir: str = "", max_silent_rounds: int = MAX_SILENT_ROUNDS, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        if isinstance(max_silent_rounds, bool) or not isinstance(max_silent_rounds, int) or max_silent_rounds < 0:
+            raise ValueError(f"strategy '{self.name}': max_silent_rounds (spec key max-silent-rounds) must be an "
+                             f"integer >= 0 (0 = rows never expire, the paper's rule), got {max_silent_rounds!r}")
         self.memory_dir = str(memory_dir)
+        self.max_silent_rounds = max_silent_rounds
         self.table: ClientTable | None = None
+        self.rows_expired = 0  # this round's
 
     def num_rows(self) -> int:
         return self.require_num_clients()
 
-    def _table(self, dim: int) -> ClientTable:
+    def _table(self, dim: int, present: list[int] | None = None) -> ClientTable:
+        """The table; with ``present`` (this round's rows), one more round of silence for the
+        others, and the rows silent too long cleared (:meth:`forget_row`)."""
         if self.table is None or self.table.dim != dim:
             self.table = ClientTable(self.num_rows(), dim, self.memory_dir, name=self.name)
+        if present is not None:
+            expired = self.table.age(present, self.max_silent_rounds)
+            for row in expired:
+                self.forget_row(self.table, row)
+            self.rows_expired = len(expired)
+            if expired:
+                log.info("%s: stored row(s) %s expired after more than max-silent-rounds=%d silent rounds "
+                         "(or twice their longest absence)", self.name, expired[:10], self.max_silent_rounds)
         return self.table
+
+    def forget_row(self, table: ClientTable, row: int) -> None:
+        """Clear an expired row (hook: ClusterFedVARP also corrects its running mean)."""
+        table.clear_row(row)
+
+    def aggregate_train(self, server_round: int, replies: Any) -> Any:
+        self.rows_expired = 0
+        arrays, metrics = super().aggregate_train(server_round, replies)
+        if self.rows_expired and metrics is not None:
+            metrics["num-expired"] = self.rows_expired
+        return arrays, metrics

@@ -54,6 +54,20 @@ def carries_client_id(content: RecordDict) -> bool:
     return any(any(a in m for a in ALIASES[CLIENT_ID]) for m in content.metric_records.values())
 
 
+def claimed_client_id(content: RecordDict) -> float:
+    """The client id a reply's metrics claim (under any of its names), unchecked; inf when none
+    is an integer (a key to sort replies by, never an accepted id: parsing checks it)."""
+    try:
+        for m in content.metric_records.values():
+            for a in ALIASES[CLIENT_ID]:
+                value = m.get(a)
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                    return float(value)
+    except Exception:  # noqa: BLE001 (a malformed reply: parsing rejects it with the reason)
+        pass
+    return math.inf
+
+
 MAX_EVAL_METRICS = 32  # an evaluate reply with more metrics (or a longer name) is not averaged
 MAX_METRIC_NAME = 64
 MAX_METRIC_VALUE = 1e12  # |value| beyond: left out (no float64 sum of weight x value overflows)

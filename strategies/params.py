@@ -21,12 +21,13 @@ from .failures import FailurePolicy
 from .layout import aggregate_integers
 from .options import MetricsAggrFn, RecordKeys
 from .protocol import NUM_EXAMPLES
+from .robust import Robust
 from .sampling import Sampling
 from .weighting import AUTO_WEIGHTING
 
 # the fields a strategy spec may set for every rule (e.g. "mifa:max-norm-ratio=50")
 SPEC_FIELDS = frozenset({"max_update_norm", "max_norm_ratio", "max_weight_share", "max_model_ratio",
-                         "max_examples_ratio", "stream"})
+                         "max_examples_ratio", "stream", "robust"})
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,8 @@ class StrategyParams:
     stream : a rule that declares ``streams`` folds replies in as they arrive (server memory
         O(model); :mod:`strategies.streaming`); False holds every reply of a round (the same
         numbers to float rounding). Spec key ``stream`` (e.g. ``fedavg-active:stream=false``).
+    robust : "" (off, the default: the papers' means), ``median``, ``trimmed-mean[:beta=0.2]`` or
+        ``clip`` (:mod:`strategies.robust`); spec key ``robust`` (e.g. ``fedavg-active:robust=median``).
     """
 
     num_clients: int | None = None
@@ -97,10 +100,12 @@ class StrategyParams:
     max_model_ratio: float = MAX_MODEL_RATIO
     max_examples_ratio: float = MAX_EXAMPLES_RATIO
     stream: bool = True
+    robust: str = ""
 
     def __post_init__(self) -> None:
         self.sampling(), self.record_keys(), self.bounds()  # each checks its own fields
         FailurePolicy("", self.max_failed_rounds)
+        Robust.parse(self.robust)
         aggregate_integers(self.integer_arrays, {}, [], np.zeros(0))  # checks the policy's name
         if not (math.isfinite(self.max_weight_share) and 0 <= self.max_weight_share <= 1):
             raise ValueError(f"max_weight_share (spec key max-weight-share) must be in [0, 1] (0 = off), "

@@ -42,6 +42,11 @@ class Rule:
     paper_weighting: ClassVar[str] = "equal"
     # the default of max_norm_ratio (strategies.bounds): the rule's checked norm's honest spread
     default_norm_ratio: ClassVar[float] = MAX_NORM_RATIO
+    # whether the rule's update is a (weighted) mean of the round's Δ_i, which robust=median or
+    # robust=trimmed-mean may replace (:meth:`AvailabilityStrategy.robust_mean`)
+    mean_of_updates: ClassVar[bool] = False
+    # whether the first norm check is ‖Δ_i‖, so robust=clip may scale Δ_i to the bound
+    robust_clip: ClassVar[bool] = True
     # the rule's state (a dataclass whose fields name the attributes a resumed run needs)
     State: ClassVar[type] = rule_state.NoState
     # the rule folds replies in as they arrive (start_fold): server memory O(model), not O(replies)

@@ -56,10 +56,70 @@ def cap_shares(weights: np.ndarray, max_share: float) -> np.ndarray:
         out = np.where(capped, max_share, weights * rest / weights[free].sum())
 
 
+def matrix_runs(vectors: Sequence[np.ndarray]) -> list[tuple[np.ndarray, list[int]]]:
+    """``vectors`` grouped into runs of equally spaced rows of one C-contiguous matrix (the reply
+    :class:`Scratch`, a client table), in the matrix's row order: ``[(2-D view, positions in
+    vectors)]``, one run per stretch (a vector that is no such row is a run of its own). A run is
+    a strided view, no copy, so one matrix product (BLAS) reads its rows once."""
+    keyed: list[tuple[int, int, int]] = []  # (matrix id, row, position)
+    owners: dict[int, np.ndarray] = {}
+    alone: list[int] = []
+    for k, v in enumerate(vectors):
+        base = v.base if isinstance(v, np.ndarray) else None
+        if (isinstance(base, np.ndarray) and v.ndim == 1 and base.ndim == 2 and base.dtype == v.dtype
+                and base.flags.c_contiguous and base.shape[1] == v.size and v.strides == (v.itemsize,)):
+            row, rem = divmod(v.ctypes.data - base.ctypes.data, base.strides[0])
+            if rem == 0 and 0 <= row < base.shape[0]:
+                owners[id(base)] = base
+                keyed.append((id(base), row, k))
+                continue
+        alone.append(k)
+    keyed.sort()
+    runs: list[tuple[np.ndarray, list[int]]] = []
+    i = 0
+    while i < len(keyed):
+        owner, first, _ = keyed[i]
+        j, step = i + 1, 0
+        while j < len(keyed) and keyed[j][0] == owner:
+            gap = keyed[j][1] - keyed[j - 1][1]
+            if gap <= 0 or (step and gap != step):
+                break
+            step, j = gap, j + 1
+        last = keyed[j - 1][1]
+        runs.append((owners[owner][first : last + 1 : step or 1], [k for _, _, k in keyed[i:j]]))
+        i = j
+    runs += [(np.asarray(vectors[k])[None, :], [k]) for k in alone]
+    return runs
+
+
 def weighted_sum(weights: Iterable[Any], vectors: Iterable[np.ndarray]) -> np.ndarray | int:
-    """Σ_i w_i v_i accumulated in place, in the order given: the same numbers as
-    ``sum(w_i * v_i ...)`` (numpy's type rules: a Python float keeps float32 vectors in float32, a
-    numpy float64 makes the sum float64) without a new array per term (0 when there is no term)."""
+    """Σ_i w_i v_i (0 when there is no term). Float32 vectors give a float32 sum, the weights taken
+    in float32 (as ``float(w_i) * v_i`` does); vectors that are rows of one matrix (the reply
+    rows of :class:`strategies.layout.Scratch`, sorted by client id) are summed by one
+    matrix-vector product per run of rows (:func:`matrix_runs`: BLAS, each row
+    read once), in the rows' order, whatever the order given; others (float64 vectors) in place,
+    in the order given, with numpy's type rules."""
+    w, vs = list(weights), list(vectors)
+    if not vs:
+        return 0
+    if len(w) != len(vs):
+        raise ValueError(f"weighted_sum: {len(w)} weights for {len(vs)} vectors")
+    if any(np.asarray(v).dtype != np.float32 for v in vs):
+        return _weighted_sum_in_order(w, vs)
+    w32 = np.array([float(x) for x in w], np.float32)
+    out: np.ndarray | None = None
+    for rows, positions in matrix_runs(vs):
+        part = w32[positions] @ rows if len(positions) > 1 else w32[positions[0]] * rows[0]
+        if out is None:
+            out = part  # a new array
+        else:
+            out += part
+    assert out is not None
+    return out
+
+
+def _weighted_sum_in_order(weights: list[Any], vectors: list[np.ndarray]) -> np.ndarray:
+    """Σ_i w_i v_i accumulated in place, in the order given (numpy's type rules)."""
     out: np.ndarray | None = None
     term: np.ndarray | None = None
     for w, v in zip(weights, vectors, strict=True):
@@ -69,4 +129,5 @@ def weighted_sum(weights: Iterable[Any], vectors: Iterable[np.ndarray]) -> np.nd
         else:
             np.multiply(v, w, out=term)
             out += term
-    return 0 if out is None else out
+    assert out is not None
+    return out

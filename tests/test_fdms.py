@@ -229,3 +229,16 @@ def test_clustered_digits_run_finds_friends_in_the_own_cluster(tmp_path):
     np.fill_diagonal(R, -np.inf)
     cluster = cluster_of(part, n)
     assert (cluster[R.argmax(axis=1)] == cluster).all()
+
+
+def test_one_client_similar_to_everyone_stands_in_for_at_most_its_share():
+    """Client 0 is every dropped client's most similar (issue 27): with the default it stands in
+    for max(2, ⌈0.5 x 6⌉) = 3 of the 6 dropped, the others take their next friend; with
+    max-friend-share=1 (the paper's argmax) for all 6."""
+    for share, coef0 in ((0.5, 1 + 3), (1.0, 1 + 6)):
+        s = FLFDMS(num_clients=8, max_friend_share=share, warmup_rounds=0)
+        s.aggregate(0, np.zeros(2), reports({c: [1.0, 0.1 * c] for c in range(8)}))
+        s.R[2:, 0], s.R[2:, 1] = 0.99, 0.9  # client 0 most similar to every other, client 1 next
+        x, m = s.aggregate(1, np.zeros(2), reports({0: [1.0, 0.0], 1: [0.0, 1.0]}))
+        np.testing.assert_allclose(x, (coef0 * np.array([1.0, 0.0]) + (8 - coef0) * np.array([0.0, 1.0])) / 8)
+        assert m["num-substituted"] == 6 and m.get("friends-moved", 0) == (3 if share < 1 else 0)

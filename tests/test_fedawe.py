@@ -26,6 +26,7 @@ from strategies.rules.fedawe import (
     RUN_KEY,
     SEND_UPDATE,
     SERVER_LR,
+    SKETCH,
     UPDATE_PREFIX,
     FedAWE,
 )
@@ -41,10 +42,14 @@ def _no_plots(monkeypatch):
     monkeypatch.setattr("server_app.results.plot_run", lambda *args, **kwargs: None)
 
 
-def awe_reply(sent, model, factor, update=0.0, **metrics):
+def awe_reply(sent, model, factor, update="x0", **metrics):
     """A FedAWE client's reply: x_i^† in 'w', the echo factor and u_i (a scalar: filled; None: left
-    out) as extra keys."""
+    out; "x0", the default: consistent with a client whose copy is x^0, the sent model, as the
+    server checks) as extra keys."""
     arrays = {"w": np.asarray(model, np.float32), ECHO_FACTOR: np.array([factor], np.float64)}
+    if isinstance(update, str):
+        eta = float(sent.content["config"][SERVER_LR])
+        update = (np.asarray(model, np.float64) - sent_model(sent)) / eta
     if update is not None:
         u = np.asarray(update, np.float32)
         arrays[UPDATE_PREFIX + "w"] = np.full(np.shape(model), u, np.float32) if u.ndim == 0 else u
@@ -126,17 +131,18 @@ def test_train_messages_carry_the_initial_model_and_the_client_config():
     np.testing.assert_array_equal(s.current, [2.0, 2.0])  # the rule itself works on x^t
 
 
-@pytest.mark.parametrize(("clip", "expected", "clipped"), [(0.5, [1.1, 1.3], 1.0), (5.0, [1.7, 2.1], 0.0)])
+@pytest.mark.parametrize(("clip", "expected", "clipped"), [(0.5, [5.6, 5.8], 1.0), (5.0, [6.2, 6.6], 0.0)])
 def test_server_clip_of_the_averaged_echoed_update(clip, expected, clipped):
     """x^{t+1} = mean x_i^{t,0} + η_g clip(mean u_i) (official code), η_g = 2.
 
-    Starts (1, 0) and (0, 1), u = (0.3, 0.4) and (0.9, 1.2): ū = (0.6, 0.8), ‖ū‖ = 1. Clipped to
-    0.5: (0.5, 0.5) + 2 (0.3, 0.4) = (1.1, 1.3); not clipped: mean x_i^† = (1.7, 2.1).
+    Both starts x^0 = (5, 5) (the copies the server accepts), u = (0.3, 0.4) and (0.9, 1.2):
+    ū = (0.6, 0.8), ‖ū‖ = 1. Clipped to 0.5: (5, 5) + 2 (0.3, 0.4) = (5.6, 5.8); not clipped:
+    mean x_i^† = (6.2, 6.6).
     """
     s = FedAWE(num_clients=4, server_lr=2.0, clip=clip)
     sent = start_round(s, 2, np.array([5.0, 5.0]), [100, 102])
     assert sent[100].content["config"][SEND_UPDATE] is True
-    starts, updates = np.array([[1.0, 0.0], [0.0, 1.0]]), np.array([[0.3, 0.4], [0.9, 1.2]])
+    starts, updates = np.array([[5.0, 5.0], [5.0, 5.0]]), np.array([[0.3, 0.4], [0.9, 1.2]])
     echoed = starts + 2.0 * updates  # what the clients send as their model
     replies = [awe_reply(sent[100 + 2 * k], echoed[k], 2, updates[k], **{"client-id": 2 * k}) for k in range(2)]
     arrays, metrics = s.aggregate_train(2, replies)
@@ -223,16 +229,18 @@ def test_server_memory_is_constant_per_client():
     for rnd in range(1, 9):
         nodes = [100 + c for c in range(n)]
         sent = start_round(s, rnd, x, nodes)
-        replies = [awe_reply(sent[100 + c], x + rng.normal(size=d), 1, rng.normal(size=d), **{"client-id": c})
+        replies = [awe_reply(sent[100 + c], rng.normal(size=d), 1, **{"client-id": c})  # copy x^0
                    for c in range(n) if rng.random() < 0.7]
         out, _ = s.aggregate_train(rnd, replies)
         x = out["w"].numpy()
     in_state = arrays_in(s.state_dict())
-    assert sum(a.size for a in in_state) == 2 * d  # x^0 and x̄ only
+    # x^0 and x̄, and the consistency check's SKETCH numbers per round: nothing per client
+    assert sum(a.size for a in in_state) == 2 * d + SKETCH * len(s.sketches)
     # _sent: this round's messages; _scratch: the base's reusable rows for one round's replies
     # (Δ_i and u_i), O(replies per round), the memory the replies take while aggregated
     held = arrays_in({k: v for k, v in vars(s).items() if k not in ("_sent", "_scratch")})
-    assert sum(a.size for a in held) <= 4 * d  # x^t, x^0, x̄ and the layout's bookkeeping
+    # x^t, x^0, x̄, the layout's bookkeeping, the check's projection P and |P| (SKETCH x d each), sketches
+    assert sum(a.size for a in held) <= (4 + 2 * SKETCH) * d + SKETCH * (len(s.sketches) + 1)
     assert len(s.client_of_node) == n  # the base's node -> client id map: one int each
 
 
@@ -589,7 +597,7 @@ def test_update_norm_is_the_clients_own_local_change():
     """‖u_i‖ / (t − τ_i) = ‖Δ_i‖, whatever the copy's staleness (x_i^† − x^t) or the echo factor."""
     s = FedAWE(num_clients=3, min_available_nodes=1)
     sent = start_round(s, 5, np.zeros(2), [100])
-    report = s.parse_reply(awe_reply(sent[100], [30.0, 40.0], 4, [6.0, 8.0], **{"client-id": 0}), 100)
+    report = s.parse_reply(awe_reply(sent[100], [6.0, 8.0], 4, [6.0, 8.0], **{"client-id": 0}), 100)
     assert s.update_norm(report) == pytest.approx(2.5)
 
 
@@ -616,7 +624,7 @@ def test_norm_bound_judges_the_local_change_not_the_echo_or_the_stale_copy():
     """max-norm-ratio 1000 (the default): a rare client (echo factor 50, copy 900 away from x^t)
     with an ordinary local change passes; a client whose own change is 2000x the others' is
     rejected; so is a returned model 1e5 away from x^t with an ordinary echoed update."""
-    s = FedAWE(num_clients=6)
+    s = FedAWE(num_clients=6, check_start=False)  # copies far from any model the server sent
     sent = start_round(s, 60, np.zeros(2), [100 + c for c in range(6)])
     ordinary = [awe_reply(sent[100 + c], [1.0, 0.0], 1, [1.0, 0.0], **{"client-id": c}) for c in range(3)]
     rare = awe_reply(sent[103], [900.0, 50.0], 50, [0.0, 50.0], **{"client-id": 3})  # ‖Δ‖ = 50 / 50 = 1

@@ -78,3 +78,81 @@ def test_honest_data_sizes_are_not_cut():
     sizes = [40, 43, 50, 54, 68, 73, 87, 94, 130, 197, 330, 632]
     reports = [type("R", (), {"num_examples": n})() for n in sizes]
     assert bounds.clip_examples(reports) == 0 and [r.num_examples for r in reports] == sizes
+
+
+# ---------------------------------------------- robust aggregation (spec key robust, item 3)
+MEAN_RULES = sorted(n for n, c in STRATEGIES.items() if c.mean_of_updates)
+
+
+def one_round(spec, updates, **kwargs):
+    name = spec.split(":")[0]
+    s = build_rule(name, n=len(updates), spec=spec, max_failed_rounds=0, **kwargs)
+    sent = start_round(s, 1, X, [100 + c for c in range(len(updates))])
+    out, metrics = s.aggregate_train(1, [rule_reply(name, sent[100 + c], X + u, c, u)
+                                         for c, u in enumerate(updates) if 100 + c in sent])
+    return out["w"].numpy() - X, metrics, s
+
+
+def test_the_rules_that_average_the_rounds_updates_are_the_ones_robust_applies_to():
+    assert MEAN_RULES == ["fedadagrad", "fedadam", "fedavg-active", "fedavg-all", "fedavgm", "fednova",
+                          "fedyogi", "full", "pow-d"]
+
+
+@pytest.mark.parametrize("name", sorted(set(RULES) - set(MEAN_RULES)))
+def test_median_is_refused_where_the_update_is_no_mean_of_the_rounds_updates(name):
+    with pytest.raises(ValueError, match="robust=median replaces a mean"):
+        build_rule(name, spec=f"{name}:robust=median")
+
+
+@pytest.mark.parametrize("spec", ["fedavg-active:robust=median", "fedavg-active:robust=trimmed-mean:beta=0.25",
+                                  "full:robust=median", "fedavgm:robust=median", "fedavg-all:robust=median"])
+def test_median_and_trimmed_mean_are_the_coordinatewise_statistics(spec):
+    rng = np.random.default_rng(0)
+    ups = [rng.normal(0, 0.1, 3).astype(np.float32) for _ in range(7)] + [np.array([0.4, -0.4, 0.4], np.float32)]
+    step, _, s = one_round(spec, ups, weighting="equal" if "fedavg-all" not in spec else "auto")
+    want = np.median(ups, axis=0) if "median" in spec else np.mean(np.sort(ups, axis=0)[2:-2], axis=0)
+    np.testing.assert_allclose(step, want, rtol=1e-5, atol=1e-6)
+    assert s.round_log.rejected == []  # the outlier is within the ratio bound: robust, not rejected
+
+
+# SCAFFOLD's control-variate bound (Δc_i) still rejects: clip scales Δ_i only
+@pytest.mark.parametrize("name", sorted(set(RULES) - {"fedawe", "fedpbc", "scaffold", "amplified-scaffold"}))
+def test_clip_scales_an_update_beyond_the_bound_to_it_instead_of_rejecting(name):
+    spec = ("pow-d:variant=rpow-d," if name == "pow-d" else f"{name}:") + "robust=clip,max-norm-ratio=2"
+    honest = [np.array([0.1 * (1 + c / 10), 0.0, 0.0], np.float32) for c in range(5)]
+    _, metrics, s = one_round(spec, [*honest, np.array([0.0, 50.0, 0.0], np.float32)])
+    if 105 in s.round_log.sent:
+        assert s.round_log.rejected == [] and metrics["num-clipped"] == 1 and 5 in s.round_log.participants
+        assert s.bounds.history[-1] == pytest.approx(2 * 0.12, rel=1e-6)  # the clipped norm: 2 x lower median
+
+
+def test_clip_is_refused_for_the_echo_rules_and_bad_values_name_the_key():
+    for name in ("fedawe", "fedpbc"):
+        with pytest.raises(ValueError, match="robust=clip"):
+            build_rule(name, spec=f"{name}:robust=clip")
+    for bad in ("mean", "trimmed-mean:beta=0.7", "median:beta=0.1"):
+        with pytest.raises(ValueError, match="robust"):
+            build_rule("fedavg-active", spec=f"fedavg-active:robust={bad}")
+
+
+def test_robust_off_is_the_papers_mean_bit_for_bit():
+    rng = np.random.default_rng(1)
+    ups = [rng.normal(0, 0.1, 3).astype(np.float32) for _ in range(6)]
+    for name in MEAN_RULES:
+        spec = "pow-d:variant=rpow-d" if name == "pow-d" else name
+        a, _, _ = one_round(spec, ups)
+        b, _, _ = one_round(spec + (",robust=off" if ":" in spec else ":robust=off"), ups)
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 8, 21])
+def test_the_statistics_are_numpys_median_and_scipys_trimmed_mean(n):
+    from scipy.stats import trim_mean
+
+    from strategies.robust import Robust
+
+    a = np.random.default_rng(n).normal(size=(n, 50)).astype(np.float32)
+    np.testing.assert_allclose(Robust("median").combine(a), np.median(a, axis=0), rtol=1e-6, atol=1e-7)
+    for beta in (0.1, 0.2, 0.45):
+        np.testing.assert_allclose(Robust("trimmed-mean", beta).combine(a), trim_mean(a.astype(np.float64), beta, axis=0),
+                                   rtol=1e-5, atol=1e-6)

@@ -18,7 +18,9 @@ from attacks import N, influence
 from strategies import STRATEGIES
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "threat-model.md"
-SPECS = [*sorted(STRATEGIES), "fednova:server-momentum=0.9", "fedawe:clip=0.5"]
+ROBUST = ["fedavg-active:robust=median", "fedavg-active:robust=trimmed-mean", "fedavg-active:robust=clip,max-norm-ratio=2",
+          "fednova:robust=median", "fedadam:robust=median", "mifa:robust=clip,max-norm-ratio=2"]
+SPECS = [*sorted(STRATEGIES), "fednova:server-momentum=0.9", "fedawe:clip=0.5", *ROBUST]
 
 
 def documented() -> dict[str, tuple[float, float]]:
@@ -50,3 +52,72 @@ def test_the_attack_search_finds_what_the_bounds_let_through():
     got = influence("fedavg-all", rounds=5)
     assert got["accepted"] == 5 and all(a.size >= 3 for a in got["attacks"])
     assert got["per-round"] > 3 / N * 0.5
+
+
+# ------------------------------------------ stored rows expire; newcomers gain no weight (item 5)
+STORED = ["mifa", "fedvarp", "stale", "fedstale", "cluster-fedvarp"]
+
+
+def sybil_then_silence(spec, rounds=8, n=4):
+    """Round 1: clients 0-2 send nothing new (zero updates), client 3 (a sybil) one large reply;
+    then it is silent. Returns the model's step per round and the strategy."""
+    import numpy as np
+    from replies import build_rule, rule_reply, start_round
+
+    name = spec.split(":")[0]
+    s = build_rule(name, n=n, spec=spec, max_failed_rounds=0)
+    x, steps, expired = np.full(3, 4.0, np.float32), [], []
+    for t in range(1, rounds + 1):
+        ups = {c: np.array([0.01 * (1 + c), 0.0, 0.01], np.float32) for c in range(3)}
+        if t == 1:
+            ups[3] = np.array([0.0, 0.05, 0.0], np.float32)
+        sent = start_round(s, t, x, [100 + c for c in ups])
+        out, metrics = s.aggregate_train(t, [rule_reply(name, sent[100 + c], x + u, c, u) for c, u in ups.items()])
+        new = out["w"].numpy()
+        steps.append(float(new[1] - x[1]))  # the sybil's coordinate (the others move along 0 and 2)
+        expired.append(metrics.get("num-expired", 0))
+        x = new
+    return steps, expired, s
+
+
+@pytest.mark.parametrize("name", STORED)
+def test_a_sybils_stored_row_expires_after_max_silent_rounds(name):
+    steps, expired, s = sybil_then_silence(f"{name}:max-silent-rounds=3")
+    assert expired == [0, 0, 0, 0, 1, 0, 0, 0]  # silent in rounds 2-4 (3 rounds), cleared in round 5
+    assert all(abs(v) < 1e-7 for v in steps[4:]) and not s.table.seen[3]
+    kept, _, _ = sybil_then_silence(f"{name}:max-silent-rounds=0")  # the paper: the row stays
+    if name in ("mifa", "stale"):  # re-applied every round while it stays
+        assert all(v > 0.01 for v in kept[1:])
+    assert sybil_then_silence(name)[1] == [0] * 8  # default 50: honest short absences keep their row
+
+
+def test_a_row_lives_twice_the_longest_absence_its_client_came_back_from():
+    import numpy as np
+
+    from strategies.memory import ClientTable
+
+    table = ClientTable(2, 1)
+    table.set_row(0, np.ones(1))
+    assert [table.age([1], 3) for _ in range(2)] == [[], []]
+    table.set_row(0, np.ones(1))  # back after 2 silent rounds: limit max(3, 4) = 4
+    table.longest[0] = 5  # as if back after 5: limit 10
+    assert [table.age([1], 3) for _ in range(11)][9:] == [[], [0]]
+
+
+def test_fedau_a_newcomer_on_a_long_silent_id_gets_no_more_weight_than_a_returning_client():
+    import numpy as np
+    from replies import build_rule, rule_reply, start_round
+
+    s = build_rule("fedau", n=3, spec="fedau:cutoff=5", max_failed_rounds=0)
+    x = np.zeros(2, np.float32)
+    for t in range(1, 14):  # client 0 every round, client 1 every other round, client 2 never until 13
+        ups = {0: np.array([0.1, 0], np.float32), **({1: np.array([0.1, 0], np.float32)} if t % 2 else {})}
+        if t == 13:
+            ups[2] = np.array([0, 0.1], np.float32)
+        sent = start_round(s, t, x, [100 + c for c in ups])
+        out, _ = s.aggregate_train(t, [rule_reply("fedau", sent[100 + c], x + u, c, u) for c, u in ups.items()])
+        step = out["w"].numpy() - x
+        x = out["w"].numpy()
+    # the paper's ω_2 would be 5 (its two cutoff intervals); capped at the largest returning ω:
+    # client 1's mean interval before round 13, (1 + 5 x 2) / 6
+    assert step[1] == pytest.approx(11 / 6 * 0.1 / 3, rel=1e-6)

@@ -5,6 +5,7 @@ with its reason, and the round must give exactly the model and state of the same
 it, for every registered rule where the row applies.
 """
 
+import copy
 import io
 
 import numpy as np
@@ -153,12 +154,16 @@ def test_fednova_step_counts_far_above_the_others_are_rejected(steps, a_norm, wh
 # ------------------------------------------------- rows: FedAWE
 @pytest.mark.parametrize("model", [np.full(3, 1e20), X + 1e5])
 def test_fedawe_a_far_returned_model_with_a_small_echoed_update_is_rejected(model):
-    assert_rejected("fedawe", lambda sent: rule_reply("fedawe", sent, model, 3, np.full(3, 0.1)), "update norm")
+    # x_i^† − η_g u_i is no model the client can hold: the consistency check rejects it first
+    assert_rejected("fedawe", lambda sent: rule_reply("fedawe", sent, model, 3, np.full(3, 0.1)), "disagree")
+    assert_rejected("fedawe", lambda sent: rule_reply("fedawe", sent, model, 3, np.full(3, 0.1)), "update norm",
+                    spec="fedawe:check-start=false")
 
 
 def test_fedawe_a_huge_echoed_update_is_rejected():
+    assert_rejected("fedawe", lambda sent: rule_reply("fedawe", sent, X + 0.1, 3, np.full(3, 1e20)), "disagree")
     assert_rejected("fedawe", lambda sent: rule_reply("fedawe", sent, X + 0.1, 3, np.full(3, 1e20)),
-                    "max-update-norm")
+                    "max-update-norm", spec="fedawe:check-start=false")
 
 
 @pytest.mark.parametrize("junk, why", [
@@ -189,6 +194,28 @@ def test_fedawe_echo_factor_is_capped_by_the_clients_last_accepted_round():
     restored = build_rule("fedawe")
     restored.load_state_dict(s.state_dict())
     assert restored.last_accepted == {0: 2, 3: 0}  # one number per client, kept by checkpoints
+
+
+@pytest.mark.parametrize("rule", ["fedawe", "fedpbc"])
+def test_fedawe_u_i_must_agree_with_a_model_the_client_can_hold(rule):
+    """x_i^† − η_g u_i must be x^0, a broadcast to that client since, or x^t: client 0, back in
+    round 3 from its copy x^2 (adopted after round 1), is accepted with a consistent u_i and
+    rejected when u_i is off by 1e-3 in one coordinate, or when its start is a model it never got."""
+    s = build_rule(rule, min_available_nodes=1)  # one node per round: no wait for a second
+    xs = [X.astype(np.float32)]
+    for rnd, client in ((1, 0), (2, 1)):
+        sent = start_round(s, rnd, xs[-1], [100 + client])
+        out, _ = s.aggregate_train(rnd, [rule_reply(rule, sent[100 + client], xs[-1] + 0.1, client, np.full(3, 0.1))])
+        xs.append(out["w"].numpy())
+    factor = 2 if rule == "fedawe" else 1
+    u = np.array([0.3, -0.2, 0.1], np.float32)
+    for start, update, ok in ((xs[1], u, True), (xs[1], u + np.array([1e-3, 0, 0], np.float32), False),
+                              (xs[1] + 0.05, u, False)):
+        t = copy.deepcopy(s)
+        sent = start_round(t, 3, xs[2], [100])
+        t.aggregate_train(3, [rule_reply(rule, sent[100], start + u, 0, update, factor=factor)])
+        assert (t.round_log.participants == [0]) is ok, t.round_log.rejected
+        assert ok or "disagree" in t.round_log.rejected[0][1]
 
 
 # ------------------------------------------------- row: MIFA's reported lr

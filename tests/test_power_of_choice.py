@@ -204,3 +204,18 @@ def test_a_probe_reply_cannot_take_a_client_id_bound_to_another_node():
     s.node_of_client[1] = 999  # client 1 belongs to node 999; node 101 claims it in its probe reply
     losses = s.probe(1, named_arrays({"w": np.zeros(2, np.float32)}), [100, 101], FakeGrid([1.0, 2.0]))
     assert losses == {100: 1.0, 101: 2.0} and s.client_of_node == {100: 0}
+
+
+def test_a_probe_loss_beyond_the_honest_spread_is_not_picked():
+    """A client reporting 1e308 (issue 27) ranks last: not picked while m credible candidates
+    answer; its loss is counted out of range. max-loss-ratio=0 is the paper's ranking."""
+    losses = [0.5, 0.9, 1.3, 0.7, 1.1, 0.6, 0.8, 1e308]
+    picked = {}
+    for spec in ("pow-d:d=8,m=3", "pow-d:d=8,m=3,max-loss-ratio=0"):
+        s = build_strategy(spec, num_clients=8)
+        grid = FakeGrid(losses)
+        chosen = [play(s, grid, rnd)[0] for rnd in range(1, 4)]
+        picked[spec] = sum(7 in c for c in chosen)
+        if "ratio" not in spec:
+            assert s.selection["losses-out-of-range"] == 1 and chosen[0] == [1, 2, 4]
+    assert picked == {"pow-d:d=8,m=3": 0, "pow-d:d=8,m=3,max-loss-ratio=0": 3}

@@ -128,7 +128,7 @@ def test_a_streaming_round_holds_only_its_reference_window(monkeypatch):
         sent = start_round(s, 1, x, range(100, 140))
         s.aggregate_train(1, [rule_reply("fedavg-active", sent[n], x + 0.1 * (1 + n % 3), n - 100) for n in sent])
         assert len(s.round_log.participants) == 40
-        rows[stream] = len(s._scratch.rows)
+        rows[stream] = s._scratch.used  # rows handed out this round (slots, with every reply held)
     assert rows == {True: 4, False: 40}
 
 
@@ -173,4 +173,32 @@ def test_scale_smoke_10000_clients_stream_in_bounded_memory():
     assert 1400 < m < 1800 and metrics["num-participants"] == m
     ids = s.round_log.participants
     np.testing.assert_allclose(arrays["w"].numpy(), np.mean([1e-3 * (1 + c % 7) for c in ids]), rtol=1e-5)
-    assert len(s._scratch.rows) == acceptance.REFERENCE_WINDOW and peak < held / 4
+    assert s._scratch.used == acceptance.REFERENCE_WINDOW and peak < held / 4
+
+
+@pytest.mark.parametrize("name", ["fedavg-active", "fedexp", "fednova", "fedau"])
+def test_robust_clip_streams_and_equals_holding_every_reply(name, monkeypatch):
+    """robust=clip clips against the window's reference, streaming or not; robust=median (every
+    reply's coordinates at once) switches streaming off and says why."""
+    monkeypatch.setattr(acceptance, "REFERENCE_WINDOW", 3)
+    results = []
+    for stream in (True, False):
+        s = build_rule(name, n=12, spec=f"{name}:stream={str(stream).lower()},robust=clip,max-norm-ratio=2")
+        assert (s.holds_every_reply() == "") == stream
+        rng, x = np.random.default_rng(1), np.zeros(D, np.float32)
+        clipped = []
+        for rnd in (1, 2):
+            sent = start_round(s, rnd, x, range(100, 112))
+            replies = [rule_reply(name, sent[n], x + rng.normal(size=D).astype(np.float32) * (20 if n % 4 == 0 else 1),
+                                  n - 100, **{"num-examples": 10, "num-steps": 3, "a-norm": 2.0}) for n in sent]
+            arrays, metrics = s.aggregate_train(rnd, replies)
+            x = arrays["w"].numpy()
+            clipped.append(metrics.get("num-clipped", 0))
+            assert not s.round_log.rejected
+        results.append((x, clipped, s.state_dict()["bounds"][0]["history"]))
+    (x1, c1, h1), (x2, c2, h2) = results
+    assert c1 == c2 and sum(c1) > 0
+    np.testing.assert_allclose(x1, x2, rtol=0, atol=1e-6 * max(1.0, float(np.max(np.abs(x2)))))
+    assert h1 == pytest.approx(h2, rel=1e-6)
+    if name in ("fedavg-active", "fednova"):  # rules whose update is a mean of the Δ_i (others refuse median)
+        assert "robust=median" in build_rule(name, n=12, spec=f"{name}:robust=median").holds_every_reply()

@@ -22,10 +22,11 @@ ARROWS: dict[str, frozenset[str]] = {
     "availability": frozenset({"runconfig"}),
     "workloads": frozenset({"runconfig", "availability.spec"}),
     "strategies": frozenset({"availability.spec", "runconfig"}),
+    "virtualtime": frozenset({"runconfig"}),
     "client_app": frozenset({"runconfig", "availability", "workloads", "strategies.protocol"}),
-    "server_app": frozenset({"runconfig", "availability", "workloads", "strategies"}),
+    "server_app": frozenset({"runconfig", "availability", "workloads", "strategies", "virtualtime"}),
     "deploy": frozenset({"runconfig", "availability", "workloads", "client_app", "server_app"}),
-    "deploy.edge": frozenset({"runconfig", "workloads"}),
+    "deploy.edge": frozenset({"runconfig", "workloads", "virtualtime"}),
     "experiments": frozenset({"runconfig", "availability", "workloads", "strategies", "client_app",
                               "server_app", "deploy"}),
 }

@@ -30,6 +30,8 @@ from ..memory import StoredUpdates
 from ..protocol import IGNORE_AVAILABILITY
 from .fedavg import FedAvgActive
 
+MIN_FRIENDS = 2  # max_friend_share never caps a client below this many dropped clients
+
 
 @dataclass
 class FLFDMSState:
@@ -88,6 +90,11 @@ class FLFDMS(AvailabilityStrategy):
         with ``theta_scale=0.5, beta=1.0, theta_offset=0.01`` (or theta_scale = 0.5/√2, β = 0.5).
     theta_offset : an extra constant added to Θ_t (code: 0.01).
     warmup_rounds : rounds in which every client is asked to train (paper: 1, round 0).
+    max_friend_share : one active client stands in for at most max(2, ⌈share × the round's
+        dropped clients⌉) of them (default 0.5; 1 = the paper's argmax): a client that makes
+        itself similar to everyone cannot take every dropped client's place. Only where the cap
+        binds, the dropped clients (strongest score first) take their most similar active client
+        with room (metric ``friends-moved``); otherwise friends are the paper's argmax, unchanged.
 
     Metrics: ``similarity-pairs`` (pairs whose similarity entered R this round),
     ``similarity-dots`` (dot products actually evaluated, ≥ pairs with the block products),
@@ -104,8 +111,13 @@ class FLFDMS(AvailabilityStrategy):
 
     def __init__(self, *, reduction: bool = False, k: int = 0, t_max: int = 500, b_max: float = 3.0,
                  p: float = 0.01, beta: float = 0.5, delta_f: float = 0.0, theta_scale: float = 1.0,
-                 theta_offset: float = 0.0, warmup_rounds: int = 1, **kwargs: Any) -> None:
+                 theta_offset: float = 0.0, warmup_rounds: int = 1, max_friend_share: float = 0.5,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        if not (math.isfinite(max_friend_share) and 0 < max_friend_share <= 1):
+            raise ValueError(f"strategy '{self.name}': max_friend_share (spec key max-friend-share) must be in "
+                             f"(0, 1] (1 = the paper's argmax), got {max_friend_share}")
+        self.max_friend_share = float(max_friend_share)
         checks = [(k >= 0, "k", k, ">= 0 (0: N)"), (t_max >= 1, "t_max", t_max, ">= 1"),
                   (b_max > 0, "b_max", b_max, "> 0"), (0 < p < 1, "p", p, "in (0, 1)"),
                   (beta > 0, "beta", beta, "> 0"), (delta_f >= 0, "delta_f", delta_f, ">= 0"),
@@ -136,6 +148,11 @@ class FLFDMS(AvailabilityStrategy):
         if arg <= 0:
             raise ValueError(f"strategy '{self.name}': 2 ln(2K²T·B_max) − 2 ln p = {arg:.3g} <= 0")
         return self.theta_scale * math.sqrt(arg / (self.beta * (t + 1))) + self.delta_f + self.theta_offset
+
+    def friend_cap(self, dropped: int) -> int:
+        """The most dropped clients one active client may stand in for: ⌈max_friend_share × dropped⌉,
+        at least MIN_FRIENDS (2)."""
+        return max(MIN_FRIENDS, math.ceil(self.max_friend_share * dropped - 1e-9))
 
     def _init_state(self) -> None:
         if self.R is None:
@@ -171,7 +188,11 @@ class FLFDMS(AvailabilityStrategy):
                 metrics["friend-fallbacks"] = int((~has & eligible.any(axis=1)).sum())
                 eligible = np.where(has[:, None], in_c, eligible)
             matched = eligible.any(axis=1)
-            pick = np.where(eligible, scores, -np.inf).argmax(axis=1)[matched]
+            masked = np.where(eligible, scores, -np.inf)
+            pick = masked.argmax(axis=1)[matched]
+            cap = self.friend_cap(len(dropped))
+            if pick.size and np.bincount(pick).max() > cap:  # the paper's argmax where no cap binds
+                matched, pick, metrics["friends-moved"] = _capped_friends(masked, eligible, cap)
             coef += np.bincount(pick, minlength=len(ids))
             self.friends = dict(zip(dropped[matched].tolist(), ids[pick].tolist(), strict=True))
             metrics["num-substituted"] = int(matched.sum())
@@ -252,6 +273,26 @@ class FLFDMS(AvailabilityStrategy):
         return int(pairs), int(dots)
 
 
+def _capped_friends(masked: np.ndarray, eligible: np.ndarray, cap: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """Friends when an argmax friend would stand in for more than ``cap`` dropped clients: the
+    dropped clients in order of their best score (strongest first) each take their most similar
+    eligible active client that still has room (ties: the lowest index), or none. Returns
+    (matched mask, the picks of the matched, how many moved off their argmax)."""
+    room = np.full(masked.shape[1], cap)
+    first = masked.argmax(axis=1)
+    choice = np.full(masked.shape[0], -1)
+    for k in np.argsort(-masked.max(axis=1), kind="stable"):
+        if not eligible[k].any():
+            continue
+        row = np.where(room > 0, masked[k], -np.inf)
+        j = int(row.argmax())
+        if np.isfinite(row[j]):
+            choice[k] = j
+            room[j] -= 1
+    matched = choice >= 0
+    return matched, choice[matched], int((matched & (choice != first)).sum() + (eligible.any(axis=1) & ~matched).sum())
+
+
 def _components(adjacency: np.ndarray) -> np.ndarray:
     """Connected-component labels (0, 1, ... in order of first member) of a symmetric bool matrix."""
     m = len(adjacency)
@@ -278,9 +319,8 @@ class Stale(StoredUpdates):
     name = "stale"
 
     def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
-        table = self._table(x.size)
-        for r in reports:
-            table.set_row(r.client_id, r.delta)
+        table = self._table(x.size, [r.client_id for r in reports])
+        table.set_rows([r.client_id for r in reports], [r.delta for r in reports])
         metrics = {"num-stale": int(table.seen.sum()) - len(reports)}
         if not reports:
             return x, metrics

@@ -14,6 +14,7 @@ import numpy as np
 
 from ..base import AvailabilityStrategy, ClientReport
 from ..streaming import Fold, RunningSum, step
+from ..weighting import weighted_sum
 
 
 @dataclass
@@ -94,10 +95,7 @@ class FedAU(AvailabilityStrategy):
         self.record(ids)
         if not reports:
             return x, {}
-        u = np.zeros(x.size, np.float64)
-        for w, r in zip(omega, reports, strict=True):
-            u += float(w) * r.delta  # a float32 temporary, accumulated in float64
-        u /= n
+        u = weighted_sum(omega / n, (r.delta for r in reports))  # float32: one BLAS product of the rows
         return x + self.server_lr * u, {"mean-omega": float(omega.mean())}
 
     def start_round(self) -> int:

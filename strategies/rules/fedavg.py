@@ -35,12 +35,16 @@ class FedAvgActive(AvailabilityStrategy):
     name = "fedavg-active"
     paper_weighting = "num-examples"  # p_k = n_k / n (McMahan et al. 2017, Alg. 1)
     streams = True
+    mean_of_updates = True
 
     def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
         if not reports:
             return x, {}
-        w = self.weights(reports)
-        u = weighted_sum(map(float, w), (r.delta for r in reports))  # float32, as sum(float(w_i) Δ_i)
+        u: np.ndarray | int | None = self.robust_mean(reports)
+        if u is None:
+            w = self.weights(reports)
+            u = weighted_sum(map(float, w), (r.delta for r in reports))  # float32, as sum(float(w_i) Δ_i)
+        assert u is not None
         return x + self.server_lr * u, {}
 
     def start_fold(self, t: int, x: np.ndarray) -> Fold:
@@ -53,12 +57,16 @@ class FedAvgAll(AvailabilityStrategy):
     name = "fedavg-all"
     needs_num_clients = True
     streams = True
+    mean_of_updates = True  # (|A_t|/N) × the robust statistic of the round's Δ_i
 
     def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
         n = self.require_num_clients()
         if not reports:
             return x, {}
-        u = weighted_sum([1.0] * len(reports), (r.delta for r in reports)) / n
+        robust = self.robust_mean(reports)
+        if robust is not None:
+            return x + self.server_lr * (len(reports) / n) * robust, {}
+        u = weighted_sum([1.0 / n] * len(reports), (r.delta for r in reports))
         return x + self.server_lr * u, {}
 
     def start_fold(self, t: int, x: np.ndarray) -> Fold:

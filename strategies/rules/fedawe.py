@@ -87,6 +87,7 @@ from ..protocol import (  # noqa: F401  (re-exported: FedAWE's wire format)
 from ..replies import decode, model_sized, split
 
 DISTANCE_RATIO = 1e3  # x the median of recent ‖x_i^† − x^t‖ (bounds.py: honest up to 157)
+SKETCH = 2  # rows of the secret projection that checks x_i^† − η_g u_i (FedAWE._check_start)
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +129,8 @@ class FedAWEState:
     initial: dict[str, np.ndarray] | None
     xbar: np.ndarray | None = None
     last_accepted: dict[int, int] = field(default_factory=dict)
+    sketch_seed: int = 0  # the secret projection of the consistency check (0: none yet)
+    sketches: dict[int, np.ndarray] = field(default_factory=dict)  # round t -> P x^t
 
     def __post_init__(self) -> None:
         if not RUN_KEY_PATTERN.fullmatch(str(self.run_key)):
@@ -141,6 +144,9 @@ class FedAWE(AvailabilityStrategy):
     ----------
     clip : the official code's clip of the averaged echoed update mean_{A_t} (t − τ_i) Δ_i to
         this norm before η_g (0.5 there; the published numbers used it). 0 = off (the paper).
+    check_start : reject a reply whose x_i^† − η_g u_i is no model the client can hold
+        (:meth:`_check_start`: x^0, a broadcast since, or x^t); spec key ``check-start``,
+        true by default (the paper's server trusts u_i: ``check-start=false``).
 
     The client applies η_g (``server_lr``) in its echo; the weights are equal over A_t
     (``weighting="num-examples"`` weights the mean by data size instead). The official code
@@ -152,14 +158,16 @@ class FedAWE(AvailabilityStrategy):
 
     name = "fedawe"
     State = FedAWEState
+    robust_clip = False  # its first norm is ‖u_i‖/(t − τ_i), not ‖Δ_i‖ = ‖x_i^† − x^t‖
     needs_num_clients = True  # x̄ is the mean over all N clients' copies
     # ‖u_i‖/(t − τ_i) of a client back from a stale copy: honest up to 12.3 x the reference
     # (benchmarks/honest_variation.py, digits Dirichlet 0.2, 1-5 local epochs), where every other
     # rule's honest ‖Δ_i‖ stayed within 2.4
     default_norm_ratio = 30.0
 
-    def __init__(self, *, clip: float = 0.0, **kwargs: Any) -> None:
+    def __init__(self, *, clip: float = 0.0, check_start: bool = True, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.check_start = bool(check_start)  # FedAWE._check_start; false: trust u_i (the paper's server)
         if not (math.isfinite(clip) and clip >= 0):
             raise ValueError(f"fedawe: clip must be a finite number >= 0 (0 = off), got {clip}")
         self.clip = float(clip)
@@ -171,6 +179,11 @@ class FedAWE(AvailabilityStrategy):
         self.last_accepted: dict[int, int] = {}  # client id -> last round its reply was accepted
         # ‖x_i^† − x^t‖: how stale a client's copy is, legitimately up to 157 x the median (bounds.py)
         self.distance_bounds = NormBounds(float(self.params.max_update_norm), DISTANCE_RATIO, 0.0, 0.0)
+        self.sketch_seed = secrets.randbits(63) or 1  # secret: the clients do not know P
+        self.sketches: dict[int, np.ndarray] = {}  # round t -> P x^t (SKETCH numbers per round)
+        self._projection: np.ndarray | None = None  # P, SKETCH x d float64, from sketch_seed
+        self._abs_p: np.ndarray | None = None  # |P|
+        self._abs_sketch: np.ndarray | None = None  # |P| |x^t|, this round's (reset by configure_train)
 
     # ------------------------------------------------------------------ messages out
     def client_config(self) -> dict[str, Any]:
@@ -193,6 +206,11 @@ class FedAWE(AvailabilityStrategy):
             raise ValueError("fedawe: the stored initial model does not match the global model's layout")
         if first and self.num_clients is not None:  # every copy starts at x^0
             self.xbar = self.layout.flatten(initial).astype(np.float64)
+        if first:
+            self.sketches[-1] = self.projection() @ self.layout.flatten(initial).astype(np.float64)  # x^0
+        assert self.current is not None
+        self.sketches[self._t] = self.projection() @ self.current.astype(np.float64)  # x^t
+        self._abs_sketch = None
         if not sent:
             return sent
         content = self.keys.content(initial, sent[0].content.config_records[self.keys.configrecord_key])
@@ -226,6 +244,7 @@ class FedAWE(AvailabilityStrategy):
         report = self.parser.report(model, metrics, node, self.layout, self.current, self.reply_buffer())
         factor = self._echo_factor(record, report.client_id)
         update, norm = self._echo_update(record)
+        self._check_start(report, update)
         base = {f.name: getattr(report, f.name) for f in fields(ClientReport)}
         return EchoReport(**base, echo_factor=factor, echo_update=update, echo_norm=norm)
 
@@ -254,6 +273,46 @@ class FedAWE(AvailabilityStrategy):
                            missing="the server needs the client's echoed update u_i (config "
                                    "fedawe-send-update) for its clip and x̄")
         return update, norm
+
+    def projection(self) -> np.ndarray:
+        """P: SKETCH rows of standard normals over the flat model, from the secret ``sketch_seed``."""
+        assert self.current is not None
+        if self._projection is None or self._projection.shape[1] != self.current.size:
+            rng = np.random.default_rng(self.sketch_seed)
+            self._projection = rng.standard_normal((SKETCH, self.current.size))
+        return self._projection
+
+    def _abs_projection(self) -> np.ndarray:
+        """|P| (elementwise), and |P| |x^t| for this round (``_abs_sketch``), computed once a round."""
+        assert self.current is not None
+        if self._abs_p is None or self._abs_sketch is None or self._abs_p.shape[1] != self.current.size:
+            self._abs_p = np.abs(self.projection())
+        if self._abs_sketch is None:
+            self._abs_sketch = self._abs_p @ np.abs(self.current.astype(np.float64))
+        return self._abs_p
+
+    def _check_start(self, report: ClientReport, update: np.ndarray) -> None:
+        """x_i^{t,0} = x_i^† − η_g u_i must be a model the client can hold: x^0, or a broadcast
+        x^{s+1} of a round s ≤ its last accepted one, or x^t (a plain reply, as
+        :meth:`EchoReport.of` reads one: it then moves x̄ by at most ‖x^t − its copy‖ / N). Checked on P x (P secret, Gaussian, a few
+        rows): a start off every such model by e gives P e ~ N(0, ‖e‖²) per row, far beyond the
+        float32 rounding of an honest reply (bounded per row by |P| b, b_j = 2^-23 (|x^t_j| +
+        |Δ_j| + η_g |u_j|)). Without the sketches (a checkpoint from before them): no check."""
+        assert self.current is not None
+        if not self.check_start:
+            return
+        rounds = [-1, self._t, *range(self.last_accepted.get(report.client_id, -2) + 2)]  # x^0, x^t, x^{s+1}
+        known = [self.sketches[s] for s in rounds if s in self.sketches]
+        if -1 not in self.sketches:
+            return
+        p, magnitude = self.projection(), self._abs_projection()
+        # P x_i^{t,0} = P x^t + P Δ_i − η_g P u_i (P x^t: this round's sketch), 4 products of 2 × d
+        got = self.sketches[self._t] + p @ report.delta - self.server_lr * (p @ update)
+        slack = self._abs_sketch + magnitude @ np.abs(report.delta) + self.server_lr * (magnitude @ np.abs(update))
+        tol = np.ldexp(slack, -23) + 1e-12
+        if not np.all(np.isfinite(got)) or not any(np.all(np.abs(got - s) <= tol) for s in known):
+            raise ReplyRejected("the returned model and the echoed update u_i disagree: x_i^† − η_g u_i is not x^0 "
+                                "nor a model broadcast to this client since (FedAWE's consistency check)")
 
     # ------------------------------------------------------------------------ the rule
     def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):

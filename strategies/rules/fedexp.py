@@ -31,13 +31,14 @@ The official code (github.com/Divyansh03/FedExP, main.py) differs as follows (op
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from flwr.app import ArrayRecord
 
-from ..base import AvailabilityStrategy, ClientReport
+from ..base import AvailabilityStrategy, ClientReport, safe_norm
 from ..streaming import Fold, RunningSum, example_weight
+from ..weighting import weighted_sum
 
 
 class FedExP(AvailabilityStrategy):
@@ -70,22 +71,19 @@ class FedExP(AvailabilityStrategy):
         if not reports:
             return x, {}
         w = self.weights(reports)
-        mean, spread = np.zeros(x.size, np.float64), 0.0
-        d, term = np.empty(x.size, np.float64), np.empty(x.size, np.float64)  # reused: no array per reply
-        for wi, r in zip(w, reports, strict=True):  # float64: float32 sums of squares overflow at ~1e19
-            np.copyto(d, r.delta)
-            mean += np.multiply(d, wi, out=term)
-            spread += float(wi * np.dot(d, d))
+        mean = cast(np.ndarray, weighted_sum(w, (r.delta for r in reports)))  # float32: one BLAS product
+        # Σ w_i ‖Δ_i‖² from the norms parsing computed (float64: no overflow)
+        spread = float(sum(wi * self.update_norm(r) ** 2 for wi, r in zip(w, reports, strict=True)))
         return self.extrapolate(t, x, mean, spread, len(reports))
 
     def extrapolate(self, t: int, x: np.ndarray, mean: np.ndarray, spread: float,
                     m: int) -> tuple[np.ndarray, dict[str, float]]:
-        """x + η_g^t Δ̄ (Eq. 9) from Δ̄ and Σ p_i ‖Δ_i‖² of the round's m replies."""
-        denom = 2.0 * (float(np.dot(mean, mean)) + self.epsilon(t, m))
+        """x + η_g^t Δ̄ (Eq. 9) from Δ̄ and Σ p_i ‖Δ_i‖² of the round's m replies (‖Δ̄‖² in float64)."""
+        denom = 2.0 * (safe_norm(mean) ** 2 + self.epsilon(t, m))
         step = max(1.0, spread / denom) if denom > 0 else 1.0
         if self.max_step:
             step = min(step, self.max_step)
-        return (x + self.server_lr * step * mean).astype(np.float32), {"fedexp-step": step}
+        return (x + np.float32(self.server_lr * step) * mean).astype(np.float32, copy=False), {"fedexp-step": step}
 
     def start_fold(self, t: int, x: np.ndarray) -> Fold:
         self.previous = x
@@ -106,14 +104,12 @@ class FedExPFold(Fold):
         self.rule, self.t, self.x = rule, t, x
         self.weight_of = example_weight(rule.weighting)
         self.sum = RunningSum(x.size)
-        self.squares = 0.0  # Σ v_i ‖Δ_i‖²
-        self._d = np.empty(x.size, np.float64)
+        self.squares = 0.0  # Σ v_i ‖Δ_i‖² (the norms parsing computed, as the hold-all path)
 
     def add(self, report: ClientReport) -> None:
         v = self.weight_of(report)
         self.sum.add(v, report.delta)
-        np.copyto(self._d, report.delta)  # float64: float32 sums of squares overflow at ~1e19
-        self.squares += v * float(np.dot(self._d, self._d))
+        self.squares += v * self.rule.update_norm(report) ** 2
 
     def finish(self) -> tuple[np.ndarray, dict[str, float]]:
         if not self.sum.count:

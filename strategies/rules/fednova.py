@@ -76,6 +76,7 @@ class FedNova(AvailabilityStrategy):
     required_metrics = (NUM_EXAMPLES, A_NORM, NUM_STEPS)
     metric_hints = {A_NORM: NEEDS_A_NORM, NUM_STEPS: NEEDS_NUM_STEPS}
     paper_weighting = "num-examples"  # p_i = n_i / n (Wang et al. 2020, Eq. 7)
+    mean_of_updates = True  # τ_eff × the robust statistic of the normalised updates Δ_i / a_i
     State = FedNovaState
     streams = True
 
@@ -133,7 +134,12 @@ class FedNova(AvailabilityStrategy):
         p = self.weights(reports)
         a = np.array([r.a_norm for r in reports], np.float64)
         tau_eff = float(p @ a)
-        u = cast(np.ndarray, tau_eff * weighted_sum(p / a, (r.delta for r in reports)))
+        if self.robust.combines:  # τ_eff and the normalised update Δ_i / a_i, each by the robust statistic
+            tau_eff = float(self.robust.combine(a[:, None].astype(np.float32))[0])
+            normalised = [r.delta / np.float32(ai) for r, ai in zip(reports, a, strict=True)]
+            u = tau_eff * self.robust.combine(self.stacked("robust", normalised)).astype(np.float64)
+        else:
+            u = cast(np.ndarray, tau_eff * weighted_sum(p / a, (r.delta for r in reports)))
         return x + self.server_lr * self.momentum(u), {"tau-eff": tau_eff}
 
     def momentum(self, u: np.ndarray) -> np.ndarray:

@@ -31,6 +31,7 @@ import numpy as np
 
 from ..base import ClientReport
 from ..memory import StoredUpdates
+from .fedvarp import stale_step
 
 
 def fedstale_direction(deltas: np.ndarray, stored: np.ndarray, stored_mean: np.ndarray, beta: float) -> np.ndarray:
@@ -58,15 +59,7 @@ class FedStale(StoredUpdates):
         self.beta = float(beta)
 
     def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
-        table = self._table(x.size)
+        table = self._table(x.size, [r.client_id for r in reports])
         if not reports:
             return x, {"num-seen": table.num_seen}
-        fresh = np.zeros(x.size, np.float64)
-        stale = np.zeros(x.size, np.float64)
-        for r in reports:
-            fresh += r.delta
-            stale += table.row(r.client_id)
-        v = fresh / len(reports) + self.beta * (table.mean() - stale / len(reports))
-        for r in reports:
-            table.set_row(r.client_id, r.delta)
-        return x + (self.server_lr * v).astype(np.float32), {"num-seen": table.num_seen}
+        return stale_step(table, x, reports, self.beta, self.server_lr), {"num-seen": table.num_seen}

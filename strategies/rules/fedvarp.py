@@ -15,12 +15,25 @@ unbiasedness argument E[(1/|A|) Σ_A (Δ_i − y_i)] = mean(Δ) − ȳ needs a n
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from ..base import ClientReport
-from ..memory import StoredUpdates, TableState
+from ..memory import ClientTable, StoredUpdates, TableState
+from ..weighting import weighted_sum
+
+
+def stale_step(table: ClientTable, x: np.ndarray, reports: list[ClientReport], beta: float,
+               server_lr: float) -> np.ndarray:
+    """x + η_g v, v = (1/|A_t|) Σ_{i∈A_t} (Δ_i − β y_i) + β ȳ (ȳ before the round), and then
+    y_i ← Δ_i: Σ Δ_i and Σ y_i (float64) are summed in the pass that replaces the rows
+    (:meth:`ClientTable.set_rows`). β = 1: FedVARP; FedStale's β."""
+    ybar = table.mean()
+    fresh, stale = np.zeros(x.size, np.float64), np.zeros(x.size, np.float64)
+    table.set_rows([r.client_id for r in reports], [r.delta for r in reports], fresh=fresh, stale=stale)
+    v = fresh / len(reports) + beta * (ybar - stale / len(reports))
+    return x + (server_lr * v).astype(np.float32)
 
 
 class FedVARP(StoredUpdates):
@@ -38,17 +51,18 @@ class FedVARP(StoredUpdates):
     name = "fedvarp"
 
     def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
-        table = self._table(x.size)
+        table = self._table(x.size, [r.client_id for r in reports])
         if not reports:
             return x, {"num-seen": table.num_seen}
-        correction = np.zeros(x.size, np.float64)
-        for r in reports:
-            correction += r.delta
-            correction -= table.row(r.client_id)
-        v = correction / len(reports) + table.mean()
-        for r in reports:
-            table.set_row(r.client_id, r.delta)
-        return x + (self.server_lr * v).astype(np.float32), {"num-seen": table.num_seen}
+        return stale_step(table, x, reports, 1.0, self.server_lr), {"num-seen": table.num_seen}
+
+
+def _mean32(deltas: list[np.ndarray]) -> np.ndarray:
+    """The mean of float32 vectors, summed in float64, as float32."""
+    total = deltas[0].astype(np.float64)
+    for delta in deltas[1:]:
+        total += delta
+    return (total / len(deltas)).astype(np.float32)
 
 
 @dataclass
@@ -108,32 +122,34 @@ class ClusterFedVARP(StoredUpdates):
     def num_rows(self) -> int:
         return int(self._assignment().max()) + 1
 
+    def forget_row(self, table, row: int) -> None:
+        """An expired cluster row leaves ȳ = Σ_c (N_c/N) y_c too."""
+        if self.ybar is not None and self.ybar.size == table.dim:
+            cluster = self._assignment()
+            self.ybar -= (np.count_nonzero(cluster == row) / len(cluster)) * table.row(row).astype(np.float64)
+        table.clear_row(row)
+
     def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
         cluster = self._assignment()
-        table = self._table(x.size)
+        table = self._table(x.size, [int(cluster[r.client_id]) for r in reports])
         if self.ybar is None or self.ybar.size != x.size:
             self.ybar = np.zeros(x.size, np.float64)  # Σ_c (N_c/N) y_c, kept up to date in O(d)
         if not reports:
             return x, {}
         share = np.bincount(cluster, minlength=table.num_rows) / len(cluster)  # N_c / N
-        correction = np.zeros(x.size, np.float64)
-        sums: dict[int, np.ndarray] = {}  # Σ Δ_i over A_t ∩ c
-        counts: dict[int, int] = {}
+        members: dict[int, list[np.ndarray]] = {}  # cluster -> the Δ_i of A_t ∩ c, in order
         for r in reports:
-            c = int(cluster[r.client_id])
-            correction -= table.row(c)
-            if c not in sums:  # a lone member's Δ is used as is (no d-sized copy per client)
-                sums[c], counts[c] = r.delta, 1
-            else:
-                if counts[c] == 1:
-                    sums[c] = sums[c].astype(np.float64)
-                sums[c] += r.delta
-                counts[c] += 1
-        for total in sums.values():
-            correction += total
+            members.setdefault(int(cluster[r.client_id]), []).append(r.delta)
+        clusters = list(members)
+        counts = [len(members[c]) for c in clusters]
+        # Σ_{i∈A_t} (Δ_i − y_{c(i)}): one BLAS product over the reply rows, one over the table's
+        correction = cast(np.ndarray, weighted_sum([1.0] * len(reports), (r.delta for r in reports))).astype(np.float64)
+        correction -= weighted_sum(counts, [table.rows[c] for c in clusters])
         v = correction / len(reports) + self.ybar
-        for c, total in sums.items():
-            new = np.asarray(total / counts[c], np.float32)
-            self.ybar += share[c] * (new.astype(np.float64) - table.row(c))
-            table.set_row(c, new)
-        return x + (self.server_lr * v).astype(np.float32), {"num-clusters-updated": len(sums)}
+        # y_c ← the mean Δ_i of A_t ∩ c (a lone member's Δ as is); ȳ += Σ_c (N_c/N)(y_c^new − y_c)
+        news = [d[0] if len(d) == 1 else _mean32(d) for d in members.values()]
+        added, removed = np.zeros(x.size, np.float64), np.zeros(x.size, np.float64)
+        table.set_rows(clusters, news, weights=share[clusters].tolist(), fresh=added, stale=removed)
+        self.ybar += added
+        self.ybar -= removed
+        return x + (self.server_lr * v).astype(np.float32), {"num-clusters-updated": len(members)}

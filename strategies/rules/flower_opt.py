@@ -57,6 +57,7 @@ class _FlowerOptimizer(AvailabilityStrategy):
     paper_weighting = "num-examples"  # Flower's FedAvg inside its optimizers weights by num-examples
     step_key: ClassVar[str] = "eta"  # the spec key that is this optimizer's learning rate
     streams = True
+    mean_of_updates = True  # the optimizer's step on the robust statistic of the round's Δ_i
 
     def _setup_optimizer(self, **options: Any) -> None:
         if self.server_lr != 1.0:
@@ -71,8 +72,10 @@ class _FlowerOptimizer(AvailabilityStrategy):
     def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
         if not reports:
             return x, {}
-        w = self.weights(reports)
-        u = weighted_sum(map(float, w), (r.delta for r in reports))
+        u: np.ndarray | int | None = self.robust_mean(reports)
+        if u is None:
+            w = self.weights(reports)
+            u = weighted_sum(map(float, w), (r.delta for r in reports))
         return self.optimizer_step(t, x, u)
 
     def start_fold(self, t: int, x: np.ndarray) -> Fold:

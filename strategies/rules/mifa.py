@@ -100,13 +100,12 @@ class MIFA(StoredUpdates):
             self.lr_history.extend(float(r.metrics[LR]) for r in reports)
 
     def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
-        table = self._table(x.size)
+        table = self._table(x.size, [r.client_id for r in reports])
         if self.gradient_units and reports:
             lrs = [float(r.metrics[LR]) for r in reports]
             self.last_lr = float(np.mean(lrs))
-        for r in reports:
-            scale = 1.0 / float(r.metrics[LR]) if self.gradient_units else 1.0
-            table.set_row(r.client_id, r.delta * np.float32(scale) if scale != 1.0 else r.delta)
+        scales = [1.0 / float(r.metrics[LR]) for r in reports] if self.gradient_units else None
+        table.set_rows([r.client_id for r in reports], [r.delta for r in reports], scales)
         metrics = {"num-seen": table.num_seen}
         if self.wait_for_all and not self.filled:
             self.filled = table.num_seen == table.num_rows

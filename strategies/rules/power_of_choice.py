@@ -12,7 +12,15 @@ AISTATS 2022, Alg. 1 (pow-d) and Sec. 5 (cpow-d, rpow-d). Each round:
 3. send training to the m candidates with the largest loss; aggregate as FedAvg over the clients
    that replied (equal or data-size weights, as the base's ``weighting``).
 
-d = m is plain random selection. The generator is the strategy's seeded ``self.rng``, drawn
+d = m is plain random selection.
+
+Hostile losses (a deviation from the paper, only beyond the honest spread): a loss above
+``max_loss_ratio`` (spec key ``max-loss-ratio``, default 100; 0 = off, the paper's ranking) times
+the lower median of the round's finite losses (at least 3 of them) is not credible: that
+candidate ranks after every credible one (metrics ``losses-out-of-range`` and ``loss-ratio-max``,
+the largest loss over that median), so a client reporting 1e308 is not picked while m credible
+candidates answered. A client reporting the top loss within the bound is still picked whenever
+it is a candidate (docs/threat-model.md). The generator is the strategy's seeded ``self.rng``, drawn
 afresh every round (the official code re-seeded it on every call, so its candidates repeated).
 
 Unavailability: candidates are drawn among the CONNECTED nodes; one that is offline in this round
@@ -32,6 +40,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType
 from flwr.serverapp import Grid
 
 from ..base import AvailabilityStrategy, ClientReport
+from ..bounds import MIN_POOL, lower_median
 from ..metrics import canonical, names
 from ..protocol import (
     CLIENT_ID,
@@ -48,6 +57,7 @@ from ..sampling import draw
 from ..weighting import weighted_sum
 
 VARIANTS = ("pow-d", "cpow-d", "rpow-d")
+MAX_LOSS_RATIO = 100.0  # x the lower median of the round's probe losses (module docstring)
 flwr_log = logging.getLogger("flwr")
 
 
@@ -63,13 +73,18 @@ class PowerOfChoice(AvailabilityStrategy):
     """Loss-biased client selection (Cho et al., AISTATS 2022, Alg. 1)."""
 
     name = "pow-d"
+    mean_of_updates = True
     State = PowerOfChoiceState
     fixed_selection = ("power-of-choice chooses its own clients each round (d candidates probed, the m "
                        "with the largest loss trained): set d and m instead")
 
     def __init__(self, *, d: int = 10, m: int = 5, variant: str = "pow-d", probe_timeout: float = 60.0,
-                 **kwargs: Any) -> None:
+                 max_loss_ratio: float = MAX_LOSS_RATIO, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        if not (math.isfinite(max_loss_ratio) and (max_loss_ratio == 0 or max_loss_ratio > 1)):
+            raise ValueError(f"pow-d: max_loss_ratio (spec key max-loss-ratio) must be a finite number > 1 "
+                             f"(0 = off), got {max_loss_ratio}")
+        self.max_loss_ratio = float(max_loss_ratio)
         if variant not in VARIANTS:
             raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
         if not (isinstance(d, int) and isinstance(m, int) and d >= 1 and m >= 1):
@@ -83,6 +98,7 @@ class PowerOfChoice(AvailabilityStrategy):
         self.size_of: dict[int, int] = {}  # client id -> num-examples, from any reply
         self.last_loss: dict[int, float] = {}  # client id -> train loss when it last trained (rpow-d)
         self.selection: dict[str, Any] = {}  # this round's selection metrics
+        self.loss_check: dict[str, float] = {}  # this round's loss bound metrics
         self._capped_at: int | None = None  # the connected count of the last "capped" note
 
     # ------------------------------------------------------------------ selection
@@ -156,8 +172,15 @@ class PowerOfChoice(AvailabilityStrategy):
             self.size_of[self.binding.client(node, node)] = int(min(size, limit))
 
     def choose(self, candidates: list[int], losses: dict[int, float]) -> list[int]:
-        """The m candidates with the largest loss (ties keep the random draw order)."""
-        ranked = sorted((n for n in candidates if n in losses), key=lambda n: -losses[n])
+        """The m candidates with the largest credible loss (ties keep the random draw order);
+        a loss beyond ``max_loss_ratio`` × the lower median of the finite ones ranks last."""
+        finite = [v for v in losses.values() if math.isfinite(v)]
+        reference = lower_median(finite) if len(finite) >= MIN_POOL else 0.0
+        limit = self.max_loss_ratio * reference if self.max_loss_ratio and reference > 0 else math.inf
+        out = [n for n in candidates if n in losses and math.isfinite(losses[n]) and losses[n] > limit]
+        self.loss_check = {"losses-out-of-range": len(out),
+                           **({"loss-ratio-max": max(finite) / reference} if reference > 0 else {})}
+        ranked = sorted((n for n in candidates if n in losses), key=lambda n: (n in out, -losses[n]))
         return ranked[: self.m]
 
     def select_nodes(self, server_round: int, arrays: ArrayRecord, connected: list[int], grid: Grid) -> list[int]:
@@ -169,6 +192,7 @@ class PowerOfChoice(AvailabilityStrategy):
             losses = self.probe(server_round, arrays, candidates, grid)
         chosen = self.choose(candidates, losses)
         self.selection = {
+            **self.loss_check,
             "candidates": len(candidates),
             "probe-replies": len(losses) if self.variant != "rpow-d" else 0,
             "chosen-clients": [int(self.client_of_node.get(n, n)) for n in chosen],
@@ -189,5 +213,8 @@ class PowerOfChoice(AvailabilityStrategy):
         metrics = dict(self.selection)
         if not reports:
             return x, metrics
-        w = self.weights(reports)
-        return x + self.server_lr * weighted_sum(w, (r.delta for r in reports)), metrics
+        u: np.ndarray | int | None = self.robust_mean(reports)
+        if u is None:
+            u = weighted_sum(self.weights(reports), (r.delta for r in reports))
+        assert u is not None
+        return x + self.server_lr * u, metrics

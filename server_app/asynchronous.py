@@ -1,0 +1,282 @@
+"""The asynchronous loop: FedBuff and FedAsync without a round barrier (chosen by the rule).
+
+A rule with ``asynchronous = True`` (:class:`strategies.asynchronous.AsyncRule`) runs here instead
+of the round loop of :mod:`server_app.experiment`. Every idle client that is online gets a job (a
+train message with the model of the current version); when its reply arrives the rule takes it
+(FedAsync aggregates on every arrival, FedBuff every K), and the client starts its next job if it is
+online. ``num-server-rounds`` counts aggregations; ``metrics.jsonl`` has one row per aggregation.
+
+- Simulation (in process and under Flower's Ray simulation: availability gate ``server`` or
+  ``client``): discrete events on a VIRTUAL clock (:mod:`server_app.async_clock`), no real
+  waiting. The jobs dispatched at one virtual instant go out together through the grid's
+  ``send_and_receive`` (the cohort engine trains them at once); each reply is held until its
+  virtual arrival time, dispatch + the client's job time. Events are ordered by (time, sequence
+  number): the same seed gives the same arrivals in the same order.
+- A deployment (gate ``none``): real time, :mod:`server_app.async_realtime`.
+
+Rows: ``round`` (the version after the aggregation), ``participants`` (the client ids applied),
+``arrivals`` ([client, staleness] of each applied update, in arrival order), ``virtual-time`` (or
+real seconds in a deployment), ``rejected`` (stale arrivals among them, with their reasons),
+``unavailable-nodes`` (jobs lost since the last row), the rule's metrics, evaluation, and
+``round-time`` / ``wall-time`` in wall seconds. Checkpoints (``checkpoint-every``) hold the model
+and the rule's state; an asynchronous run does not resume from one (``resume-from`` is refused).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from flwr.app import Message
+from flwr.serverapp import Grid
+from rich.console import Console
+
+from runconfig import ConfigError
+from strategies.asynchronous import AsyncRule, Outcome
+from strategies.replies import RoundLog, brief
+from virtualtime import EventQueue, VirtualClock
+
+from .async_clock import STEP_SECONDS, Clock, StepClock, completes
+from .results import RunRecorder
+
+log = logging.getLogger(__name__)
+
+ARRIVAL, WAKE = "arrival", "wake"
+
+
+def is_asynchronous(strategy: Any) -> bool:
+    return bool(getattr(strategy, "asynchronous", False))
+
+
+def is_asynchronous_spec(spec: str) -> bool:
+    """Whether the rule a ``strategy`` spec names is asynchronous (False for a spec no rule has)."""
+    from strategies.registry import rule_spec
+
+    try:
+        return bool(getattr(rule_spec(spec)[0], "asynchronous", False))
+    except Exception:  # noqa: BLE001 (an oracle, or a bad spec: the run's own checks say why)
+        return False
+
+
+def clock_for(setup: Any) -> Clock:
+    """The run's clock. With a devices file (run config ``devices``, ``setup.clock``): its
+    :class:`virtualtime.VirtualClock` (profiles, sessions) composed with the schedule in slots of
+    the slowest client's round-1 job; without: :class:`StepClock` (job time ∝ local steps, the
+    schedule in slots of one synchronous round)."""
+    wl, n = setup.workload, setup.cfg.workload.num_clients
+    steps = [wl.steps_for(c, 0) for c in range(n)]
+    base = getattr(setup, "clock", None)
+    if base is None:
+        return StepClock(setup.schedule, max(steps) * STEP_SECONDS)
+    slot = max(base.job_time(c, s).total for c, s in enumerate(steps)) or 1.0
+    return VirtualClock(base.plan, model_bytes=base.model_bytes, seed=base.seed, schedule=setup.schedule,
+                        slot_seconds=slot, upload_bytes=base.upload_bytes)
+
+
+@dataclass
+class Job:
+    client: int
+    message: Message
+    version: int
+    reply: Message | None = None
+    lost: bool = False  # the client goes offline before the job ends
+
+
+@dataclass
+class Hooks:
+    """What the asynchronous loop takes from the round loop's module (server_app.experiment)."""
+
+    evaluate: Callable[[Any, Any, Any], dict[str, float]]  # (workload, strategy, arrays) -> test-* metrics
+    checkpoint: Callable[[Any, int, Any], Any]  # (setup, version, arrays)
+    config_record: dict[str, Any]  # config.json
+
+
+class AsyncRecorder:
+    """The rows of an asynchronous run: what arrived since the last aggregation, then one row per aggregation."""
+
+    def __init__(self, setup: Any, recorder: RunRecorder, console: Console, hooks: Hooks) -> None:
+        self.setup, self.recorder, self.console, self.hooks = setup, recorder, console, hooks
+        self.t_run = self.t_last = time.monotonic()
+        self.arrivals: list[dict[str, Any]] = []  # every arrival, for tests and the event-order record
+        self.failed_in_a_row = 0
+
+    def row(self, strategy: AsyncRule, now: float, x_old: np.ndarray) -> None:
+        s = self.setup.cfg.server
+        rlog, applied = strategy.round_log, strategy.applied
+        assert strategy.current is not None
+        reports = [a.report for a in applied]
+        losses = [r.train_loss for r in reports if r.train_loss is not None]
+        row: dict[str, Any] = {
+            "round": strategy.version,
+            "participants": sorted({r.client_id for r in reports}),
+            "arrivals": [[a.report.client_id, a.staleness] for a in applied],
+            "virtual-time": round(now, 6),
+            "unavailable-nodes": len(rlog.unavailable),
+            "rejected": [[node, brief(why)] for node, why in rlog.rejected],
+            "num-participants": len(reports),
+            "num-rejected": len(rlog.rejected),
+            "num-stale": sum(1 for _, why in rlog.rejected if why.startswith("stale")),
+            "update-norm": float(np.linalg.norm(np.subtract(strategy.current, x_old, dtype=np.float64))),
+            "buffered": len(strategy.pending),
+            **strategy.last_metrics,
+        }
+        if losses:
+            row["train-loss"] = float(np.mean(losses))
+        arrays = strategy.arrays_of(strategy.current)
+        if (s.eval_every and strategy.version % s.eval_every == 0) or strategy.version == s.num_server_rounds:
+            row.update(self.hooks.evaluate(self.setup.workload, strategy, arrays))
+        t = time.monotonic()
+        row["round-time"], row["wall-time"] = t - self.t_last, t - self.t_run
+        self.t_last = t
+        self.recorder.record(row)
+        if s.checkpoint_every and strategy.version % s.checkpoint_every == 0:
+            self.hooks.checkpoint(self.setup, strategy.version, arrays)
+        strategy.round_log = RoundLog()
+        acc = f", acc {row['test-accuracy']:.3f}" if "test-accuracy" in row else ""
+        self.console.print(f"aggregation {strategy.version}/{s.num_server_rounds} at t={now:.1f}: "
+                           f"{len(reports)} updates{acc}", soft_wrap=True)
+
+    def note(self, strategy: AsyncRule, client: int, outcome: Any, now: float) -> None:
+        """One arrival's record; a StrategyFailure after too many failures in a row (every client
+        failing max-failed-rounds times: nothing will ever be aggregated)."""
+        self.arrivals.append({"time": now, "client": client, "staleness": outcome.staleness,
+                              "accepted": not outcome.reason, "aggregated": outcome.aggregated})
+        self.failed_in_a_row = 0 if not outcome.reason else self.failed_in_a_row + 1
+        n = self.setup.cfg.workload.num_clients
+        limit = max(1, strategy.failures.max_failed_rounds) * max(n, 1) * (getattr(strategy, "k", 1) or 1)
+        if self.failed_in_a_row > limit:
+            from strategies.failures import StrategyFailure
+
+            raise StrategyFailure(f"{strategy.name}: {self.failed_in_a_row} arrivals in a row were lost or "
+                                  f"rejected (last: {outcome.reason}); nothing can be aggregated")
+
+
+def run_async(grid: Grid, setup: Any, client_of_node: dict[int, int], console: Console, hooks: Hooks) -> Path:
+    """Run an asynchronous rule to ``num-server-rounds`` aggregations; return the results folder."""
+    cfg, strategy = setup.cfg, setup.strategy
+    assert isinstance(strategy, AsyncRule)
+    s = cfg.server
+    if s.resume_from:
+        raise ConfigError(f"run config 'resume-from': strategy '{strategy.name}' is asynchronous and does not "
+                          "resume (jobs in flight are not checkpointed); start a new run")
+    if s.federated_evaluation:
+        raise ConfigError(f"run config 'federated-evaluation' = true: strategy '{strategy.name}' is asynchronous "
+                          "(no rounds whose clients could evaluate); use central evaluation (eval-every)")
+    recorder = RunRecorder(setup.run_dir, cfg.workload.num_clients)
+    recorder.write_config({**hooks.config_record, "loop": "asynchronous"})
+    recorder.resume_at(0)
+    strategy.begin(setup.arrays)
+    rec = AsyncRecorder(setup, recorder, console, hooks)
+    if cfg.availability.availability_gate == "none":
+        from .async_realtime import run_realtime
+
+        end = run_realtime(grid, setup, strategy, rec)
+        slots = max(len(recorder.rows), 1)
+    else:
+        clock = clock_for(setup)
+        end = VirtualLoop(grid, setup, strategy, clock, client_of_node, rec).run()
+        slot = getattr(clock, "slot", None) or getattr(clock, "slot_seconds", None) or 1.0
+        slots = int(min(max(1, math.ceil(end / slot) + 1), 10 * s.num_server_rounds + 1))
+    if not recorder.rows:
+        raise RuntimeError(f"{strategy.name}: no aggregation happened (no client was ever online, or every "
+                           "job was lost); see the log")
+    assert strategy.current is not None
+    recorder.finish(strategy.arrays_of(strategy.current).to_torch_state_dict(), setup.schedule.matrix(slots))
+    kind = "real" if cfg.availability.availability_gate == "none" else "virtual"
+    console.print(f"[bold green]done[/]: {strategy.version} aggregations, {kind} time {end:.1f} s", soft_wrap=True)
+    console.print(f"results: {setup.run_dir}", soft_wrap=True)
+    return setup.run_dir
+
+
+class VirtualLoop:
+    """Discrete events on a virtual clock (the module docstring)."""
+
+    def __init__(self, grid: Grid, setup: Any, strategy: AsyncRule, clock: Clock,
+                 client_of_node: dict[int, int], rec: AsyncRecorder) -> None:
+        self.grid, self.setup, self.strategy, self.clock, self.rec = grid, setup, strategy, clock, rec
+        self.node_of = {c: node for node, c in client_of_node.items()}
+        n = setup.cfg.workload.num_clients
+        missing = [c for c in range(n) if c not in self.node_of]
+        if missing:
+            raise ConfigError(f"asynchronous run: no node hosts client(s) {missing[:5]}: pass num-supernodes={n}")
+        self.connected = set(self.node_of.values())
+        self.idle = set(range(n))  # clients without a job that are (or may be) online
+        self.jobs_of = dict.fromkeys(range(n), 0)
+        self.queue = EventQueue()
+        self.in_flight = 0
+
+    def run(self) -> float:
+        now, target = 0.0, self.setup.cfg.server.num_server_rounds
+        self.dispatch(now)
+        while self.strategy.version < target and len(self.queue):
+            event = self.queue.pop()
+            now = event.time
+            if event.kind == ARRIVAL:
+                self.arrive(event.payload, now)
+            else:
+                self.idle.add(event.payload)
+            nxt = self.queue.peek()
+            if self.strategy.version < target and (nxt is None or nxt.time != now):
+                self.dispatch(now)  # after every event of this instant
+        if self.strategy.version < target:
+            log.warning("%s: stopped after %d of %d aggregations at virtual time %.1f: no client will be online "
+                        "again within the clock's horizon", self.strategy.name, self.strategy.version, target, now)
+        return now
+
+    def dispatch(self, now: float) -> None:
+        free = []
+        for c in sorted(self.idle):
+            if self.clock.online(c, now):
+                free.append(c)
+                continue
+            self.idle.discard(c)  # back at its wake event: an offline client costs nothing until then
+            t = self.clock.next_online(c, now)
+            if math.isfinite(t):
+                self.queue.push(t, WAKE, c)
+        cap = self.strategy.concurrency - self.in_flight if self.strategy.concurrency else len(free)
+        if cap <= 0 or not free:
+            return
+        if cap < len(free):
+            free = sorted(int(c) for c in self.strategy.rng.choice(free, cap, replace=False))
+        jobs = []
+        for c in free:
+            self.jobs_of[c] += 1
+            msg, version = self.strategy.job(self.node_of[c], self.jobs_of[c])
+            jobs.append(Job(c, msg, version))
+        replies = self.grid.send_and_receive([j.message for j in jobs], timeout=self.setup.cfg.server.round_timeout)
+        by_id: dict[str, Message] = {}
+        for r in replies:
+            try:
+                by_id.setdefault(str(r.metadata.reply_to_message_id), r)
+            except Exception:  # noqa: BLE001 (a reply that cannot say what it answers answers no job)
+                continue
+        wl = self.setup.workload
+        for job in jobs:
+            job.reply = by_id.get(str(job.message.metadata.message_id))
+            total = float(self.clock.job_time(job.client, wl.steps_for(job.client, self.jobs_of[job.client] - 1)).total)
+            job.lost = not completes(self.clock, job.client, now, now + total)
+            self.queue.push(now + total, ARRIVAL, job)
+            self.idle.discard(job.client)
+            self.in_flight += 1
+
+    def arrive(self, job: Job, now: float) -> None:
+        s, x_old = self.strategy, self.strategy.current
+        self.in_flight -= 1
+        self.idle.add(job.client)
+        if job.reply is None or job.lost:  # no reply, or offline before the job ended
+            s.release(job.version)
+            s.round_log.unavailable.append(job.message.metadata.dst_node_id)
+            outcome = Outcome(job.message.metadata.dst_node_id, job.client, reason="unavailable", unavailable=True)
+        else:
+            outcome = s.arrive(job.reply, job.message, job.version, self.connected, now)
+        self.rec.note(s, job.client, outcome, now)
+        if outcome.aggregated:
+            assert x_old is not None
+            self.rec.row(s, now, x_old)
+

@@ -1,0 +1,175 @@
+"""Synchronous rounds on the virtual clock (run config ``devices``): :class:`VirtualClockGrid`.
+
+It wraps the grid the round loop talks to (outside :class:`~server_app.network.AvailabilityGrid`),
+so it works for every engine: in process (per client, cohort) and on Flower's Ray simulation.
+Round r starts at virtual time T (the previous round's close; 0 first). For each TRAIN message
+of the round to client c (:mod:`virtualtime.clock` for the job's times):
+
+- c is offline in its session at T: the message is not delivered (its node is gone, as the
+  deployment's churn driver stops it): status ``off``;
+- c's session ends before download + compute are over: not delivered, it never trains
+  (``lost``: no reply ever comes);
+- c's session ends during its upload: delivered, it trains (its client-side state, e.g.
+  FedAWE's kept copy, changes), the reply is lost (``lost``);
+- else its reply arrives at T + download + compute + upload.
+
+The round closes at ``close = min(T + virtual-deadline, the min-replies-th arrival)``; with no
+lost client and every reply in before that, at the last arrival; with no deadline and no
+arrival at all, when the first of its addressed clients is back online (T if none ever is).
+Replies that arrive after the close are dropped: status ``late``. A late client trained, as in a
+deployment, where the server drops a reply that comes after the round closed. The replies the
+strategy sees keep the inner grid's order (only filtered), so with no deadline and no session a
+run equals the run without ``devices`` bit for bit. Other messages (evaluate, queries, an oracle
+round's) pass unchanged and take no virtual time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from flwr.app import Message, MessageType
+from flwr.serverapp import Grid
+
+from runconfig import ConfigError
+from strategies.protocol import IGNORE_AVAILABILITY, server_round_of
+from virtualtime import ProfileError, VirtualClock, read_profiles
+
+from .network import DelegatingGrid
+
+#: the statuses of deploy.realised (the deployment's record), for the same record here
+ON_TIME, LATE, LOST, OFF = "on time", "late", "lost", "off"
+
+
+class VirtualClockGrid(DelegatingGrid):
+    """Times each round's TRAIN messages on ``clock``; see the module docstring."""
+
+    def __init__(self, grid: Grid, clock: VirtualClock, client_of_node: dict[int, int],
+                 steps_for: Callable[[int, int], int], *, deadline: float = 0.0, min_replies: int = 0,
+                 start: float = 0.0, scheduled: Callable[[int], Any] | None = None) -> None:
+        super().__init__(grid)
+        self.scheduled = scheduled  # 0-based round -> A(., t), or None: every client scheduled on
+        self.clock, self.client_of_node, self.steps_for = clock, client_of_node, steps_for
+        self.deadline = deadline if deadline > 0 else math.inf
+        self.min_replies = min_replies
+        self.now = float(start)
+        self.records: dict[int, dict[str, Any]] = {}  # round -> what the round's row keeps
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:  # noqa: D102
+        raise NotImplementedError("VirtualClockGrid times rounds through send_and_receive only")
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+        messages = list(messages)
+        timed = [m for m in messages if self._timed(m)]
+        if not timed:
+            return self.grid.send_and_receive(messages, timeout=timeout)
+        rnd = server_round_of(timed[0].content)
+        assert rnd is not None
+        t0 = self.now
+        plan = self._plan(timed, rnd, t0)
+        keep = [m for m in messages if id(m) not in plan["undelivered"]]
+        replies = list(self.grid.send_and_receive(keep, timeout=timeout)) if keep else []
+        return self._close(rnd, t0, plan, timed, replies)
+
+    def _timed(self, m: Message) -> bool:
+        if m.metadata.message_type != MessageType.TRAIN or server_round_of(m.content) is None:
+            return False
+        if any(r.get(IGNORE_AVAILABILITY, False) for r in m.content.config_records.values()):
+            return False
+        return m.metadata.dst_node_id in self.client_of_node
+
+    def _plan(self, timed: list[Message], rnd: int, t0: float) -> dict[str, Any]:
+        """Who is off, who is lost before training, each delivered client's job time and arrival."""
+        undelivered: set[int] = set()  # id() of the messages not delivered
+        on_now = self.scheduled(rnd - 1) if self.scheduled is not None else None
+        off: list[int] = []
+        lost: list[int] = []
+        job: dict[int, float] = {}
+        arrival: dict[int, float] = {}
+        back: list[float] = []  # when an absent client is online again
+        for m in timed:
+            c = self.client_of_node[m.metadata.dst_node_id]
+            if on_now is not None and not (0 <= c < len(on_now) and on_now[c]):
+                continue  # off in the schedule: the availability gate decides what it gets
+            on, _, end = self.clock.session(c, t0)
+            if not on:
+                off.append(c)
+                undelivered.add(id(m))
+                back.append(end)
+                continue
+            jt = self.clock.job_time(c, self.steps_for(c, rnd - 1))
+            if t0 + jt.download + jt.compute > end:
+                lost.append(c)
+                undelivered.add(id(m))
+                back.append(self.clock.next_online(c, end))
+                continue
+            job[c] = jt.total
+            if t0 + jt.total > end:
+                lost.append(c)  # trained; the reply is lost on the way
+                back.append(self.clock.next_online(c, end))
+            else:
+                arrival[c] = t0 + jt.total
+        return {"undelivered": undelivered, "off": off, "lost": lost, "job": job, "arrival": arrival,
+                "back": back}
+
+    def _close(self, rnd: int, t0: float, plan: Mapping[str, Any], timed: list[Message],
+               replies: list[Message]) -> list[Message]:
+        node_of = {m.metadata.message_id: m.metadata.dst_node_id for m in timed if m.metadata.message_id}
+        sent_nodes = {m.metadata.dst_node_id for m in timed}
+        arrival: dict[int, float] = plan["arrival"]
+        came: dict[int, float] = {}  # client -> arrival, for the replies that did come (not errors)
+        client_of_reply: list[int | None] = []
+        for reply in replies:
+            node = node_of.get(reply.metadata.reply_to_message_id)
+            if node is None and reply.metadata.src_node_id in sent_nodes:
+                node = reply.metadata.src_node_id
+            c = self.client_of_node.get(node) if node is not None else None
+            if c is not None and c in arrival and not reply.has_error():
+                came[c] = arrival[c]
+                client_of_reply.append(c)
+            else:
+                client_of_reply.append(None if c is None or c not in plan["job"] else c)
+        times = sorted(came.values())
+        close = t0 + self.deadline
+        if self.min_replies and len(times) >= self.min_replies:
+            close = min(close, times[self.min_replies - 1])
+        if not plan["lost"] and times and times[-1] <= close:
+            close = times[-1]  # everyone still coming is in
+        if not math.isfinite(close):
+            back = [b for b in plan["back"] if math.isfinite(b)]
+            close = times[-1] if times else (min(back) if back else t0)
+        late = sorted(c for c, t in came.items() if t > close)
+        kept = [r for r, c in zip(replies, client_of_reply, strict=True)
+                if c is None or (c in came and came[c] <= close)]
+        self.now = max(close, t0)
+        self.records[rnd] = {
+            "virtual-time": round(self.now, 6),
+            "virtual-round-time": round(self.now - t0, 6),
+            "late": late,
+            "lost": sorted(plan["lost"]),
+            "session-off": sorted(plan["off"]),
+            "client-virtual-time": {str(c): round(t, 6) for c, t in sorted(plan["job"].items())},
+        }
+        return kept
+
+    def round_record(self, rnd: int) -> dict[str, Any]:
+        """What round ``rnd``'s metrics row keeps (``virtual-time`` ...); {} for an untimed round."""
+        return self.records.pop(rnd, None) or {"virtual-time": round(self.now, 6), "virtual-round-time": 0.0}
+
+
+def build_clock(devices: str, num_clients: int, *, seed: int, reference_step_ms: float,
+                model_bytes: int) -> VirtualClock:
+    """The run's clock from run config ``devices`` (a path; relative to the ServerApp's working
+    folder), ConfigError naming the key for any problem with the file."""
+    try:
+        plan = read_profiles(devices, num_clients, seed=seed, reference_step_ms=reference_step_ms or None)
+        return VirtualClock(plan, model_bytes=model_bytes, seed=seed)
+    except ProfileError as err:
+        raise ConfigError(f"run config 'devices' = {devices!r}: {err}") from err
+
+
+def last_virtual_time(rows: Iterable[Mapping[str, Any]]) -> float:
+    """Where a resumed run's clock starts: the last recorded ``virtual-time`` (0 without one)."""
+    times = [float(r["virtual-time"]) for r in rows if "virtual-time" in r]
+    return times[-1] if times else 0.0

@@ -1,0 +1,245 @@
+"""Asynchronous rules: arrivals, model versions, staleness, and the staleness functions.
+
+An asynchronous rule (FedBuff, FedAsync: :mod:`strategies.rules.fedbuff`,
+:mod:`strategies.rules.fedasync`) sees one client update at a time, an :class:`Arrival`: the
+client's change Δ_i = x_i − x^τ from the model version τ it was sent, and its staleness
+t − τ (t: the number of aggregations so far, the current version). The rule says after each
+arrival whether it aggregates now (:meth:`AsyncRule.add`) and then applies what it holds
+(:meth:`AsyncRule.apply`). The version counts aggregations.
+
+Two drivers use the same two hooks:
+
+- the asynchronous loop (:mod:`server_app.asynchronous`): each job is a train message with the
+  model of the current version (:meth:`AsyncRule.job`); each reply, when it arrives (virtual or
+  real time), goes through :meth:`AsyncRule.arrive`: the staleness bound ``max_staleness``, then
+  the same checks as every rule's replies (:meth:`ReplyAcceptance.collect`: parsing, client
+  binding, the norm bounds against the version the client started from), then the rule.
+  Versions that jobs still train from are kept (one float32 copy per such version, at most
+  ``min(jobs in flight, max_staleness + 1)`` copies);
+- a synchronous loop (Flower's ``Strategy.start``, a drop-in app): the round's accepted replies
+  are arrivals from this round's version, in client-id order (staleness 0 until the rule
+  aggregates within the round, then 1, ...), and x^{t+1} is the model after the last of them.
+
+Staleness functions s (Xie, Koyejo and Gupta, "Asynchronous Federated Optimization", 2019,
+Sec. 5.2): ``constant`` s = 1; ``poly`` s = (1 + δ)^(−a); ``hinge`` s = 1 if δ <= b else
+1 / (a (δ − b) + 1), δ the staleness (as APPFL's and Plato's FedAsync; FLGo's hinge omits the + 1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType
+
+from .base import AvailabilityStrategy
+from .protocol import CLIENT_RULE, IGNORE_AVAILABILITY, PLAIN_RULE, SERVER_ROUND
+from .replies import ClientReport, RoundLog
+
+STALENESS_FUNCTIONS = ("constant", "poly", "hinge")
+
+
+def staleness_weight(kind: str, delta: int, a: float, b: float) -> float:
+    """s(δ) of Xie et al. 2019, Sec. 5.2 (see the module docstring)."""
+    if kind == "constant":
+        return 1.0
+    if kind == "poly":
+        return float((1.0 + delta) ** (-a))
+    if kind == "hinge":
+        return 1.0 if delta <= b else 1.0 / (a * (delta - b) + 1.0)
+    raise ValueError(f"staleness function {kind!r}: one of {STALENESS_FUNCTIONS}")
+
+
+def check_staleness_params(name: str, kind: str, a: float, b: float) -> None:
+    if kind not in STALENESS_FUNCTIONS:
+        raise ValueError(f"strategy '{name}': staleness={kind!r} is not one of {STALENESS_FUNCTIONS}")
+    if not (np.isfinite(a) and a >= 0):
+        raise ValueError(f"strategy '{name}': staleness-a={a} must be a finite number >= 0")
+    if not (np.isfinite(b) and b >= 0):
+        raise ValueError(f"strategy '{name}': staleness-b={b} must be a finite number >= 0")
+
+
+@dataclass
+class Arrival:
+    """One accepted update as an asynchronous rule sees it."""
+
+    report: ClientReport  # its delta is Δ_i = x_i − x^τ, owned by the arrival (a copy)
+    version: int  # τ: the version the client trained from
+    staleness: int  # t − τ at arrival
+    start: np.ndarray  # x^τ (FedAsync mixes the client's model x^τ + Δ_i)
+    time: float = 0.0  # when it arrived (virtual or real seconds since the run's start)
+
+
+@dataclass
+class Outcome:
+    """What one arrival did: rejected (``reason``), accepted, and whether the rule aggregated."""
+
+    node: int
+    client: int | None = None
+    staleness: int | None = None
+    reason: str = ""  # "" = accepted; else why not (stale, rejected, unavailable)
+    unavailable: bool = False
+    aggregated: bool = False
+
+
+@dataclass
+class AsyncState:
+    """The version, the rule's buffer (arrivals not applied yet) and the kept versions."""
+
+    version: int = 0
+    pending: list[Arrival] = field(default_factory=list)
+    snapshots: dict[int, np.ndarray] = field(default_factory=dict)
+
+
+class AsyncRule(AvailabilityStrategy):
+    """Base of the asynchronous rules: :meth:`add` and :meth:`apply` are the rule's math.
+
+    ``max_staleness``: an arrival older than this many versions is rejected (recorded as
+    ``stale``) and reaches neither the rule nor the bounds' history. ``concurrency``: at most
+    this many jobs in flight in the asynchronous loop (0: every idle available client).
+    """
+
+    asynchronous: ClassVar[bool] = True
+    State: ClassVar[type] = AsyncState
+
+    def __init__(self, *, max_staleness: int = 100, concurrency: int = 0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if max_staleness < 0:
+            raise ValueError(f"strategy '{self.name}': max-staleness={max_staleness} must be >= 0")
+        if concurrency < 0:
+            raise ValueError(f"strategy '{self.name}': concurrency={concurrency} must be >= 0 (0: no limit)")
+        self.max_staleness = int(max_staleness)
+        self.concurrency = int(concurrency)
+        self.version = 0
+        self.pending: list[Arrival] = []
+        self.snapshots: dict[int, np.ndarray] = {}
+        self._users: dict[int, int] = {}  # version -> jobs in flight from it
+        self.applied: list[Arrival] = []  # the arrivals of the last aggregation
+
+    # ---------------------------------------------------------------- the rule (override)
+    def add(self, arrival: Arrival) -> bool:
+        """Take one accepted arrival; True when the rule aggregates now."""
+        raise NotImplementedError
+
+    def apply(self, x: np.ndarray) -> tuple[np.ndarray, dict[str, float]]:
+        """Aggregate the held arrivals (``self.pending``) into x; the base then clears them."""
+        raise NotImplementedError
+
+    def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]) -> tuple[np.ndarray, dict[str, float]]:
+        """A synchronous round: its reports are arrivals from this round's version, in client-id order."""
+        start, versions = x, 0
+        for r in reports:
+            arrival = Arrival(_owned(r), self._round_version, self.version - self._round_version, start)
+            if self.add(arrival):
+                x = self._aggregate_now(x)
+                versions += 1
+        return x, {"aggregations": versions, "buffered": len(self.pending)}
+
+    # ---------------------------------------------------------- synchronous (Flower's start)
+    _round_version = 0
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Any
+                        ) -> Iterable[Message]:
+        self._round_version = self.version
+        return super().configure_train(server_round, arrays, config, grid)
+
+    # ------------------------------------------------------------ the asynchronous loop
+    def begin(self, arrays: ArrayRecord) -> None:
+        """Take ``arrays`` as version ``self.version``'s model (the loop's start)."""
+        self.set_global(arrays)
+
+    def job(self, node: int, job_round: int) -> tuple[Message, int]:
+        """A train message to ``node`` with the current model, and its version. ``job_round`` is
+        the message's ``server-round`` (the client keys its data order and lr by it)."""
+        assert self.current is not None and self.layout is not None
+        if self.version not in self.snapshots:
+            self.snapshots[self.version] = self.current.copy()
+        self._users[self.version] = self._users.get(self.version, 0) + 1
+        config = ConfigRecord({SERVER_ROUND: job_round, CLIENT_RULE: PLAIN_RULE, IGNORE_AVAILABILITY: True})
+        for key, value in self.train_config(job_round - 1, [node]).items():
+            config[key] = value
+        content = self.keys.content(self.arrays_of(self.current), config)
+        return Message(content, dst_node_id=node, message_type=MessageType.TRAIN), self.version
+
+    def release(self, version: int) -> None:
+        """A job from ``version`` is over (arrived, lost or timed out): drop versions no job needs."""
+        left = self._users.get(version, 0) - 1
+        if left > 0:
+            self._users[version] = left
+            return
+        self._users.pop(version, None)
+        if version != self.version:
+            self.snapshots.pop(version, None)
+
+    def arrive(self, reply: Message, sent: Message, version: int, connected: set[int], now: float = 0.0
+               ) -> Outcome:
+        """One reply to the job ``sent`` (from ``version``): checked, then given to the rule.
+
+        Never raises on what the reply holds: a bad reply is an Outcome with its reason (also in
+        ``round_log``, which the loop reads and resets per aggregation)."""
+        node = sent.metadata.dst_node_id
+        staleness = self.version - version
+        try:
+            if staleness > self.max_staleness:
+                reason = f"stale: staleness {staleness} > max-staleness {self.max_staleness}"
+                self.round_log.rejected.append((node, reason))
+                return Outcome(node, staleness=staleness, reason=reason)
+            report = self._check_one(reply, sent, version, connected)
+            start = self.snapshots.get(version, self.current)  # x^τ, before release may drop it
+        finally:
+            self.release(version)
+        if report is None:
+            log = self.round_log
+            why = next((r for n, r in reversed(log.rejected) if n == node), "")
+            return Outcome(node, staleness=staleness, reason=why or "unavailable", unavailable=not why)
+        assert start is not None
+        arrival = Arrival(_owned(report), version, staleness, start, now)
+        aggregated = self.add(arrival)
+        if aggregated:
+            assert self.current is not None
+            self.current = self._aggregate_now(self.current)
+        return Outcome(node, report.client_id, staleness, aggregated=aggregated)
+
+    def _check_one(self, reply: Message, sent: Message, version: int, connected: set[int]) -> ClientReport | None:
+        """The reply through the checks every rule's replies go through, against x^τ."""
+        current, kept = self.current, self.round_log
+        self.current = self.snapshots.get(version, current)
+        self._sent, self.connected, self._rows = [sent], set(connected) | {sent.metadata.dst_node_id}, {}
+        self.round_log = RoundLog(sent=[sent.metadata.dst_node_id])
+        try:
+            reports = self.collect([reply])
+        finally:
+            one, self.round_log, self.current = self.round_log, kept, current
+        kept.rejected += one.rejected
+        kept.unavailable += one.unavailable
+        return reports[0] if reports else None
+
+    def _aggregate_now(self, x: np.ndarray) -> np.ndarray:
+        new, self.last_metrics = self.apply(x)
+        new = np.asarray(new, dtype=np.float32)
+        if not np.all(np.isfinite(new)):
+            new = x  # as aggregate_train: a non-finite model is never taken
+        self.applied, self.pending = self.pending, []
+        old = self.version
+        self.version += 1
+        if old not in self._users:
+            self.snapshots.pop(old, None)
+        self.current = new
+        return new
+
+    last_metrics: dict[str, float] = {}
+
+    def get_state(self) -> Any:
+        return AsyncState(self.version, [*self.pending], {v: s.copy() for v, s in self.snapshots.items()})
+
+    def set_state(self, state: Any) -> None:
+        self.version, self.pending = int(state.version), list(state.pending)
+        self.snapshots = {int(v): np.asarray(s, np.float32) for v, s in state.snapshots.items()}
+
+
+def _owned(report: ClientReport) -> ClientReport:
+    """The report with its own copy of Δ_i (the parser's buffer is reused by the next reply)."""
+    report.delta = np.array(report.delta, dtype=np.float32, copy=True)
+    return report

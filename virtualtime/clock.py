@@ -1,0 +1,154 @@
+"""The virtual clock: how long a client's job takes on its device, and when it is online.
+
+A job (one round's work for one client) is, in virtual seconds::
+
+    download = rtt_ms / 1000 + model_bytes * 8 / (down_kbps * 1000)
+    compute  = num_steps * step_ms / 1000          (step_ms = reference_step_ms / speed without one)
+    upload   = rtt_ms / 1000 + upload_bytes * 8 / (up_kbps * 1000)
+
+A missing bandwidth is unlimited (0 s) and a missing ``rtt_ms`` is 0. ``loss``, ``cpus`` and
+``mem_mb`` do not enter the time (a deployment's caps; ``speed`` / ``step_ms`` stand for the
+CPU). A client is online at time t when it is in an online session (:mod:`.sessions`) and, with
+an availability ``schedule`` and ``slot_seconds``, the schedule has it on in slot
+``floor(t / slot_seconds)``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from .errors import ProfileError
+from .profiles import ProfilePlan
+from .sessions import Sessions
+
+MAX_SLOTS = 100_000  # next_online looks this many schedule slots ahead before it says "never"
+
+
+class RoundSchedule(Protocol):
+    """What the clock needs of an availability schedule (``availability.Schedule``)."""
+
+    def available(self, t: int) -> Any: ...
+
+
+@dataclass(frozen=True)
+class JobTime:
+    """One job's virtual seconds: download, compute, upload."""
+
+    download: float
+    compute: float
+    upload: float
+
+    @property
+    def total(self) -> float:
+        return self.download + self.compute + self.upload
+
+
+def _transfer(nbytes: int, kbps: int | None) -> float:
+    return 0.0 if kbps is None else nbytes * 8 / (kbps * 1000.0)
+
+
+class VirtualClock:
+    """Job times and online periods for the clients of ``plan``, with ``seed`` for the sessions."""
+
+    def __init__(self, plan: ProfilePlan, *, model_bytes: int, seed: int, schedule: RoundSchedule | None = None,
+                 slot_seconds: float | None = None, upload_bytes: int | None = None) -> None:
+        if model_bytes < 0:
+            raise ProfileError(f"model_bytes = {model_bytes} must be >= 0")
+        if (schedule is None) != (slot_seconds is None):
+            raise ProfileError("an availability schedule needs slot_seconds (the virtual length of one of its "
+                               "rounds), and slot_seconds a schedule")
+        if slot_seconds is not None and not (math.isfinite(slot_seconds) and slot_seconds > 0):
+            raise ProfileError(f"slot_seconds = {slot_seconds!r} must be a number > 0")
+        self.plan, self.seed = plan, int(seed)
+        self.model_bytes = int(model_bytes)
+        self.upload_bytes = self.model_bytes if upload_bytes is None else int(upload_bytes)
+        self.schedule, self.slot_seconds = schedule, slot_seconds
+        self._slot: tuple[int, np.ndarray] | None = None
+        n = plan.num_clients
+        # per class, computed once: (download s, upload s, step s); per client: its class index
+        self._class_index = np.zeros(n, dtype=np.int32)
+        self._net: list[tuple[float, float, float]] = []
+        on = np.full(n, np.inf)
+        off = np.zeros(n)
+        periodic = np.zeros(n, dtype=bool)
+        for i, dc in enumerate(plan.classes):
+            rtt = (dc.rtt_ms or 0.0) / 1000.0
+            step = dc.step_seconds(plan.reference_step_ms)
+            self._net.append((rtt + _transfer(self.model_bytes, dc.down_kbps),
+                              rtt + _transfer(self.upload_bytes, dc.up_kbps), step))
+            ids = np.asarray(dc.clients, dtype=np.int64)
+            self._class_index[ids] = i
+            if dc.has_sessions:
+                on[ids], off[ids] = dc.session_on_s, dc.session_off_s
+                periodic[ids] = dc.session_model == "periodic"
+        self.sessions = Sessions(on, off, periodic, self.seed)
+
+    @property
+    def num_clients(self) -> int:
+        return self.plan.num_clients
+
+    def job_time(self, client: int, num_steps: int) -> JobTime:
+        """Download, ``num_steps`` local steps and upload of ``client``, in virtual seconds."""
+        down, up, step = self._net[self._class_index[client]]
+        return JobTime(down, num_steps * step, up)
+
+    def job_times(self, clients: np.ndarray, num_steps: np.ndarray) -> np.ndarray:
+        """Total job seconds of many clients at once (vectorised :meth:`job_time`)."""
+        table = np.asarray(self._net, dtype=np.float64)
+        rows = table[self._class_index[np.asarray(clients, dtype=np.int64)]]
+        return rows[:, 0] + np.asarray(num_steps, dtype=np.float64) * rows[:, 2] + rows[:, 1]
+
+    def _scheduled(self, client: int, t: float) -> bool:
+        if self.schedule is None or self.slot_seconds is None:
+            return True
+        slot = int(t // self.slot_seconds)
+        if self._slot is None or self._slot[0] != slot:
+            self._slot = (slot, np.asarray(self.schedule.available(slot), dtype=bool))
+        return bool(self._slot[1][client])
+
+    def online(self, client: int, t: float) -> bool:
+        """Whether ``client`` is online at virtual time ``t``: in a session and on in the schedule."""
+        return self.sessions.interval(client, t)[0] and self._scheduled(client, t)
+
+    def session(self, client: int, t: float) -> tuple[bool, float, float]:
+        """(online?, start, end) of the session interval of ``client`` that holds ``t`` (no schedule)."""
+        return self.sessions.interval(client, t)
+
+    def online_until(self, client: int, t: float) -> float:
+        """When ``client``, online at ``t``, goes offline (its session ends, or a schedule slot in
+        which it is off begins); ``t`` when it is offline at ``t``."""
+        on, _, end = self.sessions.interval(client, t)
+        if not on or not self._scheduled(client, t):
+            return t
+        if self.slot_seconds is None:
+            return end
+        slot = int(t // self.slot_seconds) + 1
+        for _ in range(MAX_SLOTS):
+            start = slot * self.slot_seconds
+            if start >= end:
+                return end
+            if not self._scheduled(client, start):
+                return start
+            slot += 1
+        return end
+
+    def next_online(self, client: int, t: float) -> float:
+        """The first time >= ``t`` at which ``client`` is online; ``math.inf`` if never (within
+        ``MAX_SLOTS`` schedule slots, or a session that never comes)."""
+        for _ in range(MAX_SLOTS):
+            on, _, end = self.sessions.interval(client, t)
+            if not on:
+                if not math.isfinite(end):
+                    return math.inf
+                t = end
+                continue
+            if self._scheduled(client, t):
+                return t
+            assert self.slot_seconds is not None
+            nxt = (int(t // self.slot_seconds) + 1) * self.slot_seconds
+            t = nxt
+        return math.inf

@@ -1,0 +1,48 @@
+"""A deterministic event queue in virtual time: events leave in (time, sequence) order, the
+sequence being the order they were pushed, so two events at the same time leave in push order
+and a run is the same whatever the payloads are (they are never compared)."""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, order=True)
+class Event:
+    time: float
+    seq: int
+    kind: str = field(compare=False)
+    payload: Any = field(compare=False, default=None)
+
+
+class EventQueue:
+    """``push(time, kind, payload)``; ``pop()`` the earliest (ties: first pushed); ``peek()``."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, Event]] = []
+        self._seq = 0
+
+    def push(self, time: float, kind: str, payload: Any = None) -> Event:
+        if not (isinstance(time, (int, float)) and not math.isnan(time)):
+            raise ValueError(f"event time must be a number, got {time!r}")
+        event = Event(float(time), self._seq, kind, payload)
+        self._seq += 1
+        heapq.heappush(self._heap, (event.time, event.seq, event))
+        return event
+
+    def pop(self) -> Event:
+        if not self._heap:
+            raise IndexError("pop from an empty EventQueue")
+        return heapq.heappop(self._heap)[2]
+
+    def peek(self) -> Event | None:
+        return self._heap[0][2] if self._heap else None
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def __bool__(self) -> bool:
+        return bool(self._heap)
