@@ -7,7 +7,7 @@ A rule whose update is a sum over the round's replies with per-reply weights kno
 go, so the server holds the running sums, the round's reference window
 (:data:`strategies.bounds.REFERENCE_WINDOW` replies) and the replies not yet read, never the
 whole round. The result equals the rule's :meth:`~strategies.rule.Rule.aggregate` on every reply
-held (to float rounding: the sums run in float64 in arrival order;
+held (to float rounding: float32 partial sums of 16 replies in arrival order, added in float64;
 ``tests/test_streaming.py``). A rule that must see every reply at once (a Gram matrix, pairwise
 similarities, per-client tables of updates) keeps ``streams = False`` and says why in
 ``holds_replies``; the base logs it once.
@@ -34,22 +34,44 @@ class Fold:
 
 
 class RunningSum:
-    """Σ_i w_i v_i in float64 (v_i float32 vectors), with Σ_i w_i and the number of terms."""
+    """Σ_i w_i v_i (v_i float32 vectors), with Σ_i w_i and the number of terms: float32 partial
+    sums of :data:`BLOCK` terms (one multiply and one add per reply, as the hold-all path's float32
+    BLAS sums, :func:`strategies.weighting.weighted_sum`) added into a float64 total (``total``)."""
 
     def __init__(self, size: int) -> None:
-        self.total = np.zeros(size, np.float64)
-        self._term = np.empty(size, np.float64)
+        self._total = np.zeros(size, np.float64)
+        self._partial = np.zeros(size, np.float32)
+        self._term = np.empty(size, np.float32)
+        self._in_partial = 0
         self.weight = 0.0
         self.count = 0
 
     def add(self, w: float, v: np.ndarray) -> None:
         if w == 1.0:
-            self.total += v
+            self._partial += v
         else:
-            np.multiply(v, w, out=self._term, dtype=np.float64)
-            self.total += self._term
+            np.multiply(v, np.float32(w), out=self._term)
+            self._partial += self._term
+        self._in_partial += 1
+        if self._in_partial == BLOCK:
+            self._flush()
         self.weight += w
         self.count += 1
+
+    def _flush(self) -> None:
+        if self._in_partial:
+            self._total += self._partial
+            self._partial.fill(0.0)
+            self._in_partial = 0
+
+    @property
+    def total(self) -> np.ndarray:
+        """Σ_i w_i v_i so far (float64)."""
+        self._flush()
+        return self._total
+
+
+BLOCK = 16  # replies per float32 partial sum of RunningSum (then added into the float64 total)
 
 
 class WeightedMean(Fold):
