@@ -20,10 +20,11 @@ reason is logged once and recorded in ``config.json`` (``engine-used``,
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from flwr.app import Message, MessageType
+from flwr.app import Context, Message, MessageType
 
 from client_app.app import TrainStart, local_training, train_reply, train_start
 from runconfig import WorkloadConfig, from_run_config
@@ -35,6 +36,7 @@ from workloads.workload import Workload, get_workload
 from .grid import InProcessGrid, default_client_app
 
 log = logging.getLogger(__name__)
+COHORT_PULL = 1024  # training messages started and trained together when their replies are pulled
 
 
 def auto_engine(wl: Workload) -> tuple[str, str]:
@@ -79,21 +81,38 @@ class CohortGrid(InProcessGrid):
             self._record = {"engine-used": used, **({"engine-reason": why} if why else {})}
         return self._record
 
-    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> list[Message]:
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+        """The replies, in the messages' order. Training messages are delivered now and trained
+        when their replies are pulled, :data:`COHORT_PULL` at a time (their start models, the
+        trained models and the replies of one such group at most in memory); any other message
+        is answered now, as in :class:`InProcessGrid`."""
         messages = list(messages)
         if self.engine_record["engine-used"] != "cohort" or not any(
                 m.metadata.message_type == MessageType.TRAIN for m in messages):
             return super().send_and_receive(messages, timeout=timeout)
-        replies: list[Message | None] = []
-        starts: list[tuple[int, TrainStart]] = []
+        items: list[Message | tuple[Message, Context]] = []
         for msg in messages:
             if msg.metadata.message_type != MessageType.TRAIN:
-                replies.extend(super().send_and_receive([msg], timeout=timeout))
+                items.extend(super().send_and_receive([msg], timeout=timeout))
+            elif (delivered := self.deliver(msg)) is not None:  # None: the reply never comes
+                items.append((msg, delivered))
+        return self._cohort_replies(deque(items))
+
+    def _cohort_replies(self, items: deque[Message | tuple[Message, Context]]) -> Iterator[Message]:
+        while items:
+            group: list[Message | tuple[Message, Context]] = []
+            while items and len(group) < COHORT_PULL:
+                group.append(items.popleft())
+            yield from self._train_group(group)
+
+    def _train_group(self, items: list[Message | tuple[Message, Context]]) -> list[Message]:
+        replies: list[Message | None] = []
+        starts: list[tuple[int, TrainStart]] = []
+        for item in items:
+            if isinstance(item, Message):
+                replies.append(item)
                 continue
-            delivered = self.deliver(msg)
-            if delivered is None:
-                continue  # the reply never comes
-            ts = train_start(msg, delivered)
+            ts = train_start(*item)
             if isinstance(ts, Message):
                 replies.append(ts)  # declined by the client-side gate
                 continue

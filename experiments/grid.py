@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from flwr.app import Context, Message, RecordDict
+from flwr.app import Context, Message, MessageType, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
@@ -42,12 +43,9 @@ class InProcessGrid(Grid):
         if len(ids) != num_nodes or len(set(ids)) != num_nodes or not all(0 < n < 2**64 for n in ids):
             raise ValueError(f"node_ids must be {num_nodes} distinct uint64 ids > 0, got {ids}")
         self.partition_of = {int(node): i for i, node in enumerate(ids)}
-        self.contexts = {
-            node: Context(run_id=1, node_id=node, state=RecordDict(), run_config=dict(run_config),
-                          node_config={"partition-id": pid, "num-partitions": num_nodes})
-            for node, pid in self.partition_of.items()
-        }
-        self.delivered: list[Message] = []
+        self.contexts = NodeContexts(self.partition_of, dict(run_config))
+        self.delivered: list[Message] = []  # every message delivered (tests read it)
+        self.keep_delivered = True  # False: a long or large run keeps none (benchmarks/scale.py)
         self._run = None
 
     def set_run(self, run):  # noqa: D102
@@ -69,19 +67,33 @@ class InProcessGrid(Grid):
     def pull_messages(self, message_ids):  # noqa: D102
         raise NotImplementedError("InProcessGrid delivers through send_and_receive only")
 
-    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> list[Message]:
-        replies = []
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+        """The replies, in the messages' order. Every message is delivered now (its id, the
+        ``down`` drops); a training message (type ``train``) is trained when its reply is pulled,
+        so a streaming strategy holds one trained model at a time (:mod:`strategies.streaming`);
+        any other message is answered now (a broadcast whose replies nobody reads still arrives)."""
+        pending: list[tuple[Message, Context] | Message] = []
         for msg in messages:
             context = self.deliver(msg)
-            if context is not None:
-                replies.append(self.app(msg, context))
-        return replies
+            if context is None:
+                continue
+            lazy = msg.metadata.message_type == MessageType.TRAIN
+            pending.append((msg, context) if lazy else self.app(msg, context))
+        return self._pulled(pending)
+
+    def _pulled(self, pending: list[tuple[Message, Context] | Message]) -> Iterator[Message]:
+        queue = deque(pending)
+        del pending
+        while queue:
+            item = queue.popleft()  # let it go once answered
+            yield self.app(*item) if isinstance(item, tuple) else item
 
     def deliver(self, msg: Message) -> Context | None:
         """Give ``msg`` its id and note it delivered; the destination's context, or None when
         ``down`` drops it (the reply never comes)."""
         msg.metadata.__dict__["_message_id"] = uuid.uuid4().hex
-        self.delivered.append(msg)
+        if self.keep_delivered:
+            self.delivered.append(msg)
         node = msg.metadata.dst_node_id
         if node not in self.contexts:  # as Flower's SuperLink: logged, dropped, no reply ever
             log.error("Invalid destination node ID for Message: %d", node)
@@ -90,3 +102,31 @@ class InProcessGrid(Grid):
         if self.down and "server-round" in config and self.down(int(config["server-round"]), self.partition_of[node]):
             return None
         return self.contexts[node]
+
+
+class NodeContexts(Mapping[int, Context]):
+    """node id -> its Context, made the first time the node is addressed (a 100,000-node grid
+    makes only those it uses). Every node reads one run config (a ClientApp does not write it)."""
+
+    def __init__(self, partition_of: Mapping[int, int], run_config: dict[str, Any]) -> None:
+        self.partition_of = partition_of
+        self.run_config = run_config
+        self.made: dict[int, Context] = {}
+
+    def __getitem__(self, node: int) -> Context:
+        context = self.made.get(node)
+        if context is None:
+            pid = self.partition_of[node]  # KeyError: no such node
+            context = self.made[node] = Context(
+                run_id=1, node_id=node, state=RecordDict(), run_config=self.run_config,
+                node_config={"partition-id": pid, "num-partitions": len(self.partition_of)})
+        return context
+
+    def __contains__(self, node: object) -> bool:
+        return node in self.partition_of
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.partition_of)
+
+    def __len__(self) -> int:
+        return len(self.partition_of)

@@ -35,4 +35,5 @@ def run_inprocess(overrides: Mapping[str, Any] | None = None, *, console: Consol
         grid: InProcessGrid = InProcessGrid(cfg.workload.num_clients, run_config, **grid_kwargs)
     else:
         grid = CohortGrid(cfg.workload.num_clients, run_config, engine=cfg.server.engine, **grid_kwargs)
+    grid.keep_delivered = False  # a run's messages are not kept (a grid made by a test keeps them)
     return run(grid, cfg, console=console or Console(quiet=True))

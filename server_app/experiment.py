@@ -11,7 +11,7 @@ import logging
 import random
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -175,38 +175,57 @@ def train_timeout(s: ServerConfig, rnd: int, start_round: int) -> float:
 MAX_TRAIN_TIME = 1e7  # seconds (116 days): a longer ``train-time`` is not a measurement
 
 
-def client_train_times(replies: list[Message], sent: list[Message], participants: list[int],
+def client_train_times(replies: Iterable[Message], sent: list[Message], participants: list[int],
                        node_of_client: Mapping[int, int]) -> dict[str, dict[str, float]]:
     """``client-train-time``: participant -> seconds of local training, from replies that carry
-    ``train-time`` (clients with node config ``report-timing=true``; {} otherwise).
+    ``train-time`` (clients with node config ``report-timing=true``; {} otherwise); see :class:`TrainTimes`."""
+    times = TrainTimes(sent)
+    for msg in replies:
+        times.note(msg)
+    return times.record(participants, node_of_client)
+
+
+class TrainTimes:
+    """The ``train-time`` of each training reply, noted as the replies pass (:meth:`watch`), so
+    that the round keeps a number per node, never the replies (a streaming strategy lets each go).
 
     Only a reply that answers one of this round's messages (``sent``), from the node the strategy
-    accepted for that client id (``node_of_client``), counts; a ``train-time`` that is not a
-    number in [0, MAX_TRAIN_TIME] is left out (the strategy judged the reply; the time is only a
-    record). Never raises on what a reply holds.
+    accepted for that client id (``node_of_client``), counts (its first such reply); a
+    ``train-time`` that is not a number in [0, MAX_TRAIN_TIME] is left out (the strategy judged
+    the reply; the time is only a record). Never raises on what a reply holds.
     """
-    answers = {m.metadata.message_id: m.metadata.dst_node_id for m in sent if m.metadata.message_id}
-    by_node: dict[int, Message] = {}
-    for msg in replies:
+
+    def __init__(self, sent: list[Message]) -> None:
+        self.answers = {m.metadata.message_id: m.metadata.dst_node_id for m in sent if m.metadata.message_id}
+        self.seconds: dict[int, float | None] = {}  # node -> its first answer's train-time
+
+    def watch(self, replies: Iterable[Message]) -> Iterator[Message]:
+        for msg in replies:
+            self.note(msg)
+            yield msg
+
+    def note(self, msg: Message) -> None:
         try:
-            node = answers.get(msg.metadata.reply_to_message_id)
-            if node is not None and node == msg.metadata.src_node_id and not msg.has_error():
-                by_node.setdefault(node, msg)
+            node = self.answers.get(msg.metadata.reply_to_message_id)
+            if node is None or node != msg.metadata.src_node_id or msg.has_error() or node in self.seconds:
+                return
         except Exception:  # noqa: BLE001 (a reply that cannot even say what it answers is not timed)
-            continue
-    times = {}
-    for client in participants:
-        reply = by_node.get(node_of_client.get(client, -1))
-        if reply is None:
-            continue
+            return
         try:
-            records = list(reply.content.metric_records.values())
+            records = list(msg.content.metric_records.values())
             seconds = finite(records[0], TRAIN_TIME) if len(records) == 1 else None
         except Exception:  # noqa: BLE001 (ReplyRejected, or a record no reader foresaw)
             seconds = None
-        if seconds is not None and 0 <= seconds <= MAX_TRAIN_TIME:
-            times[str(client)] = round(seconds, 4)
-    return {"client-train-time": dict(sorted(times.items(), key=lambda kv: int(kv[0])))} if times else {}
+        self.seconds[node] = seconds if seconds is not None and 0 <= seconds <= MAX_TRAIN_TIME else None
+
+    def record(self, participants: list[int], node_of_client: Mapping[int, int]) -> dict[str, dict[str, float]]:
+        """``client-train-time``: participant -> seconds ({} when no participant's reply had one)."""
+        times = {}
+        for client in participants:
+            seconds = self.seconds.get(node_of_client.get(client, -1))
+            if seconds is not None:
+                times[str(client)] = round(seconds, 4)
+        return {"client-train-time": dict(sorted(times.items(), key=lambda kv: int(kv[0])))} if times else {}
 
 
 def client_reply_times(arrived: Mapping[str, float], sent: list[Message], participants: list[int],
@@ -282,12 +301,14 @@ def _run_rounds(grid: Grid, setup: Setup, client_of_node: dict[int, int], consol
             wait_round_start(s, rnd)  # lets a churn driver bring the round's nodes up
             t0 = time.monotonic()
             sent = list(strategy.configure_train(rnd, arrays, ConfigRecord(), net))
-            replies = list(net.send_and_receive(sent, timeout=train_timeout(s, rnd, setup.start_round)))
-            arrived = reply_seconds(net)  # a deployment: when each reply came (before any broadcast)
+            times = TrainTimes(sent)  # the replies pass through once: a streaming rule holds none
+            pulled = net.send_and_receive(sent, timeout=train_timeout(s, rnd, setup.start_round))
+            arrived = reply_seconds(net)  # a deployment (its grid pulls eagerly): when each reply came
+            replies = times.watch(pulled)
             new_arrays, metrics = strategy.aggregate_train(rnd, replies)
             arrays = new_arrays if new_arrays is not None else arrays
             if broadcast := strategy.configure_broadcast(rnd, arrays, net):
-                net.send_and_receive(broadcast, timeout=s.round_timeout)
+                list(net.send_and_receive(broadcast, timeout=s.round_timeout))
             rlog = strategy.round_log
             row: dict[str, Any] = {
                 "round": rnd,
@@ -295,7 +316,7 @@ def _run_rounds(grid: Grid, setup: Setup, client_of_node: dict[int, int], consol
                 "unavailable-nodes": len(rlog.unavailable),
                 "rejected": [[node, brief(why)] for node, why in rlog.rejected],
                 **(dict(metrics) if metrics else {}),
-                **client_train_times(replies, sent, rlog.participants, strategy.node_of_client),
+                **times.record(rlog.participants, strategy.node_of_client),
                 **client_reply_times(arrived, sent, rlog.participants, strategy.node_of_client),
                 **(net.round_record(rnd) if isinstance(net, VirtualClockGrid) else {}),
             }
@@ -330,7 +351,9 @@ def _run_rounds(grid: Grid, setup: Setup, client_of_node: dict[int, int], consol
 def config_record(grid: Grid, setup: Setup) -> dict[str, Any]:
     """``config.json``: the resolved run config, seeds, schedule, engine, versions."""
     cfg = setup.cfg
-    return {**cfg.to_dict(), "weighting-used": setup.strategy.weighting, "seeds": cfg.seeds,
+    why = setup.strategy.holds_every_reply()
+    return {**cfg.to_dict(), "weighting-used": setup.strategy.weighting,
+            "aggregation": f"holds every reply: {why}" if why else "streaming", "seeds": cfg.seeds,
             "schedule": setup.schedule.describe(), **engine_record(grid, cfg), "versions": _versions(),
             **({"devices-used": setup.clock.plan.record()} if setup.clock else {})}
 

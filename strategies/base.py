@@ -118,6 +118,11 @@ class AvailabilityStrategy(ReplyAcceptance, EvaluateRound):
         self._waited = False  # the first round's wait for nodes is done
         self._ids_reported = False  # some reply of this run named its client id
         self._scratch = Scratch()  # the replies' vectors, reused across rounds
+        self._open_rows: list[np.ndarray] = []
+        self._answered: set[int] = set()
+        self._received = 0
+        self._metrics_of: dict[int, RecordDict] = {}
+        self._holds_logged = False
         self.examples_clipped = 0  # this round's num-examples cut to the data-size bound
 
     @property
@@ -218,9 +223,19 @@ class AvailabilityStrategy(ReplyAcceptance, EvaluateRound):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         if self.current is None or self.layout is None:
             raise RuntimeError("aggregate_train before configure_train/set_global (or current_arrays)")
-        replies = list(replies)
-        reports = self.collect(replies)
-        new, metrics = self.aggregate(server_round - 1, self.current, reports)
+        holds = self.holds_every_reply()
+        if holds:
+            reports = self.collect(replies)
+            new, metrics = self.aggregate(server_round - 1, self.current, reports)
+        else:  # streaming: each accepted reply folded in and let go (strategies.streaming)
+            fold = self.start_fold(server_round - 1, self.current)
+            reports = []
+            for report in self.intake(replies):
+                fold.add(report)
+                self.release_report(report)
+                reports.append(report)
+            reports = self.end_intake(reports)
+            new, metrics = fold.finish()
         step = distance(new, self.current)  # NaN/Inf in x^{t+1} -> not finite
         if not math.isfinite(step):
             log.error("round %d: %s produced a non-finite model; keeping x^t", server_round, self.name)
@@ -241,8 +256,7 @@ class AvailabilityStrategy(ReplyAcceptance, EvaluateRound):
         if losses:
             record["train-loss"] = float(np.mean(losses))
         log_round(self.name, server_round, self.round_log.rejected, self.round_log.unavailable)
-        received = sum(1 for m in replies if not m.has_error())
-        self.failures.end_round(server_round, received, len(reports), self.round_log.rejected, self.problems,
+        self.failures.end_round(server_round, self._received, len(reports), self.round_log.rejected, self.problems,
                                 nodes=[*self.round_log.sent, *self.round_log.unavailable])
         integers = aggregate_integers(self.integer_arrays, self.current_integers, [r.integers for r in reports],
                                       self.weights(reports) if reports else np.zeros(0))
@@ -253,6 +267,25 @@ class AvailabilityStrategy(ReplyAcceptance, EvaluateRound):
                  "max_failed_rounds=%d, integer arrays: %s", self.name, self.num_clients, self.server_lr,
                  self.weighting, self.max_weight_share, self.robust, self.bounds, self.sampling, self.keys, self.failures.max_failed_rounds,
                  self.integer_arrays)
+
+    def holds_every_reply(self) -> str:
+        """Why this strategy holds every reply of a round ("" when it streams: the rule declares
+        ``streams`` and ``stream`` is on); logged the first time."""
+        if not self.params.stream:
+            why = "stream=false"
+        elif self.robust.combines:
+            why = f"robust={self.robust} takes the coordinate-wise statistic of every reply's update"
+        elif not self.streams:
+            why = self.holds_replies
+        elif self.weighting == "num-examples" and self.max_weight_share:
+            why = "max-weight-share caps each weight against the whole round's (water-filling)"
+        else:
+            why = ""
+        if not self._holds_logged:
+            self._holds_logged = True
+            log.info("%s: %s", self.name, f"holds every reply of a round: {why}" if why else
+                     "aggregates replies as they arrive (streaming)")
+        return why
 
     # -------------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:

@@ -37,6 +37,10 @@ MAX_STEPS_RATIO = 30.0  # FedNova: num-steps above this x the lower median of re
 
 HISTORY = 64  # accepted values the running median remembers (across rounds)
 MIN_POOL = 3  # values below which a median says nothing about which one is wrong
+# this round's values that join the reference: those of the first REFERENCE_WINDOW replies that pass
+# the per-reply checks (arrival order); the later replies are judged against that reference as they
+# arrive, so a round's replies need not all be held (strategies.acceptance: streaming)
+REFERENCE_WINDOW = 64
 
 
 def lower_median(values: list[float]) -> float:
@@ -50,15 +54,31 @@ def lower_median(values: list[float]) -> float:
 class RatioBound:
     """``value <= ratio x reference`` for one reply quantity (a norm, num-steps, num-examples),
     the reference being the lower median of the last ``HISTORY`` accepted values and this round's
-    (at least ``MIN_POOL`` of them, else no reference). ``ratio = 0``: off."""
+    (at least ``MIN_POOL`` of them, else no reference). ``ratio = 0``: off.
+
+    In a round begun with ``new_round(fix=True)`` (the reply intake's, :mod:`strategies.acceptance`)
+    the reference is computed once, from the values of the round's first call (its reference
+    window: :data:`REFERENCE_WINDOW` replies), and kept until :meth:`commit`: the replies judged
+    later in the round meet the same reference."""
 
     ratio: float
     history: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY), compare=False, repr=False)
+    fixed: float | None = field(default=None, compare=False, repr=False)  # this round's reference
+    fix: bool = field(default=False, compare=False, repr=False)  # the round's first call fixes it
 
     def reference(self, values: list[float]) -> float:
         """The reference for this round's ``values`` (0.0: none)."""
+        if self.fixed is not None:
+            return self.fixed
         pool = [*self.history, *values]
-        return lower_median(pool) if len(pool) >= MIN_POOL else 0.0
+        ref = lower_median(pool) if len(pool) >= MIN_POOL else 0.0
+        if self.fix:
+            self.fixed = ref
+        return ref
+
+    def new_round(self, fix: bool = False) -> None:
+        """Forget the last round's reference; ``fix``: this round's first call fixes it."""
+        self.fixed, self.fix = None, fix
 
     def limit(self, values: list[float]) -> float:
         """The bound this round (inf: none)."""
@@ -67,6 +87,7 @@ class RatioBound:
 
     def commit(self, values: list[float]) -> None:
         self.history.extend(values)
+        self.new_round()
 
     def restored(self, history: list[float]) -> RatioBound:
         """This bound with ``history`` (a checkpoint's) as its recent values."""
@@ -99,6 +120,7 @@ class NormBounds:
     ratio: RatioBound = field(init=False, compare=False, repr=False)
     examples: RatioBound = field(init=False, compare=False, repr=False)
     _pending: dict[int, float] = field(default_factory=dict, compare=False, repr=False)
+    _no_reference: bool | None = field(default=None, compare=False, repr=False)  # fixed per round
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.max_update_norm) and self.max_update_norm >= 0):
@@ -130,10 +152,17 @@ class NormBounds:
         ``scale`` (‖x^t‖; 0: no model cap);
         then ``max_norm_ratio`` × the reference (:class:`RatioBound`; a zero reference gives no
         scale, so no ratio test). The accepted norms join the history at :meth:`commit`.
+        In a round begun with ``new_round(fix=True)`` the first call fixes the references
+        (:class:`RatioBound`): the reply intake calls it first with the round's reference window,
+        then with each later reply.
         ``clip`` (``robust=clip``): a report beyond the ratio bound is kept, scaled down by
         ``clip(report, norm, limit)``, and its norm enters the history as ``limit``.
         """
-        no_reference = len(self.history) + len(reports) < MIN_POOL  # no median to compare with
+        no_reference = self._no_reference
+        if no_reference is None:
+            no_reference = len(self.history) + len(reports) < MIN_POOL  # no median to compare with
+            if self.ratio.fix:  # fixed by the round's first call (its reference window)
+                self._no_reference = no_reference
         model_cap = self.max_model_ratio * scale if no_reference and self.max_model_ratio and scale > 0 else math.inf
         under = []
         for r in reports:
@@ -183,7 +212,15 @@ class NormBounds:
         (and data sizes) join the histories of the running medians."""
         self.ratio.commit([self._pending[id(r)] for r in accepted if id(r) in self._pending])
         self.examples.commit([float(r.num_examples) for r in accepted if hasattr(r, "num_examples")])
+        self.new_round()
+
+    def new_round(self, fix: bool = False) -> None:
+        """Forget the last round's references and pending norms; ``fix``: this round's first
+        :meth:`check` (and :meth:`clip_examples`) fixes its references."""
         self._pending.clear()
+        self._no_reference = None
+        self.ratio.new_round(fix)
+        self.examples.new_round(fix)
 
     def state_dict(self) -> dict[str, Any]:
         return {"history": list(self.history), "examples": list(self.examples.history)}

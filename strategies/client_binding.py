@@ -39,46 +39,14 @@ class ClientBinding:
         self.node_of_client: dict[int, int] = {}
 
     def check(self, claims: list[C], connected: set[int], reject: Callable[[int, str], None]) -> list[C]:
-        """One claim per client id, from the node allowed to make it; the others go to ``reject``.
+        """The claims that stand, in the order given (a round's arrival order); the others go to
+        ``reject`` (:class:`RoundClaims`, one claim at a time)."""
+        round_claims = self.round(connected)
+        return [r for r in claims if round_claims.take(r, reject)]
 
-        Rejected: a node that claims another id than the one it is bound to; a claim of an id
-        bound to another node that is still connected (listed by the grid at this round's
-        configure_train). A node restarted without a registered key gets a new node id from
-        Flower, so it takes its id back once its old node is gone from the grid's list; with
-        SuperNode authentication the restarted node keeps its node id (the SuperLink maps the
-        registered public key to the node id), so a binding to a node id is a binding to a key.
-        Several claims of one free id in a round: the lowest node id wins.
-        """
-        bound_to = {node: client for client, node in self.node_of_client.items()}
-        by_client: dict[int, list[C]] = {}
-        for r in sorted(claims, key=lambda r: r.node_id):  # stable: a node's first reply first
-            own = bound_to.setdefault(r.node_id, r.client_id)  # a node's first claim this round
-            if own != r.client_id:
-                reject(r.node_id, f"node {r.node_id} is bound to client {own}; it may not claim client {r.client_id}")
-                continue
-            by_client.setdefault(r.client_id, []).append(r)
-        kept = []
-        for client, group in by_client.items():
-            owner = self.node_of_client.get(client)
-            if owner is not None and owner not in {r.node_id for r in group} and owner in connected:
-                for r in group:
-                    reject(r.node_id, f"client {client} belongs to node {owner}, still connected (if node "
-                                      f"{r.node_id} is client {client}'s own, node {owner} squats its id: without "
-                                      f"SuperNode authentication a node id proves nothing)")
-                continue
-            winner = next((r for r in group if r.node_id == owner), group[0])
-            for r in group:
-                if r is winner:
-                    continue
-                if r.node_id == winner.node_id:
-                    why = f"node {r.node_id} replied before"
-                elif winner.node_id == owner:
-                    why = f"node {owner} is bound to it"
-                else:
-                    why = f"node {winner.node_id} claimed it too and the lower node id wins"
-                reject(r.node_id, f"second reply for client {client} this round: {why}")
-            kept.append(winner)
-        return kept
+    def round(self, connected: set[int]) -> RoundClaims:
+        """The verdicts on one round's claims, one claim at a time (:class:`RoundClaims`)."""
+        return RoundClaims(self, connected)
 
     def bind(self, accepted: Sequence[Claim]) -> None:
         """Bind the accepted claims (a rejected one must leave no trace: bind only these)."""
@@ -133,3 +101,50 @@ class ClientBinding:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.client_of_node = dict(state["client_of_node"])
         self.node_of_client = dict(state["node_of_client"])
+
+
+class RoundClaims:
+    """One round's claims on client ids, judged one at a time as the replies arrive, so that a
+    claim's verdict is final when it is made (a streaming rule folds the reply in at once).
+
+    Rejected: a node that claims another id than the one it is bound to (or than its first claim
+    this round); a claim of an id bound to another node that is still connected (listed by the
+    grid at this round's configure_train). A node restarted without a registered key gets a new
+    node id from Flower, so it takes its id back once its old node is gone from the grid's list;
+    with SuperNode authentication the restarted node keeps its node id (the SuperLink maps the
+    registered public key to the node id), so a binding to a node id is a binding to a key.
+    Several claims of one id in a round: the first to arrive wins (the bound owner always wins:
+    no other node's claim of its id stands while it is connected).
+    """
+
+    def __init__(self, binding: ClientBinding, connected: set[int]) -> None:
+        self.binding = binding
+        self.connected = connected
+        self.bound_to = {node: client for client, node in binding.node_of_client.items()}
+        self.winner: dict[int, int] = {}  # client id -> the node whose claim stands this round
+
+    def take(self, r: Claim, reject: Callable[[int, str], None]) -> bool:
+        """Whether ``r`` stands; if not, ``reject`` is told why."""
+        own = self.bound_to.setdefault(r.node_id, r.client_id)  # a node's first claim this round
+        if own != r.client_id:
+            reject(r.node_id, f"node {r.node_id} is bound to client {own}; it may not claim client {r.client_id}")
+            return False
+        client = r.client_id
+        owner = self.binding.node_of_client.get(client)
+        first = self.winner.get(client)
+        if first is not None:
+            if first == r.node_id:
+                why = f"node {r.node_id} replied before"
+            elif first == owner:
+                why = f"node {owner} is bound to it"
+            else:
+                why = f"node {first} claimed it first"
+            reject(r.node_id, f"second reply for client {client} this round: {why}")
+            return False
+        if owner is not None and owner != r.node_id and owner in self.connected:
+            reject(r.node_id, f"client {client} belongs to node {owner}, still connected (if node {r.node_id} is "
+                              f"client {client}'s own, node {owner} squats its id: without SuperNode "
+                              f"authentication a node id proves nothing)")
+            return False
+        self.winner[client] = r.node_id
+        return True

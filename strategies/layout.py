@@ -170,7 +170,9 @@ class Scratch:
     replies' vectors, sorted by client id, are the rows of one matrix in order: a weighted sum of
     them is one matrix-vector product, in an order that does not depend on the replies' arrival
     (:func:`strategies.weighting.weighted_sum`), and :meth:`stacked` returns the rows without a
-    copy."""
+    copy. Without :meth:`begin` (a streaming round, :mod:`strategies.streaming`) rows are handed
+    out in arrival order and reused once handed back (:meth:`release`), so a round holds only the
+    replies not yet folded in."""
 
     def __init__(self) -> None:
         self.pools: list[np.ndarray] = []  # pool j: the j-th vector of every reply, a row each
@@ -181,6 +183,7 @@ class Scratch:
         self.begun = False  # begin() gives the slots; without it, each row() is the next reply's
         self.used = 0  # slots handed out this round (without begin()) or the largest slot + 1
         self.wanted = 0  # the most slots a round needed: the pools' size from the next round on
+        self.free: list[np.ndarray] = []  # rows handed back this round without begin() (:meth:`release`)
         self.stacks: dict[str, np.ndarray] = {}
 
     def new_round(self, replies: int = 0, size: int | None = None) -> None:
@@ -192,7 +195,7 @@ class Scratch:
             self.pools, self.size = [], size
         self.pools = [p if len(p) >= self.wanted else np.empty((self.wanted, p.shape[1]), np.float32)
                       for p in self.pools]
-        self.extra, self.slot, self.call, self.begun, self.used = [], 0, 0, False, 0
+        self.extra, self.slot, self.call, self.begun, self.used, self.free = [], 0, 0, False, 0, []
 
     def begin(self, slot: int) -> None:
         """The next rows handed out (:meth:`row`) are the reply of rank ``slot``'s: row ``slot``
@@ -202,11 +205,14 @@ class Scratch:
 
     def row(self, size: int) -> np.ndarray:
         """A float32 vector of ``size`` not handed out since :meth:`new_round`: row ``slot`` of
-        the next pool of the reply begun (:meth:`begin`), or without it the next slot of pool 0."""
+        the next pool of the reply begun (:meth:`begin`), or without it a row handed back
+        (:meth:`release`) or the next slot of pool 0."""
         if size != self.size:
-            self.pools, self.size = [], size
+            self.pools, self.size, self.free = [], size, []
         if self.begun:
             pool, self.call = self.call, self.call + 1
+        elif self.free:
+            return self.free.pop()
         else:
             pool, self.slot, self.used = 0, self.used, self.used + 1
         while len(self.pools) <= pool:
@@ -215,6 +221,13 @@ class Scratch:
             return self.pools[pool][self.slot]
         self.extra.append(np.empty(size, np.float32))  # the pools grow at the next round
         return self.extra[-1]
+
+    def release(self, row: np.ndarray) -> None:
+        """``row`` (from :meth:`row`) is no longer read: hand it out again this round (a streaming
+        round holds as many rows as replies it has not yet folded in). Rows of replies begun
+        (:meth:`begin`: slotted by client id) are each reply's own: nothing to hand back."""
+        if not self.begun and row.size == self.size:
+            self.free.append(row)
 
     def stacked(self, name: str, vectors: list[np.ndarray]) -> np.ndarray:
         """``np.stack(vectors)`` (the same numbers): the rows themselves when they are already

@@ -27,7 +27,7 @@ from .weighting import AUTO_WEIGHTING
 
 # the fields a strategy spec may set for every rule (e.g. "mifa:max-norm-ratio=50")
 SPEC_FIELDS = frozenset({"max_update_norm", "max_norm_ratio", "max_weight_share", "max_model_ratio",
-                         "max_examples_ratio", "robust"})
+                         "max_examples_ratio", "stream", "robust"})
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,9 @@ class StrategyParams:
         the round (:func:`strategies.weighting.cap_shares`), so that a client claiming a huge
         ``num-examples`` cannot take the round; 0 (the default) = no cap, the papers'
         p_i = n_i / n. Spec key ``max-weight-share`` (e.g. ``fednova:max-weight-share=0.2``).
+    stream : a rule that declares ``streams`` folds replies in as they arrive (server memory
+        O(model); :mod:`strategies.streaming`); False holds every reply of a round (the same
+        numbers to float rounding). Spec key ``stream`` (e.g. ``fedavg-active:stream=false``).
     robust : "" (off, the default: the papers' means), ``median``, ``trimmed-mean[:beta=0.2]`` or
         ``clip`` (:mod:`strategies.robust`); spec key ``robust`` (e.g. ``fedavg-active:robust=median``).
     """
@@ -96,6 +99,7 @@ class StrategyParams:
     max_weight_share: float = 0.0
     max_model_ratio: float = MAX_MODEL_RATIO
     max_examples_ratio: float = MAX_EXAMPLES_RATIO
+    stream: bool = True
     robust: str = ""
 
     def __post_init__(self) -> None:

@@ -19,6 +19,7 @@ from .bounds import MAX_NORM_RATIO
 from .layout import safe_norm
 from .protocol import NUM_EXAMPLES
 from .replies import ClientReport
+from .streaming import Fold
 
 
 class Rule:
@@ -48,6 +49,10 @@ class Rule:
     robust_clip: ClassVar[bool] = True
     # the rule's state (a dataclass whose fields name the attributes a resumed run needs)
     State: ClassVar[type] = rule_state.NoState
+    # the rule folds replies in as they arrive (start_fold): server memory O(model), not O(replies)
+    streams: ClassVar[bool] = False
+    # why a rule that does not stream must hold every reply of a round (logged once)
+    holds_replies: ClassVar[str] = "its update reads every reply of the round at once"
 
     num_clients: int | None  # N (set by the base; the nodes connected at the first round when None)
 
@@ -63,6 +68,11 @@ class Rule:
     ) -> tuple[np.ndarray, dict[str, float]]:
         """Return x^{t+1} and the rule's metrics; t is 0-based (Flower round − 1)."""
         raise NotImplementedError
+
+    def start_fold(self, t: int, x: np.ndarray) -> Fold:
+        """Round t's running aggregate (rules with ``streams = True``): folding every accepted
+        report in, in any order, gives what :meth:`aggregate` gives on them (to float rounding)."""
+        raise NotImplementedError(f"strategy '{self.name}' does not stream ({self.holds_replies})")
 
     def train_config(self, t: int, node_ids: list[int]) -> dict[str, Any]:
         """Extra config entries sent with round t's train messages (hook)."""

@@ -85,7 +85,8 @@ def test_empty_round_keeps_model_and_state():
 def test_reply_without_client_id_is_rejected_not_a_crash(cls):
     s = cls(num_clients=2)
     sent = start_round(s, 1, np.zeros(1), [100, 101])
-    arrays, metrics = s.aggregate_train(1, [reply(sent[100], [1.0]), reply(sent[101], [3.0], **{"client-id": 1})])
+    # replies are judged in arrival order: the one without a client id after one that has it
+    arrays, metrics = s.aggregate_train(1, [reply(sent[101], [3.0], **{"client-id": 1}), reply(sent[100], [1.0])])
     assert metrics["num-rejected"] == 1 and "client-id" in s.round_log.rejected[0][1]
     assert s.round_log.participants == [1]
 

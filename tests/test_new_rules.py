@@ -186,7 +186,7 @@ def test_a_train_function_without_the_correction_is_refused_naming_the_fix():
     strategy = build_strategy("scaffold", num_clients=N, min_available_nodes=1)
     grid = grid_for(np.ones((1, N), int), correct=False)
     with pytest.raises(ScaffoldStateError, match=r"correct_gradients\(model, context\)"):
-        grid.send_and_receive(strategy.configure_train(1, initial(), ConfigRecord(), grid))
+        list(grid.send_and_receive(strategy.configure_train(1, initial(), ConfigRecord(), grid)))  # trains as pulled
     assert "scaffold.copy" not in grid.contexts[NODE_ID_BASE].state  # no c_i kept from it
 
 

@@ -191,3 +191,17 @@ def test_unknown_lists_known_and_too_many_partitions():
     assert all(name in str(err.value) for name in PARTITIONERS)
     with pytest.raises(ValueError, match="partitions"):
         partition("iid", np.arange(5), 6, seed=0)
+
+
+@pytest.mark.parametrize("n, size, seed", [(1, 5, 0), (3, 10, 1), (7, 50, 2), (10, 10, 3), (13, 101, 4)])
+def test_iid_is_flower_datasets_iid_partitioner(n, size, seed):
+    """The iid split (built without a Dataset per client) equals flwr-datasets' IidPartitioner on
+    the same seeded order."""
+    from flwr_datasets.partitioner import IidPartitioner
+
+    from workloads.partition import _flwr_partition
+
+    labels = np.random.default_rng(seed).integers(0, 10, size)
+    ours = partition("iid", labels, n, seed)
+    theirs = _flwr_partition(lambda: IidPartitioner(num_partitions=n), labels, n, seed)
+    assert len(ours) == n and all(np.array_equal(a, b) for a, b in zip(ours, theirs, strict=True))

@@ -6,6 +6,7 @@ without that reply would, and raise nothing. Then the bounds' edges: honest spre
 ratio needs 3 replies, spec keys work; and FedAWARE's solver on extreme but finite momenta.
 """
 
+import dataclasses
 import logging
 
 import numpy as np
@@ -44,10 +45,18 @@ def same(a, b, path="state"):
     if isinstance(a, dict):
         assert set(a) == set(b), path
         for k in a:
-            if k != "run_key":  # FedAWE: a random name per run, by design
+            if k not in ("run_key", "sketch_seed", "sketches"):  # FedAWE: a random name and a secret projection per run
                 same(a[k], b[k], f"{path}.{k}")
-    elif isinstance(a, (np.ndarray, list, tuple)) and not isinstance(a, str):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=path)
+    elif dataclasses.is_dataclass(a) and not isinstance(a, type):  # FedBuff's pending arrivals
+        assert type(a) is type(b), path
+        same({f.name: getattr(a, f.name) for f in dataclasses.fields(a)},
+             {f.name: getattr(b, f.name) for f in dataclasses.fields(b)}, path)
+    elif isinstance(a, (list, tuple)) or (isinstance(a, np.ndarray) and a.dtype == object):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            same(x, y, f"{path}.{i}")
+    elif isinstance(a, np.ndarray):
+        np.testing.assert_array_equal(a, np.asarray(b), err_msg=path)
     else:
         assert a == b or (a != a and b != b), path
 

@@ -110,10 +110,10 @@ def partition(spec: str, labels: np.ndarray, num_partitions: int, seed: int,
     if name != "natural" and n > len(labels):
         raise ValueError(f"partitioner '{name}': {n} partitions but only {len(labels)} examples")
 
-    if name == "iid":
-        from flwr_datasets.partitioner import IidPartitioner
-
-        return _flwr_partition(lambda: IidPartitioner(num_partitions=n), labels, n, seed)
+    if name == "iid":  # flwr-datasets' IidPartitioner (contiguous shards of the seeded order), without
+        # a Dataset per client: 100,000 clients in 0.1 s instead of ~150 s (tests/test_partition.py: equal)
+        order = np.random.default_rng(seed).permutation(len(labels)).astype(np.int64)
+        return list(np.array_split(order, n))
 
     if name in ("dirichlet", "client-dirichlet"):
         if not p["alpha"] > 0:

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..base import AvailabilityStrategy, ClientReport
+from ..streaming import Fold, RunningSum
 
 ESTIMATES = ("share", "marginal")
 
@@ -66,6 +67,7 @@ class DebiasedFedAvg(AvailabilityStrategy):
     needs_client_ids = True
     needs_num_clients = True
     equal_weights_only = True
+    streams = True
 
     def __init__(self, *, estimate: str = "share", **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -89,3 +91,44 @@ class DebiasedFedAvg(AvailabilityStrategy):
         u = np.einsum("i,ij->j", w, deltas.astype(np.float64))
         return x + (self.server_lr * u).astype(np.float32), {"mean-weight": float(w.mean()),
                                                               "max-weight": float(w.max())}
+
+    def start_fold(self, t: int, x: np.ndarray) -> Fold:
+        n = self.require_num_clients()
+        if self.counts is None:
+            self.counts = np.zeros(n, np.int64)
+        self.rounds = t + 1
+        return DebiasedFold(self, x)
+
+
+class DebiasedFold(Fold):
+    """The debiased update folded in reply by reply. Each client replies once a round, so its
+    count after the round is c_i = n_i + 1 on arrival: "marginal" weights (t + 1)/(N c_i) are
+    known then; "share" weights C/(N c_i |A_t|) (C = Σ_j n_j after the round) are Σ Δ_i / c_i
+    scaled at the end."""
+
+    def __init__(self, rule: DebiasedFedAvg, x: np.ndarray) -> None:
+        self.rule, self.x = rule, x
+        self.n = rule.require_num_clients()
+        self.sum = RunningSum(x.size)  # Σ Δ_i / c_i ("share") or Σ w_i Δ_i ("marginal")
+        self.largest = 0.0  # the largest per-reply factor added
+        self.ids: list[int] = []
+
+    def add(self, report: ClientReport) -> None:
+        assert self.rule.counts is not None
+        c = float(self.rule.counts[report.client_id] + 1)
+        w = 1.0 / c if self.rule.estimate == "share" else self.rule.rounds / (self.n * c)
+        self.sum.add(w, report.delta)
+        self.largest = max(self.largest, w)
+        self.ids.append(report.client_id)
+
+    def finish(self) -> tuple[np.ndarray, dict[str, float]]:
+        if not self.ids:
+            return self.x, {}
+        counts = self.rule.counts
+        assert counts is not None
+        counts[self.ids] += 1
+        m = len(self.ids)
+        scale = float(counts.sum()) / (self.n * m) if self.rule.estimate == "share" else 1.0
+        u = scale * self.sum.total
+        return self.x + (self.rule.server_lr * u).astype(np.float32), {
+            "mean-weight": scale * self.sum.weight / m, "max-weight": scale * self.largest}

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..base import AvailabilityStrategy, ClientReport
+from ..streaming import Fold, RunningSum, step
 from ..weighting import weighted_sum
 
 
@@ -48,6 +49,7 @@ class FedAU(AvailabilityStrategy):
     needs_client_ids = True
     name = "fedau"
     State = FedAUState
+    streams = True
 
     def __init__(self, *, cutoff: int = 50, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -86,14 +88,27 @@ class FedAU(AvailabilityStrategy):
         return np.where(new, np.minimum(omega, cap), omega)
 
     def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
-        n = self.require_num_clients()
-        if self.count is None:
-            self._init_state(n)
-        assert self.count is not None and self.interval_sum is not None and self.interval_num is not None
+        n = self.start_round()
         ids = np.array([r.client_id for r in reports], np.int64)
         omega = self.omega()[ids]  # before this round's interval is recorded (causal)
         omega = self.cap_newcomers(ids, omega)
+        self.record(ids)
+        if not reports:
+            return x, {}
+        u = weighted_sum(omega / n, (r.delta for r in reports))  # float32: one BLAS product of the rows
+        return x + self.server_lr * u, {"mean-omega": float(omega.mean())}
 
+    def start_round(self) -> int:
+        """N, with the per-client state made on the first round."""
+        n = self.require_num_clients()
+        if self.count is None:
+            self._init_state(n)
+        return n
+
+    def record(self, ids: np.ndarray) -> None:
+        """This round's participation intervals (participants ``ids``) and the absent clients' counts."""
+        n = self.require_num_clients()
+        assert self.count is not None and self.interval_sum is not None and self.interval_num is not None
         present = np.zeros(n, bool)
         present[ids] = True
         assert self.seen is not None
@@ -108,12 +123,39 @@ class FedAU(AvailabilityStrategy):
             self.interval_num[hit] += 1
             self.count[hit] = 0
 
-        if not reports:
-            return x, {}
-        u = weighted_sum(omega / n, (r.delta for r in reports))  # float32: one BLAS product of the rows
-        return x + self.server_lr * u, {"mean-omega": float(omega.mean())}
+    def start_fold(self, t: int, x: np.ndarray) -> Fold:
+        return FedAUFold(self, x)
 
     def set_state(self, state: FedAUState) -> None:
         super().set_state(state)
         if self.count is None and self.num_clients is not None:  # saved before its first round
             self._init_state(self.num_clients)
+
+
+class FedAUFold(Fold):
+    """FedAU's u = (1/N) Σ ω_i Δ_i folded in reply by reply: ω_i from the state before the round
+    (with the newcomer cap), the intervals recorded at :meth:`finish`."""
+
+    def __init__(self, rule: FedAU, x: np.ndarray) -> None:
+        self.rule, self.x = rule, x
+        self.n = rule.start_round()
+        self.omega = rule.omega()
+        if rule.seen is None:  # a checkpoint from before: every client with intervals counts as seen
+            rule.seen = rule.interval_num > 0 if rule.interval_num is not None else None
+        assert rule.seen is not None
+        self.returning = rule.seen.copy()
+        self.cap = float(self.omega[self.returning].max()) if self.returning.any() else 1.0
+        self.ids: list[int] = []
+        self.sum = RunningSum(x.size)
+
+    def add(self, report: ClientReport) -> None:
+        c = report.client_id
+        w = float(self.omega[c]) if self.returning[c] else min(float(self.omega[c]), self.cap)
+        self.sum.add(w, report.delta)
+        self.ids.append(c)
+
+    def finish(self) -> tuple[np.ndarray, dict[str, float]]:
+        self.rule.record(np.array(self.ids, np.int64))
+        if not self.ids:
+            return self.x, {}
+        return step(self.x, self.rule.server_lr, self.sum.total / self.n), {"mean-omega": self.sum.weight / len(self.ids)}

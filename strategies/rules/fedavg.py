@@ -20,6 +20,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..base import AvailabilityStrategy, ClientReport
+from ..streaming import Fold, RunningSum, WeightedMean, example_weight, step
 from ..weighting import weighted_sum
 
 
@@ -33,6 +34,7 @@ class FedAvgActive(AvailabilityStrategy):
 
     name = "fedavg-active"
     paper_weighting = "num-examples"  # p_k = n_k / n (McMahan et al. 2017, Alg. 1)
+    streams = True
     mean_of_updates = True
 
     def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
@@ -45,12 +47,16 @@ class FedAvgActive(AvailabilityStrategy):
         assert u is not None
         return x + self.server_lr * u, {}
 
+    def start_fold(self, t: int, x: np.ndarray) -> Fold:
+        return WeightedMean(x, self.server_lr, example_weight(self.weighting))
+
 
 class FedAvgAll(AvailabilityStrategy):
     """FedAvg over all N clients, absent ones counting as zero (FedAU paper, Sec. 3)."""
 
     name = "fedavg-all"
     needs_num_clients = True
+    streams = True
     mean_of_updates = True  # (|A_t|/N) × the robust statistic of the round's Δ_i
 
     def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
@@ -62,6 +68,9 @@ class FedAvgAll(AvailabilityStrategy):
             return x + self.server_lr * (len(reports) / n) * robust, {}
         u = weighted_sum([1.0 / n] * len(reports), (r.delta for r in reports))
         return x + self.server_lr * u, {}
+
+    def start_fold(self, t: int, x: np.ndarray) -> Fold:
+        return WeightedMean(x, self.server_lr, lambda r: 1.0, scale=float(self.require_num_clients()))
 
 
 class FedAvgKnownP(AvailabilityStrategy):
@@ -75,6 +84,7 @@ class FedAvgKnownP(AvailabilityStrategy):
     fixed_selection = ("it reweights by the true participation probabilities p_i^t of the schedule, "
                        "which addressing a sampled fraction of the nodes would change")
     min_probability = 1e-6  # a client that replied with p ≈ 0 would blow the update up
+    streams = True
 
     def __init__(self, *, probabilities: Callable[[int], np.ndarray], **kwargs) -> None:
         super().__init__(**kwargs)
@@ -87,3 +97,24 @@ class FedAvgKnownP(AvailabilityStrategy):
         p = np.maximum(np.asarray(self.probabilities(t), np.float64), self.min_probability)
         u = sum(r.delta / p[r.client_id] for r in reports) / n
         return x + self.server_lr * u, {"mean-inverse-p": float(np.mean(1 / p[[r.client_id for r in reports]]))}
+
+    def start_fold(self, t: int, x: np.ndarray) -> Fold:
+        return KnownPFold(self, t, x)
+
+
+class KnownPFold(Fold):
+    """FedAvgKnownP's u = (1/N) Σ Δ_i / p_i^t, folded in reply by reply."""
+
+    def __init__(self, rule: FedAvgKnownP, t: int, x: np.ndarray) -> None:
+        self.n, self.x, self.server_lr = rule.require_num_clients(), x, rule.server_lr
+        self.p = np.maximum(np.asarray(rule.probabilities(t), np.float64), rule.min_probability)
+        self.sum = RunningSum(x.size)
+
+    def add(self, report: ClientReport) -> None:
+        self.sum.add(1.0 / float(self.p[report.client_id]), report.delta)
+
+    def finish(self) -> tuple[np.ndarray, dict[str, float]]:
+        if not self.sum.count:
+            return self.x, {}
+        return (step(self.x, self.server_lr, self.sum.total / self.n),
+                {"mean-inverse-p": self.sum.weight / self.sum.count})

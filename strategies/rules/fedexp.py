@@ -37,6 +37,7 @@ import numpy as np
 from flwr.app import ArrayRecord
 
 from ..base import AvailabilityStrategy, ClientReport, safe_norm
+from ..streaming import Fold, RunningSum, example_weight
 from ..weighting import weighted_sum
 
 
@@ -44,6 +45,7 @@ class FedExP(AvailabilityStrategy):
     """Extrapolated FedAvg (Jhunjhunwala et al., ICLR 2023, Eq. 9)."""
 
     name = "fedexp"
+    streams = True
 
     def __init__(self, *, eps: float = 1e-3, eps_times_m: bool = False, decay: float = 1.0,
                  max_step: float = 10.0, **kwargs: Any) -> None:
@@ -70,16 +72,47 @@ class FedExP(AvailabilityStrategy):
             return x, {}
         w = self.weights(reports)
         mean = cast(np.ndarray, weighted_sum(w, (r.delta for r in reports)))  # float32: one BLAS product
-        # Σ w_i ‖Δ_i‖² from the norms parsing computed (float64: no overflow), and ‖Δ̄‖² likewise
+        # Σ w_i ‖Δ_i‖² from the norms parsing computed (float64: no overflow)
         spread = float(sum(wi * self.update_norm(r) ** 2 for wi, r in zip(w, reports, strict=True)))
-        denom = 2.0 * (safe_norm(mean) ** 2 + self.epsilon(t, len(reports)))
+        return self.extrapolate(t, x, mean, spread, len(reports))
+
+    def extrapolate(self, t: int, x: np.ndarray, mean: np.ndarray, spread: float,
+                    m: int) -> tuple[np.ndarray, dict[str, float]]:
+        """x + η_g^t Δ̄ (Eq. 9) from Δ̄ and Σ p_i ‖Δ_i‖² of the round's m replies (‖Δ̄‖² in float64)."""
+        denom = 2.0 * (safe_norm(mean) ** 2 + self.epsilon(t, m))
         step = max(1.0, spread / denom) if denom > 0 else 1.0
         if self.max_step:
             step = min(step, self.max_step)
-        return x + np.float32(self.server_lr * step) * mean, {"fedexp-step": step}
+        return (x + np.float32(self.server_lr * step) * mean).astype(np.float32, copy=False), {"fedexp-step": step}
+
+    def start_fold(self, t: int, x: np.ndarray) -> Fold:
+        self.previous = x
+        return FedExPFold(self, t, x)
 
     def evaluation_arrays(self, arrays: ArrayRecord) -> ArrayRecord:
         """(x^{t+1} + x^t)/2: the model FedExP reports."""
         if self.previous is None or self.layout is None or self.layout.mismatch(arrays) is not None:
             return arrays
         return self.arrays_of((self.layout.flatten(arrays) + self.previous) / 2)
+
+
+class FedExPFold(Fold):
+    """FedExP's Δ̄ = Σ v_i Δ_i / W and Σ v_i ‖Δ_i‖² / W (v_i: n_i, or 1; W = Σ v_i), folded in
+    reply by reply (float64)."""
+
+    def __init__(self, rule: FedExP, t: int, x: np.ndarray) -> None:
+        self.rule, self.t, self.x = rule, t, x
+        self.weight_of = example_weight(rule.weighting)
+        self.sum = RunningSum(x.size)
+        self.squares = 0.0  # Σ v_i ‖Δ_i‖² (the norms parsing computed, as the hold-all path)
+
+    def add(self, report: ClientReport) -> None:
+        v = self.weight_of(report)
+        self.sum.add(v, report.delta)
+        self.squares += v * self.rule.update_norm(report) ** 2
+
+    def finish(self) -> tuple[np.ndarray, dict[str, float]]:
+        if not self.sum.count:
+            return self.x, {}
+        w = self.sum.weight
+        return self.rule.extrapolate(self.t, self.x, self.sum.total / w, self.squares / w, self.sum.count)

@@ -29,6 +29,7 @@ from ..base import AvailabilityStrategy, ClientReport, ReplyRejected
 from ..bounds import MAX_STEPS_RATIO, RatioBound
 from ..protocol import A_NORM, NUM_EXAMPLES, NUM_STEPS
 from ..state import kept_as
+from ..streaming import Fold, RunningSum, example_weight, step
 from ..weighting import weighted_sum
 
 NEEDS_A_NORM = (
@@ -77,6 +78,7 @@ class FedNova(AvailabilityStrategy):
     paper_weighting = "num-examples"  # p_i = n_i / n (Wang et al. 2020, Eq. 7)
     mean_of_updates = True  # τ_eff × the robust statistic of the normalised updates Δ_i / a_i
     State = FedNovaState
+    streams = True
 
     def __init__(self, *, server_momentum: float = 0.0, max_a_norm_ratio: float = 10.0,
                  max_steps_ratio: float = MAX_STEPS_RATIO, **kwargs: Any) -> None:
@@ -138,7 +140,41 @@ class FedNova(AvailabilityStrategy):
             u = tau_eff * self.robust.combine(self.stacked("robust", normalised)).astype(np.float64)
         else:
             u = cast(np.ndarray, tau_eff * weighted_sum(p / a, (r.delta for r in reports)))
+        return x + self.server_lr * self.momentum(u), {"tau-eff": tau_eff}
+
+    def momentum(self, u: np.ndarray) -> np.ndarray:
+        """v ← β v + u (server momentum β), returned; u itself without momentum."""
         if self.server_momentum > 0:
             self.buffer = u if self.buffer is None else self.server_momentum * self.buffer + u
-            u = self.buffer
-        return x + self.server_lr * u, {"tau-eff": tau_eff}
+            return self.buffer
+        return u
+
+    def start_fold(self, t: int, x: np.ndarray) -> Fold:
+        return FedNovaFold(self, x)
+
+
+class FedNovaFold(Fold):
+    """FedNova's update folded in reply by reply, with unnormalised weights v_i (n_i, or 1) and
+    W = Σ v_i: τ_eff = Σ v_i a_i / W and Σ p_i Δ_i / a_i = (Σ (v_i / a_i) Δ_i) / W."""
+
+    def __init__(self, rule: FedNova, x: np.ndarray) -> None:
+        self.rule, self.x = rule, x
+        self.weight_of = example_weight(rule.weighting)
+        self.sum = RunningSum(x.size)
+        self.work = 0.0  # Σ v_i a_i
+        self.weight = 0.0  # Σ v_i
+
+    def add(self, report: ClientReport) -> None:
+        if report.a_norm is None:
+            raise ValueError(NEEDS_A_NORM)
+        v, a = self.weight_of(report), float(report.a_norm)
+        self.sum.add(v / a, report.delta)
+        self.work += v * a
+        self.weight += v
+
+    def finish(self) -> tuple[np.ndarray, dict[str, float]]:
+        if not self.sum.count:
+            return self.x, {}
+        tau_eff = self.work / self.weight
+        u = (tau_eff / self.weight) * self.sum.total
+        return step(self.x, self.rule.server_lr, self.rule.momentum(u)), {"tau-eff": tau_eff}

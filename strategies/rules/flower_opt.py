@@ -29,6 +29,7 @@ from flwr.app import Array, ArrayRecord, Message, MessageType, MetricRecord, Rec
 from flwr.serverapp import strategy as flower
 
 from ..base import AvailabilityStrategy, ClientReport
+from ..streaming import Fold, WeightedMean, example_weight
 from ..weighting import weighted_sum
 
 KEY = "x"  # the one flat array Flower's optimizer sees (its updates are elementwise)
@@ -55,6 +56,7 @@ class _FlowerOptimizer(AvailabilityStrategy):
     flower_class: ClassVar[type] = type(None)
     paper_weighting = "num-examples"  # Flower's FedAvg inside its optimizers weights by num-examples
     step_key: ClassVar[str] = "eta"  # the spec key that is this optimizer's learning rate
+    streams = True
     mean_of_updates = True  # the optimizer's step on the robust statistic of the round's Δ_i
 
     def _setup_optimizer(self, **options: Any) -> None:
@@ -74,6 +76,13 @@ class _FlowerOptimizer(AvailabilityStrategy):
         if u is None:
             w = self.weights(reports)
             u = weighted_sum(map(float, w), (r.delta for r in reports))
+        return self.optimizer_step(t, x, u)
+
+    def start_fold(self, t: int, x: np.ndarray) -> Fold:
+        return OptimizerFold(self, t, x)
+
+    def optimizer_step(self, t: int, x: np.ndarray, u: np.ndarray | int) -> tuple[np.ndarray, dict[str, float]]:
+        """Flower's optimizer step from x^t with the round's weighted mean update u."""
         self._set_current(np.asarray(x, np.float32))
         content = RecordDict({"arrays": ArrayRecord({KEY: Array(np.asarray(x + u, np.float32))}),
                               "metrics": MetricRecord({"num-examples": 1})})
@@ -87,6 +96,22 @@ class _FlowerOptimizer(AvailabilityStrategy):
             flwr_log.setLevel(level)
         new = np.asarray(arrays[KEY].numpy(), np.float32)
         return new, {"server-step-norm": float(np.linalg.norm(new - x))}
+
+
+class OptimizerFold(Fold):
+    """The weighted mean update folded in reply by reply, then Flower's optimizer step."""
+
+    def __init__(self, rule: _FlowerOptimizer, t: int, x: np.ndarray) -> None:
+        self.rule, self.t, self.x = rule, t, x
+        self.mean = WeightedMean(x, 1.0, example_weight(rule.weighting))
+
+    def add(self, report: ClientReport) -> None:
+        self.mean.add(report)
+
+    def finish(self) -> tuple[np.ndarray, dict[str, float]]:
+        if not self.mean.sum.count:
+            return self.x, {}
+        return self.rule.optimizer_step(self.t, self.x, self.mean.update())
 
 
 class _FedOpt(_FlowerOptimizer):

@@ -1,0 +1,108 @@
+"""Streaming aggregation: a rule's update folded in reply by reply, in O(model) server memory.
+
+A rule whose update is a sum over the round's replies with per-reply weights known on arrival
+(up to one normalisation at the end) declares ``streams = True`` and returns a :class:`Fold` from
+:meth:`strategies.rule.Rule.start_fold`. The base then consumes the replies as they arrive
+(:meth:`strategies.acceptance.ReplyAcceptance.intake`): each accepted reply is folded in and let
+go, so the server holds the running sums, the round's reference window
+(:data:`strategies.bounds.REFERENCE_WINDOW` replies) and the replies not yet read, never the
+whole round. The result equals the rule's :meth:`~strategies.rule.Rule.aggregate` on every reply
+held (to float rounding: float32 partial sums of 16 replies in arrival order, added in float64;
+``tests/test_streaming.py``). A rule that must see every reply at once (a Gram matrix, pairwise
+similarities, per-client tables of updates) keeps ``streams = False`` and says why in
+``holds_replies``; the base logs it once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .replies import ClientReport
+
+
+class Fold:
+    """One round's running aggregate: :meth:`add` each accepted report as it arrives (its vectors
+    are not kept), then :meth:`finish` gives x^{t+1} and the rule's metrics, as ``aggregate``."""
+
+    def add(self, report: ClientReport) -> None:
+        raise NotImplementedError
+
+    def finish(self) -> tuple[np.ndarray, dict[str, float]]:
+        raise NotImplementedError
+
+
+class RunningSum:
+    """Σ_i w_i v_i (v_i float32 vectors), with Σ_i w_i and the number of terms: float32 partial
+    sums of :data:`BLOCK` terms (one multiply and one add per reply, as the hold-all path's float32
+    BLAS sums, :func:`strategies.weighting.weighted_sum`) added into a float64 total (``total``)."""
+
+    def __init__(self, size: int) -> None:
+        self._total = np.zeros(size, np.float64)
+        self._partial = np.zeros(size, np.float32)
+        self._term = np.empty(size, np.float32)
+        self._in_partial = 0
+        self.weight = 0.0
+        self.count = 0
+
+    def add(self, w: float, v: np.ndarray) -> None:
+        if w == 1.0:
+            self._partial += v
+        else:
+            np.multiply(v, np.float32(w), out=self._term)
+            self._partial += self._term
+        self._in_partial += 1
+        if self._in_partial == BLOCK:
+            self._flush()
+        self.weight += w
+        self.count += 1
+
+    def _flush(self) -> None:
+        if self._in_partial:
+            self._total += self._partial
+            self._partial.fill(0.0)
+            self._in_partial = 0
+
+    @property
+    def total(self) -> np.ndarray:
+        """Σ_i w_i v_i so far (float64)."""
+        self._flush()
+        return self._total
+
+
+BLOCK = 16  # replies per float32 partial sum of RunningSum (then added into the float64 total)
+
+
+class WeightedMean(Fold):
+    """x + η_g (Σ_i v_i Δ_i) / scale: v_i = ``weight_of(report)``; scale = Σ v_i (``normalise``)
+    or a fixed ``scale`` (FedAvg over all N: N)."""
+
+    def __init__(self, x: np.ndarray, server_lr: float, weight_of: Any, scale: float | None = None) -> None:
+        self.x, self.server_lr, self.weight_of, self.scale = x, server_lr, weight_of, scale
+        self.sum = RunningSum(x.size)
+
+    def add(self, report: ClientReport) -> None:
+        self.sum.add(float(self.weight_of(report)), report.delta)
+
+    def update(self) -> np.ndarray:
+        """u (float64)."""
+        scale = self.sum.weight if self.scale is None else self.scale
+        return self.sum.total / scale
+
+    def finish(self) -> tuple[np.ndarray, dict[str, float]]:
+        if not self.sum.count:
+            return self.x, {}
+        return step(self.x, self.server_lr, self.update()), {}
+
+
+def step(x: np.ndarray, server_lr: float, u: np.ndarray) -> np.ndarray:
+    """x + η_g u as float32 (x's dtype)."""
+    return (x + server_lr * u).astype(x.dtype, copy=False)
+
+
+def example_weight(weighting: str) -> Any:
+    """A report's unnormalised weight: its num-examples, or 1 (equal weights)."""
+    if weighting == "num-examples":
+        return lambda r: float(r.num_examples)
+    return lambda r: 1.0
