@@ -277,6 +277,8 @@ class AvailabilityStrategy(ReplyAcceptance, EvaluateRound):
             why = f"robust={self.robust} takes the coordinate-wise statistic of every reply's update"
         elif not self.streams:
             why = self.holds_replies
+        elif (override := self.aggregate_overrides_fold()):
+            why = override
         elif self.weighting == "num-examples" and self.max_weight_share:
             why = "max-weight-share caps each weight against the whole round's (water-filling)"
         else:
@@ -286,6 +288,16 @@ class AvailabilityStrategy(ReplyAcceptance, EvaluateRound):
             log.info("%s: %s", self.name, f"holds every reply of a round: {why}" if why else
                      "aggregates replies as they arrive (streaming)")
         return why
+
+    def aggregate_overrides_fold(self) -> str:
+        """Why a subclass's own ``aggregate`` stops streaming ("" when it does not): a class that
+        overrides ``aggregate`` below the class whose ``start_fold`` folds the replies (a user's
+        rule built on FedAvgActive) must see its override applied, so the round is held."""
+        owner = {name: next(c for c in type(self).__mro__ if name in vars(c)) for name in ("aggregate", "start_fold")}
+        if owner["aggregate"] is not owner["start_fold"] and issubclass(owner["aggregate"], owner["start_fold"]):
+            return (f"{owner['aggregate'].__name__} overrides aggregate below {owner['start_fold'].__name__}'s "
+                    "streaming fold, so its own aggregate runs")
+        return ""
 
     # -------------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
