@@ -21,6 +21,7 @@ import os
 import shutil
 import statistics
 import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -69,11 +70,8 @@ def accuracy_at(points: Sequence[tuple[float, int, float]], horizon: float) -> f
 
 def class_share(rows: Sequence[Mapping[str, Any]], classes: Mapping[int, str], horizon: float) -> dict[str, float]:
     """Per class: applied updates per client up to ``horizon`` (participants of the rows)."""
-    counts: dict[str, int] = {}
-    size: dict[str, int] = {}
-    for name in classes.values():
-        size[name] = size.get(name, 0) + 1
-        counts.setdefault(name, 0)
+    size = Counter(classes.values())
+    counts = dict.fromkeys(size, 0)
     for r in rows:
         if float(r.get("virtual-time", math.inf)) <= horizon:
             for c in r.get("participants", []):
@@ -83,11 +81,8 @@ def class_share(rows: Sequence[Mapping[str, Any]], classes: Mapping[int, str], h
 
 def late_share(rows: Sequence[Mapping[str, Any]], classes: Mapping[int, str]) -> dict[str, float]:
     """Synchronous runs: per class, the share of (round, client) jobs recorded late."""
-    late: dict[str, int] = {}
-    size: dict[str, int] = {}
-    for name in classes.values():
-        size[name] = size.get(name, 0) + 1
-        late.setdefault(name, 0)
+    size = Counter(classes.values())
+    late = dict.fromkeys(size, 0)
     for r in rows:
         for c in r.get("late", []):
             late[classes[int(c)]] += 1
