@@ -2,26 +2,29 @@
 verdict, asserts nothing (``tests/test_clock_emulation.py`` asserts, opt-in).
 
     sudo .venv/bin/python benchmarks/clock_vs_emulation.py [--devices benchmarks/clock_vs_emulation.toml]
-        [--rounds 6] [--steps 1000] [--deadline auto] [--json OUT]
+        [--rounds 11] [--steps 1000] [--other-steps 3000] [--deadline auto] [--json OUT] [--profile OUT]
 
 On one set of emulated SuperNodes (``deploy.local.ProcessSite`` with the devices file, what
 ``python -m deploy launch --devices FILE`` runs: cgroup CPU quotas, tbf bandwidth, the latency
-relay), FedAvg on digits / mlp, every client scheduled on, three deployed runs:
+relay), FedAvg on digits / mlp, every client scheduled on, four deployed runs:
 
-1. ``probe``: 1 local step, no deadline. Per class, what a reply costs besides training, E - train
-   (E: the server's seconds from pushing the round's messages to seeing the reply; train: the
-   client's own seconds of local training). That is the deployment's per-message cost, which the
-   clock does not model: Flower's polls, the ClientApp process Flower starts for every message
-   (under the class's CPU cap), (de)serialisation, the hand-off to the node's worker. A class with
-   network limits takes the cost of the unshaped class with the same CPU cap, so that its own
-   transfers are left to the clock.
-2. ``timing``: ``--steps`` local steps, no deadline (every reply is timed). Per class, the median E
-   of rounds 2+ against the clock's prediction: ``VirtualClock.job_time(client, steps).total``
-   (download + compute + upload, from the same devices file plus ``step_ms`` from this run's own
-   calibration under the caps) + the class's per-message cost from the probe.
-3. ``deadline``: the same with ``round-deadline`` D (auto: in the widest gap between the classes'
-   predicted times): the realised participation (``deploy.realised`` statuses) against the
-   clock's (on time iff predicted E <= D).
+1. ``calibration``: ``--steps`` local steps, no deadline (every reply timed). Per class, from its
+   rounds 2+, the clock's profile: ``step_ms`` = median training seconds / steps and
+   ``overhead_ms`` = median (E - train) - the clock's download + upload (E: the server's seconds
+   from pushing the round's messages to seeing the reply). The overhead is the deployment's cost
+   per message that is neither training nor the transfers the clock times (the ``flwr-clientapp``
+   process Flower starts for every message, under the class's CPU cap; polls; (de)serialisation;
+   a shaped link's extra round trips). ``--profile OUT`` keeps this profile, a devices file a
+   simulation can use (run config ``devices``).
+2. ``timing``: a second run of the same config. Per class, its median E of rounds 2+ against
+   the clock's ``VirtualClock.job_time(client, steps).total`` for the calibrated profile: the
+   issue's bar, within 15%.
+3. ``other``: ``--other-steps`` local steps: the same comparison where the compute term weighs
+   differently (is the overhead a fixed cost per job, is compute linear in the steps?).
+4. ``deadline``: ``--steps`` with ``round-deadline`` D (auto: in the widest gap between the
+   classes' predicted times): the realised participation (``deploy.realised`` statuses) against
+   the clock's (on time iff predicted E <= D), and the same run simulated in process on the
+   calibrated profile (``devices``, ``virtual-deadline`` D): the same who-answered-in-time matrix?
 
 Round 1 of every run is left out: it also starts each node's worker for the run (imports, the
 workload) and waits ``round-timeout``, not the deadline; its E is printed apart.
@@ -47,10 +50,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout
 from deploy.edge.clockcheck import (  # noqa: E402
     Reply,
     agreement,
+    calibrate,
     choose_deadline,
     class_median,
     participation,
-    per_message_cost,
     profile_text,
     read_replies,
     same_matrix,
@@ -124,41 +127,52 @@ def model_bytes(model: str) -> int:
 
 def clock_predictions(profile: Path, num_nodes: int, mbytes: int, steps: int,
                       names: Mapping[str, int]) -> dict[str, dict[str, float]]:
-    """Class -> the clock's download, compute, upload and total for ``steps`` local steps of the
-    class's first client (``names``: class -> that client)."""
+    """Class -> the clock's download, overhead, compute, upload and total for ``steps`` local
+    steps of the class's first client (``names``: class -> that client)."""
     from virtualtime import VirtualClock, read_profiles
 
     clock = VirtualClock(read_profiles(profile, num_nodes), model_bytes=mbytes, seed=0)
     out = {}
     for name, client in names.items():
         jt = clock.job_time(client, steps)
-        out[name] = {"download": jt.download, "compute": jt.compute, "upload": jt.upload, "total": jt.total}
+        out[name] = {"download": jt.download, "overhead": jt.overhead, "compute": jt.compute, "upload": jt.upload,
+                     "total": jt.total}
     return out
 
 
-def class_result(dc: Any, runs: Mapping[str, Any], cls: Mapping[int, str], pred: Mapping[str, float],
-                 probe1: Mapping[str, float], cost: float, step_ms: float | None, client: int) -> dict[str, Any]:
-    """One class's numbers: the clock, the cost, the measured E of the timing run and its parts,
-    and (a shaped class) its transfers in the probe."""
-    name, rs = dc.name, runs["timing"]["replies"]
-    es = [r.reply for r in rs if r.round >= 2 and cls[r.client] == name and r.reply is not None]
+def compare(replies: list[Reply], cls: Mapping[int, str], name: str, predicted: float) -> dict[str, Any]:
+    """A class's measured E (rounds 2+) against the clock's ``predicted``."""
+    es = [r.reply for r in replies if r.round >= 2 and cls[r.client] == name and r.reply is not None]
     measured = statistics.median(es) if es else None
-    ratio, within = agreement(measured, pred["total"] + cost)
+    ratio, within = agreement(measured, predicted)
+    return {"predicted": predicted, "measured": measured, "min": min(es) if es else None,
+            "max": max(es) if es else None, "n": len(es), "ratio": ratio, "within": within}
+
+
+def class_result(dc: Any, runs: Mapping[str, Any], cls: Mapping[int, str], pred: Mapping[str, float],
+                 other: Mapping[str, float], calib: Mapping[str, float], launcher_step_ms: float | None,
+                 unshaped_same_cpu: str | None) -> dict[str, Any]:
+    """One class's numbers: its calibrated profile, the clock against the timing and the other
+    run, where E goes in the timing run, and (a shaped class) its transfers in the calibration
+    run against the clock's."""
+    name, rs = dc.name, runs["timing"]["replies"]
     med = {k: class_median(rs, cls, name, k) for k in ("pre", "train", "post", "work")}
     transfer = None
-    if dc.shaped:
-        diffs = [r.reply - r.train for r in runs["probe"]["replies"] if r.round >= 2 and cls[r.client] == name
+    if dc.shaped and unshaped_same_cpu is not None:
+        def rest(c: str) -> float | None:
+            v = [r.reply - r.train for r in runs["calibration"]["replies"] if r.round >= 2 and cls[r.client] == c
                  and r.reply is not None and r.train is not None]
-        t_meas = statistics.median(diffs) - cost if diffs else None
-        t_clock = probe1["download"] + probe1["upload"]
-        nbytes = runs["probe"]["bytes"].get(str(client))
+            return statistics.median(v) if v else None
+        mine, base = rest(name), rest(unshaped_same_cpu)
+        t_meas = mine - base if mine is not None and base is not None else None
+        t_clock = pred["download"] + pred["upload"]
         transfer = {"measured": t_meas, "clock": t_clock, "ratio": agreement(t_meas, t_clock)[0],
-                    "bytes": int(statistics.median(nbytes)) if nbytes else None}
+                    "versus": unshaped_same_cpu}
     first_round = [r.reply for r in rs if r.round == 1 and cls[r.client] == name and r.reply is not None]
-    return {"limits": ", ".join(f"{k}={v:g}" for k, v in dc.limits.items()), "step_ms": step_ms, "clock": pred,
-            "cost": cost, "predicted": pred["total"] + cost, "measured": measured, "min": min(es) if es else None,
-            "max": max(es) if es else None, "n": len(es), "ratio": ratio, "within": within,
-            "ratio-clock-alone": agreement(measured, pred["total"])[0],
+    return {"limits": ", ".join(f"{k}={v:g}" for k, v in dc.limits.items()), "step_ms": calib["step_ms"],
+            "overhead_ms": calib["overhead_ms"], "launcher-step-ms": launcher_step_ms, "clock": pred,
+            **compare(rs, cls, name, pred["total"]),
+            "other": compare(runs["other"]["replies"], cls, name, other["total"]),
             "decomposition": {"pre": med["pre"], "train": med["train"], "post": med["post"],
                               "work-train": None if med["work"] is None or med["train"] is None
                               else med["work"] - med["train"]},
@@ -173,42 +187,51 @@ def tables(res: dict[str, Any]) -> list[str]:
     classes = res["classes"]
     md = [f"Host: {res['host']['cpus']} CPUs; load average (1 min) before/after each run: "
           + ", ".join(f"{k} {v['load'][0]}/{v['load'][1]}" for k, v in res["runs"].items())
-          + f". Model {res['model']}: {res['model-bytes']} bytes; {res['steps']} local steps; rounds 2-{res['rounds']}"
-          " of each run (round 1 starts the workers under round-timeout).", "",
-          "## Per-client round time E (timing run, no deadline): clock vs deployment", "",
-          "| class | limits | step_ms (calibrated) | clock: down + compute + up = total (s) | per-message cost "
-          "(probe, s) | predicted E (s) | measured E, median [min-max] (n) | measured/predicted | within 15% "
-          "| measured/clock alone |", "|---|---|---|---|---|---|---|---|---|---|"]
+          + f". Model {res['model']}: {res['model-bytes']} bytes; {res['steps']} local steps (other run: "
+          f"{res['other-steps']}); rounds 2-{res['rounds']} of each run (round 1 starts the workers under "
+          "round-timeout).", "",
+          "## The clock's profile, calibrated on the calibration run", "",
+          "| class | limits | step_ms (run; launcher's calibration) | overhead_ms | clock's download + upload (s) |",
+          "|---|---|---|---|---|"]
     for name, c in classes.items():
         p = c["clock"]
-        md.append(f"| {name} | {c['limits'] or 'none'} | {fmt(c['step_ms'], 3)} | {p['download']:.2f} + "
-                  f"{p['compute']:.2f} + {p['upload']:.2f} = {p['total']:.2f} | {c['cost']:.2f} | "
-                  f"{c['predicted']:.2f} | {fmt(c['measured'])} [{fmt(c['min'])}-{fmt(c['max'])}] ({c['n']}) | "
-                  f"{fmt(c['ratio'], 3)} | {'yes' if c['within'] else 'NO'} | {fmt(c['ratio-clock-alone'], 3)} |")
+        md.append(f"| {name} | {c['limits'] or 'none'} | {c['step_ms']:.3f}; {fmt(c['launcher-step-ms'], 3)} | "
+                  f"{c['overhead_ms']:.0f} | {p['download']:.2f} + {p['upload']:.2f} |")
+    md += ["", f"## Per-client round time E: the clock against the timing run ({res['steps']} steps) and the "
+           f"other run ({res['other-steps']} steps)", "",
+           "| class | clock: down + overhead + compute + up = E (s) | measured E, median [min-max] (n) | "
+           "measured/clock | within 15% | other run: clock E (s) | measured E, median [min-max] (n) | "
+           "measured/clock | within 15% |", "|---|---|---|---|---|---|---|---|---|"]
+    for name, c in classes.items():
+        p, o = c["clock"], c["other"]
+        md.append(f"| {name} | {p['download']:.2f} + {p['overhead']:.2f} + {p['compute']:.2f} + {p['upload']:.2f} "
+                  f"= {p['total']:.2f} | {fmt(c['measured'])} [{fmt(c['min'])}-{fmt(c['max'])}] ({c['n']}) | "
+                  f"{fmt(c['ratio'], 3)} | {'yes' if c['within'] else 'NO'} | {o['predicted']:.2f} | "
+                  f"{fmt(o['measured'])} [{fmt(o['min'])}-{fmt(o['max'])}] ({o['n']}) | {fmt(o['ratio'], 3)} | "
+                  f"{'yes' if o['within'] else 'NO'} |")
     md += ["", "## Where E goes (timing run, medians of rounds 2+, s)", "",
            "pre: the server created the message -> the node's worker took it up (SuperLink, the node's poll, "
            "the download, the ClientApp process start, the hand-off); work: the worker's decode + train + "
            "encode; post: reply built -> the server saw it (the upload, the node's push, the server's 0.1 s "
            "poll). E ~ pre + work + post (less the server's push).", "",
-           "| class | pre | clock download | train | clock compute | work - train | post | clock upload | E | "
-           "first round E (worker start) |", "|---|---|---|---|---|---|---|---|---|---|"]
+           "| class | pre | clock download + overhead | train | clock compute | work - train | post | clock upload | E "
+           "| first round E (worker start) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name, c in classes.items():
         d, p = c["decomposition"], c["clock"]
-        md.append(f"| {name} | {fmt(d['pre'])} | {p['download']:.2f} | {fmt(d['train'])} | {p['compute']:.2f} | "
-                  f"{fmt(d['work-train'])} | {fmt(d['post'])} | {p['upload']:.2f} | {fmt(c['measured'])} | "
-                  f"{fmt(c['first-round'])} |")
+        md.append(f"| {name} | {fmt(d['pre'])} | {p['download'] + p['overhead']:.2f} | {fmt(d['train'])} | "
+                  f"{p['compute']:.2f} | {fmt(d['work-train'])} | {fmt(d['post'])} | {p['upload']:.2f} | "
+                  f"{fmt(c['measured'])} | {fmt(c['first-round'])} |")
     shaped = {n: c for n, c in classes.items() if c.get("transfer") is not None}
     if shaped:
-        md += ["", "## Transfers alone (probe, 1 step): E - train - the unshaped same-CPU class's cost, vs the "
-               "clock's download + upload", "", "| class | measured (s) | clock (s) | measured/clock | bytes in+out "
-               "per round (node counters) |", "|---|---|---|---|---|"]
+        md += ["", "## Transfers alone (calibration run): E - train of the shaped class minus that of the "
+               "unshaped class with its CPU, against the clock's download + upload", "",
+               "| class | against | measured (s) | clock (s) | measured/clock |", "|---|---|---|---|---|"]
         for name, c in shaped.items():
             t = c["transfer"]
-            md.append(f"| {name} | {fmt(t['measured'])} | {t['clock']:.2f} | {fmt(t['ratio'], 3)} | "
-                      f"{t['bytes'] or '-'} |")
+            md.append(f"| {name} | {t['versus']} | {fmt(t['measured'])} | {t['clock']:.2f} | {fmt(t['ratio'], 3)} |")
     part = res["participation"]
     md += ["", f"## Realised participation under round-deadline {res['deadline']} s (deadline run, rounds 2+)", "",
-           "| class | predicted E (s) | clock says | on time | late | lost | other | measured on-time share | "
+           "| class | clock E (s) | clock says | on time | late | lost | other | measured on-time share | "
            "agree | simulation: job time (s), on-time share |", "|---|---|---|---|---|---|---|---|---|---|"]
     sim = res["simulation"]
     for name, p in part.items():
@@ -218,23 +241,29 @@ def tables(res: dict[str, Any]) -> list[str]:
                   f"{k.get('late', 0)} | {k.get('lost', 0)} | {other} | {fmt(p['on-time-share'])} | "
                   f"{'yes' if p['agree'] else 'NO'} | {fmt(sim['job-time'][name])}, "
                   f"{fmt(sim['participation'][name]['on-time-share'])} |")
-    md += ["", "Simulation: the same run in process with run config `devices` (the profile above, each class's "
-           "rtt_ms raised by half its per-message cost so that a job takes that cost longer) and "
+    md += ["", "Simulation: the same run in process with run config `devices` (the calibrated profile) and "
            f"`virtual-deadline` {res['deadline']}: the same who-answered-in-time matrix as the deployment in "
            f"rounds 2+: {'yes' if sim['same-matrix'] else 'NO'}."]
-    md += ["", f"Verdict: median E within 15% for {sum(c['within'] for c in classes.values())} of {len(classes)} "
-           f"classes; participation agrees for {sum(p['agree'] for p in part.values())} of {len(part)}."]
+    n = len(classes)
+    md += ["", f"Verdict: median E within 15% for {sum(c['within'] for c in classes.values())} of {n} classes at "
+           f"{res['steps']} steps and {sum(c['other']['within'] for c in classes.values())} of {n} at "
+           f"{res['other-steps']} steps; participation under the deadline agrees for "
+           f"{sum(p['agree'] for p in part.values())} of {len(part)}; the simulated matrix "
+           f"{'equals' if sim['same-matrix'] else 'differs from'} the deployment's."]
     return md
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--devices", default=str(DEFAULT_DEVICES))
-    ap.add_argument("--rounds", type=int, default=6, help="rounds per run (round 1 is left out)")
-    ap.add_argument("--steps", type=int, default=1000, help="local steps per round in the timing and deadline runs")
+    ap.add_argument("--rounds", type=int, default=11, help="rounds per run (round 1 is left out)")
+    ap.add_argument("--steps", type=int, default=1000, help="local steps per round (calibration, timing, deadline)")
+    ap.add_argument("--other-steps", type=int, default=3000, help="local steps per round of the other run")
     ap.add_argument("--model", default="mlp")
-    ap.add_argument("--deadline", default="auto", help="round-deadline of the third run, s (auto: from the clock)")
+    ap.add_argument("--deadline", default="auto", help="round-deadline of the deadline run, s (auto: from the clock)")
     ap.add_argument("--json", help="write the numbers here")
+    ap.add_argument("--profile", help="write the calibrated profile (a devices file) here")
+    ap.add_argument("--report", help="write the tables as a markdown report here (with --json beside it)")
     ap.add_argument("--verbose", action="store_true", help="print the deployment's log lines")
     a = ap.parse_args()
 
@@ -258,36 +287,47 @@ def main() -> None:
         try:
             with site:
                 print(f"devices: {plan.describe()}; load {os.getloadavg()[0]:.2f}", flush=True)
-                runs["probe"] = deployed(site, run_config(a, tmp / "results", "probe", 1, 0.0))
-                print(f"probe done ({runs['probe']['wall']} s)", flush=True)
-                runs["timing"] = deployed(site, run_config(a, tmp / "results", "timing", a.steps, 0.0))
-                print(f"timing done ({runs['timing']['wall']} s)", flush=True)
-                step_ms = {k: 1000 * v["seconds-per-step"] for k, v in runs["timing"]["calibration"].items()
-                           if "seconds-per-step" in v}
+                runs["calibration"] = deployed(site, run_config(a, tmp / "results", "calibration", a.steps, 0.0))
+                print(f"calibration done ({runs['calibration']['wall']} s)", flush=True)
+                # the transfers the clock times need only the devices file; step_ms 1 is a placeholder
+                bare = tmp / "bare.toml"
+                bare.write_text(profile_text(doc, dict.fromkeys(first, 1.0)))
+                transfers = {k: v["download"] + v["upload"]
+                             for k, v in clock_predictions(bare, n, mbytes, 0, first).items()}
+                calib = calibrate(runs["calibration"]["replies"], cls, a.steps, transfers)
                 profile = tmp / "profile.toml"
-                profile.write_text(profile_text(doc, step_ms))
+                profile.write_text(profile_text(doc, {k: v["step_ms"] for k, v in calib.items()},
+                                                {k: v["overhead_ms"] for k, v in calib.items()}))
                 pred = clock_predictions(profile, n, mbytes, a.steps, first)
-                probe1 = clock_predictions(profile, n, mbytes, 1, first)  # the probe's single step
-                cost = per_message_cost(runs["probe"]["replies"], cls, {dc.name: dc.cpus for dc in plan.classes},
-                                        {dc.name: dc.shaped for dc in plan.classes})
-                predicted = {name: pred[name]["total"] + cost[name] for name in first}
+                other = clock_predictions(profile, n, mbytes, a.other_steps, first)
+                predicted = {name: pred[name]["total"] for name in first}
                 deadline = choose_deadline(predicted) if a.deadline == "auto" else float(a.deadline)
                 print(f"clock: {json.dumps({k: round(v, 2) for k, v in predicted.items()})}; deadline {deadline} s",
                       flush=True)
+                runs["timing"] = deployed(site, run_config(a, tmp / "results", "timing", a.steps, 0.0))
+                print(f"timing done ({runs['timing']['wall']} s)", flush=True)
+                runs["other"] = deployed(site, run_config(a, tmp / "results", "other", a.other_steps, 0.0))
+                print(f"other done ({runs['other']['wall']} s)", flush=True)
                 runs["deadline"] = deployed(site, run_config(a, tmp / "results", "deadline", a.steps, deadline))
-            sim_profile = tmp / "profile-with-cost.toml"
-            sim_profile.write_text(profile_text(doc, step_ms, cost))
-            sim = simulated(run_config(a, tmp / "results", "deadline", a.steps, deadline), sim_profile, n, deadline,
+            sim = simulated(run_config(a, tmp / "results", "deadline", a.steps, deadline), profile, n, deadline,
                             tmp / "sim")
+            profile_doc = profile.read_text()
         except BaseException:
             print("\n".join(log_lines[-40:]))
             raise
         leftovers = [*(site.edge.leftovers() if site.edge is not None else []), *site.leftovers()]
-    classes = {dc.name: class_result(dc, runs, cls, pred[dc.name], probe1[dc.name], cost[dc.name],
-                                     step_ms.get(dc.name), first[dc.name]) for dc in plan.classes}
-    predicted = {name: c["predicted"] for name, c in classes.items()}
+    launcher = {k: 1000 * v["seconds-per-step"] for k, v in runs["calibration"]["calibration"].items()
+                if "seconds-per-step" in v}
+
+    def unshaped_like(dc: Any) -> str | None:
+        same = [o.name for o in plan.classes if not o.shaped and o.cpus == dc.cpus]
+        return same[0] if same else None
+
+    classes = {dc.name: class_result(dc, runs, cls, pred[dc.name], other[dc.name], calib[dc.name],
+                                     launcher.get(dc.name), unshaped_like(dc)) for dc in plan.classes}
     res = {"host": {"cpus": os.cpu_count(), "load-end": os.getloadavg()}, "model": a.model, "model-bytes": mbytes,
-           "steps": a.steps, "rounds": a.rounds, "deadline": deadline, "classes": classes,
+           "steps": a.steps, "other-steps": a.other_steps, "rounds": a.rounds, "deadline": deadline,
+           "profile": profile_doc, "classes": classes,
            "participation": participation(runs["deadline"]["replies"], cls, predicted, deadline),
            "simulation": {"participation": participation(sim, cls, predicted, deadline),
                           "job-time": {name: class_median(sim, cls, name, "reply") for name in first},
@@ -295,11 +335,22 @@ def main() -> None:
            "runs": {k: {kk: vv for kk, vv in v.items() if kk != "replies"} for k, v in runs.items()},
            "replies": {k: [asdict(r) for r in v["replies"]] for k, v in runs.items()}, "leftovers": leftovers,
            "command": "benchmarks/clock_vs_emulation.py " + " ".join(
-               f"--{k} {v}" for k, v in vars(a).items() if k not in ("json", "verbose"))}
+               f"--{k.replace('_', '-')} {v}" for k, v in vars(a).items()
+               if k not in ("json", "verbose", "profile", "report"))}
     print("\n".join(tables(res)))
     print(f"left behind (cgroups, namespaces, interfaces, processes): {leftovers or 'nothing'}")
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=1, default=str))
+    if a.profile:
+        Path(a.profile).write_text(f"# calibrated by {res['command']}\n" + profile_doc)
+    if a.report:
+        Path(a.report).write_text("\n".join([
+            "# The virtual clock against emulated devices (issue 29, item 4)", "",
+            f"Generated by `{res['command']}` (root) on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
+            + (f"; numbers in `{Path(a.json).name}`" if a.json else "") + (
+                f", the calibrated profile in `{Path(a.profile).name}`" if a.profile else "")
+            + ". Method: docs/edge.md.", "", *tables(res),
+            "", f"Left behind (cgroups, namespaces, interfaces, processes): {leftovers or 'nothing'}.", ""]))
 
 
 if __name__ == "__main__":

@@ -8,15 +8,18 @@
   in that message's round is never delivered, so its reply never comes, as in a deployment
   where the node is really gone. The strategy learns availability only from who replied.
 - :func:`fast_pull` wraps a deployment's grid in :class:`PollingGrid`: Flower's HTTP grid looks
-  for replies every 3 s, which is most of a short round; this one looks every 0.1 s.
+  for replies every 3 s, which is most of a short round; this one looks every 0.1 s, and holds
+  the round's deadline also while a reply's body is still uploading (:func:`bounded_object_pulls`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextvars import ContextVar
 from typing import Any
 
 from flwr.app import Message, RecordDict
@@ -138,12 +141,66 @@ PULL_INTERVAL_VAR = "FLCHURN_PULL_INTERVAL"  # env: seconds between two looks fo
 PULL_INTERVAL = 0.1
 
 
+OBJECT_BACKOFF = 0.05  # s: the first wait for a reply's object that is not uploaded yet (Flower: 1 s)
+OBJECT_BACKOFF_CAP = 0.2  # s: the longest such wait (Flower: 10 s, doubling from 1 s)
+_PULL_UNTIL: ContextVar[float | None] = ContextVar("pull_until", default=None)  # monotonic deadline
+
+
+def _bounded(pull_objects: Callable[..., dict[str, bytes]]) -> Callable[..., dict[str, bytes]]:
+    def pull_objects_until(object_ids: list[str], pull_object_fn: Callable[[str], bytes],
+                           **kwargs: Any) -> dict[str, bytes]:
+        until = _PULL_UNTIL.get()
+        if until is not None:
+            kwargs["max_time"] = max(0.0, until - time.monotonic())
+        kwargs.update(initial_backoff=OBJECT_BACKOFF, backoff_cap=OBJECT_BACKOFF_CAP)
+        return pull_objects(object_ids, pull_object_fn, **kwargs)
+
+    pull_objects_until.bounded = True  # type: ignore[attr-defined]
+    return pull_objects_until
+
+
+def bounded_object_pulls() -> None:
+    """Make Flower's HTTP grid (the ServerApp's side of a deployment) wait for a reply's objects
+    at most until :class:`PollingGrid`'s deadline, looking every 0.05-0.2 s.
+
+    Flower 1.42's ``HttpGrid.pull_messages`` takes a reply as soon as its message reaches the
+    SuperLink, then pulls its objects (the arrays) with retries that back off 1, 2, 4 ... 10 s
+    for up to 7,200 s. So a node that has sent its reply's message but is still uploading the
+    model held the round past ``round-deadline`` (a 1 mbit/s node, on time at 7-10 s under a
+    5.9 s deadline; a hostile node, for two hours), and a reply's measured time was rounded up
+    to the backoff (1-3 s more). Idempotent; the pinned Flower's function is checked by
+    ``tests/test_clock_emulation.py``."""
+    from flwr.superlink.grid import http_grid
+
+    if not getattr(http_grid.pull_objects, "bounded", False):
+        http_grid.pull_objects = _bounded(http_grid.pull_objects)
+
+
+@contextlib.contextmanager
+def _objects_until(deadline: float | None) -> Iterator[None]:
+    token = _PULL_UNTIL.set(deadline)
+    try:
+        yield
+    finally:
+        _PULL_UNTIL.reset(token)
+
+
+def _incomplete(m: Message) -> bool:
+    """A reply Flower's grid gave up on because its objects did not all arrive (here: by the
+    deadline): the node replied, its reply is late."""
+    from flwr.common.constant import ErrorCode
+
+    return m.has_error() and m.error.code == ErrorCode.MESSAGE_UNAVAILABLE
+
+
 class PollingGrid(DelegatingGrid):
     """``send_and_receive`` over the wrapped grid's ``push_messages`` / ``pull_messages``, looking
     for replies every ``interval`` seconds instead of Flower's 3 s. Same contract as Flower's:
-    returns the replies that arrived before ``timeout`` (``None``: waits for all of them).
-    ``arrived`` keeps, for the last call, each answered message's seconds from the end of the push
-    (where ``timeout`` starts) to the look that found its reply (:func:`reply_seconds`)."""
+    returns the replies that arrived before ``timeout`` (``None``: waits for all of them), whole:
+    a reply whose arrays are still uploading at the deadline is dropped, late (with
+    :func:`bounded_object_pulls`). ``arrived`` keeps, for the last call, each answered message's
+    seconds from the end of the push (where ``timeout`` starts) to the look that found its whole
+    reply (:func:`reply_seconds`); ``incomplete``, the ids of the replies dropped so."""
 
     def __init__(self, grid: Grid, interval: float = PULL_INTERVAL) -> None:
         if not interval > 0:
@@ -151,18 +208,25 @@ class PollingGrid(DelegatingGrid):
         super().__init__(grid)
         self.interval = interval
         self.arrived: dict[str, float] = {}  # of the last send_and_receive: message id -> s to its reply
+        self.incomplete: set[str] = set()  # of the last send_and_receive: replies whose body missed the deadline
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
         pending = set(self.grid.push_messages(messages))
         start = time.monotonic()
         deadline = None if timeout is None else start + timeout
         replies: list[Message] = []
-        self.arrived = {}
+        self.arrived, self.incomplete = {}, set()
         while pending:
-            got = list(self.grid.pull_messages(pending))
-            replies.extend(got)
+            with _objects_until(deadline):
+                got = list(self.grid.pull_messages(pending))
             seen = time.monotonic() - start
             for m in got:
+                if deadline is not None and _incomplete(m):
+                    self.incomplete.add(m.metadata.reply_to_message_id)
+                    flwr_log.debug("a reply's arrays were still uploading at the round's deadline: late (node "
+                                   "%s)", m.metadata.src_node_id)
+                    continue
+                replies.append(m)
                 self.arrived.setdefault(m.metadata.reply_to_message_id, seen)
             pending.difference_update(m.metadata.reply_to_message_id for m in got)
             if pending and deadline is not None and time.monotonic() >= deadline:
@@ -180,7 +244,10 @@ def fast_pull(grid: Grid, interval: float | None = None) -> Grid:
 
     if interval is None:
         interval = float(os.environ.get(PULL_INTERVAL_VAR, PULL_INTERVAL))
-    return PollingGrid(grid, interval) if isinstance(grid, HttpGrid) else grid
+    if not isinstance(grid, HttpGrid):
+        return grid
+    bounded_object_pulls()
+    return PollingGrid(grid, interval)
 
 
 def reply_seconds(grid: Grid) -> dict[str, float]:

@@ -2,7 +2,7 @@
 
 In CI: what a deployment records per reply (``client-reply-time``: the server's push -> reply
 seconds; the client's ``sent-at``) and the pure parts of ``benchmarks/clock_vs_emulation.py``
-(joining the records, the per-message cost, the deadline, the participation call). Opt-in
+(joining the records, the calibrated profile, the deadline, the participation call). Opt-in
 (``FLCHURN_EDGE_TESTS=1``, root): the benchmark end to end on real caps, asserting the issue's
 15% per class and the same participation under the deadline.
 """
@@ -69,6 +69,63 @@ def test_the_polling_grid_keeps_each_replys_arrival_and_the_round_row_names_clie
     assert reply_seconds(link) == {}  # type: ignore[arg-type]  (not a deployment's grid)
 
 
+class _Uploading(_Link):
+    """A grid whose first reply is whole on the second look and whose second reply's arrays never
+    finish uploading: Flower's grid then hands over an error reply (MESSAGE_UNAVAILABLE)."""
+
+    def pull_messages(self, ids):
+        from flwr.app import Error
+        from flwr.common.constant import ErrorCode
+
+        self.looks += 1
+        if self.looks == 2:
+            return [Message(RecordDict(), reply_to=self.sent[0])]
+        if self.looks == 3:
+            return [Message(Error(code=ErrorCode.MESSAGE_UNAVAILABLE, reason="objects unavailable"),
+                            reply_to=self.sent[1])]
+        return []
+
+
+def test_a_reply_still_uploading_at_the_deadline_is_dropped_late_and_not_timed():
+    link = _Uploading()
+    grid = PollingGrid(link, interval=0.01)  # type: ignore[arg-type]
+    replies = list(grid.send_and_receive([_msg(100), _msg(101)], timeout=5.0))
+    assert [r.metadata.reply_to_message_id for r in replies] == ["id0"]
+    assert grid.incomplete == {"id1"} and set(reply_seconds(grid)) == {"id0"}
+    link = _Uploading()  # without a deadline Flower's own error reply is passed on, as before
+    replies = list(PollingGrid(link, interval=0.01).send_and_receive(  # type: ignore[arg-type]
+        [_msg(100), _msg(101)], timeout=None))
+    assert [r.has_error() for r in replies] == [False, True]
+
+
+def test_object_pulls_wait_at_most_until_the_deadline_with_short_backoffs(monkeypatch):
+    import inspect
+
+    from flwr.superlink.grid import http_grid
+
+    from server_app import network
+
+    # the pinned Flower's function, as the patch calls it
+    params = inspect.signature(http_grid.pull_objects).parameters
+    assert {"max_time", "initial_backoff", "backoff_cap"} <= set(params)
+    calls = []
+    fake = network._bounded(lambda ids, fn, **kw: calls.append(kw) or {})
+    fake(["a"], str)
+    with network._objects_until(network.time.monotonic() + 2.0):
+        fake(["a"], str, max_concurrent_pulls=3)
+    with network._objects_until(network.time.monotonic() - 1.0):
+        fake(["a"], str)
+    assert "max_time" not in calls[0] and calls[0]["initial_backoff"] == network.OBJECT_BACKOFF
+    assert 1.9 < calls[1]["max_time"] <= 2.0 and calls[1]["max_concurrent_pulls"] == 3
+    assert calls[2]["max_time"] == 0.0  # past the deadline: one look, then the reply is incomplete
+    monkeypatch.setattr(http_grid, "pull_objects", http_grid.pull_objects)
+    network.bounded_object_pulls()
+    network.bounded_object_pulls()  # idempotent: wrapped once
+    assert http_grid.pull_objects.bounded and http_grid.pull_objects.__closure__ is not None
+    inner = http_grid.pull_objects.__closure__[0].cell_contents
+    assert not getattr(inner, "bounded", False)
+
+
 def _run_folder(tmp_path: Path) -> Path:
     rows = [{"round": 1, "client-reply-time": {"0": 9.0, "1": 9.5}},
             {"round": 2, "client-reply-time": {"1": 1.5}}]
@@ -97,14 +154,17 @@ def _reply(r, c, e, train, status="on time"):
     return bench.Reply(r, c, status, e, train, None, None, None)
 
 
-def test_a_shaped_class_takes_the_per_message_cost_of_the_unshaped_class_with_its_cpu():
-    probe = [_reply(r, c, e, 0.01) for r in (1, 2, 3) for c, e in ((0, 2.01 + r), (1, 0.51), (2, 3.0))]
-    cpus = {"slow": 0.2, "free": None, "net": None}
-    shaped = {"slow": False, "free": False, "net": True}
-    cost = bench.per_message_cost(probe, {0: "slow", 1: "free", 2: "net"}, cpus, shaped)
-    assert cost == pytest.approx({"slow": 4.5, "free": 0.5, "net": 0.5})  # median of rounds 2, 3: 4.0, 5.0
-    with pytest.raises(KeyError, match=r"\[net\] has network limits but no unshaped class has its CPU cap"):
-        bench.per_message_cost(probe, {0: "slow", 1: "free", 2: "net"}, {**cpus, "net": 0.5}, shaped)
+def test_the_calibration_takes_median_train_per_step_and_the_rest_beyond_the_clocks_transfers():
+    run = [_reply(r, c, e, t) for r in (1, 2, 3, 4) for c, e, t in
+           ((0, 9.0 + r, 2.0 + 0.1 * r), (1, 1.0, 0.5), (2, 4.0, 0.5))]
+    run.append(_reply(4, 1, None, None, "lost"))  # untimed replies are left out
+    calib = bench.calibrate(run, {0: "slow", 1: "free", 2: "net"}, 100, {"slow": 0.0, "free": 0.0, "net": 3.75})
+    # slow, rounds 2-4: train 2.2, 2.3, 2.4 (median 2.3 -> 23 ms/step); E - train 8.8, 9.7, 10.6 -> 9.7 s
+    assert calib["slow"] == pytest.approx({"step_ms": 23.0, "overhead_ms": 9700.0, "n": 3.0})
+    assert calib["free"] == pytest.approx({"step_ms": 5.0, "overhead_ms": 500.0, "n": 3.0})
+    assert calib["net"]["overhead_ms"] == 0.0  # 3.5 s beyond training, less than the clock's transfers: none
+    with pytest.raises(ValueError, match=r"class \[mid\] has no timed reply"):
+        bench.calibrate(run, {0: "slow", 1: "free", 2: "net"}, 100, {"mid": 0.0})
 
 
 def test_the_deadline_falls_in_the_widest_gap_and_the_clock_calls_each_class():
@@ -129,22 +189,25 @@ def test_within_fifteen_percent_means_the_ratio():
     assert bench.agreement(None, 1.0) == (None, False)
 
 
-def test_the_clocks_profile_is_the_devices_file_with_the_calibrated_step_times(tmp_path):
+def test_the_clocks_profile_is_the_devices_file_with_the_calibrated_step_times_and_overheads(tmp_path):
     import tomllib
 
     from virtualtime import VirtualClock, read_profiles
 
     doc = tomllib.loads(DEVICES.read_text())
-    text = bench.profile_text(doc, {"cpu20": 6.0, "cpu50": 2.5, "free": 1.2, "net": 1.25}, cost={"cpu20": 2.0})
+    text = bench.profile_text(doc, {"cpu20": 6.0, "cpu50": 2.5, "free": 1.2, "net": 1.25},
+                              {"cpu20": 2000.0, "net": 300.0})
     (tmp_path / "p.toml").write_text(text)
     plan = read_profiles(tmp_path / "p.toml", 4)
-    assert [(p.name, p.step_ms) for p in plan.classes] == [("cpu20", 6.0), ("cpu50", 2.5), ("free", 1.2),
-                                                           ("net", 1.25)]
+    assert [(p.name, p.step_ms, p.overhead_ms) for p in plan.classes] == [
+        ("cpu20", 6.0, 2000.0), ("cpu50", 2.5, None), ("free", 1.2, None), ("net", 1.25, 300.0)]
+    assert plan.profile_of(3).limits == {"up_kbps": 1000, "down_kbps": 1000, "rtt_ms": 100.0}  # the file's own
     clock = VirtualClock(plan, model_bytes=125_000, seed=0)
     cpu20, net = clock.job_time(0, 100), clock.job_time(3, 100)
-    # the cost (2 s) goes in as rtt: 1 s more per transfer, so the job takes exactly 2 s longer
-    assert (cpu20.download, cpu20.compute, cpu20.upload) == pytest.approx((1.0, 0.6, 1.0))
-    assert net.download == pytest.approx(0.1 + 1.0) and net.total == pytest.approx(2.325)
+    assert (cpu20.download, cpu20.overhead, cpu20.compute, cpu20.upload) == pytest.approx((0.0, 2.0, 0.6, 0.0))
+    assert net.download == pytest.approx(0.1 + 1.0) and net.total == pytest.approx(2.2 + 0.3 + 0.125)
+    again = bench.profile_text(tomllib.loads(text), {"cpu20": 7.0})  # a profile recalibrated: one key each
+    assert again.count("step_ms") == 1 and "step_ms = 7.0000" in again and "overhead_ms" not in again
 
 
 # ---------------------------------------------------------------------- opt-in: real caps (root)
@@ -164,11 +227,12 @@ def _skip() -> str | None:
 @pytest.mark.skipif(_skip() is not None, reason=str(_skip()))
 def test_the_clock_agrees_with_emulated_devices_per_class(tmp_path):
     out = tmp_path / "clock.json"
-    res = subprocess.run([sys.executable, str(SCRIPT), "--rounds", "5", "--steps", "400", "--json", str(out)],
+    res = subprocess.run([sys.executable, str(SCRIPT), "--rounds", "6", "--steps", "1000", "--json", str(out)],
                          capture_output=True, text=True, timeout=3000, cwd=ROOT)
     print(res.stdout[-6000:])
     assert res.returncode == 0, res.stderr[-3000:]
     got = json.loads(out.read_text())
     assert got["leftovers"] == []
     assert {name: c["within"] for name, c in got["classes"].items()} == dict.fromkeys(got["classes"], True)
+    assert got["simulation"]["same-matrix"]
     assert {name: p["agree"] for name, p in got["participation"].items()} == dict.fromkeys(got["participation"], True)

@@ -1,7 +1,8 @@
 """The virtual clock against emulated devices, the pure part (``benchmarks/clock_vs_emulation.py``
 runs the deployments): a deployed run folder as one :class:`Reply` per client and round, the
-deployment's per-message cost per class, a deadline between classes, the participation call, and
-the clock's profile (the devices file plus the calibrated ``step_ms``). No torch, no Flower."""
+clock's profile of each class calibrated from a deployed run (``step_ms``, ``overhead_ms``), a
+deadline between classes, the participation call, and the profile as a devices file. No torch,
+no Flower."""
 
 from __future__ import annotations
 
@@ -62,27 +63,25 @@ def class_median(replies: list[Reply], classes: Mapping[int, str], name: str, ke
     return statistics.median(vals) if vals else None
 
 
-def per_message_cost(probe: list[Reply], classes: Mapping[int, str], cpus: Mapping[str, float | None],
-                     shaped: Mapping[str, bool]) -> dict[str, float]:
-    """Class -> the deployment's cost of a reply beyond training (median E - train of the probe's
-    rounds 2+), measured on the unshaped classes; a shaped class takes that of the unshaped class
-    with its CPU cap (its own transfers are what the clock predicts). KeyError: no such class."""
-    own = {}
-    for name in cpus:
-        diffs = [r.reply - r.train for r in probe if r.round >= 2 and classes[r.client] == name
-                 and r.reply is not None and r.train is not None]
-        if diffs and not shaped[name]:
-            own[name] = statistics.median(diffs)
+def calibrate(replies: list[Reply], classes: Mapping[int, str], steps: int,
+              transfers: Mapping[str, float]) -> dict[str, dict[str, float]]:
+    """Class -> the clock's ``step_ms`` and ``overhead_ms`` from a deployed run of ``steps`` local
+    steps (rounds 2+, every reply timed): ``step_ms`` = median train / steps; ``overhead_ms`` =
+    median (E - train) - the clock's download + upload of the class (``transfers``, s), at least
+    0. The overhead is what the deployment pays per message besides the transfers the clock
+    times and the training: the ``flwr-clientapp`` process start under the class's CPU cap, the
+    polls, (de)serialisation, and for a shaped class the protocol's round trips beyond one per
+    transfer. ValueError names a class without a timed reply."""
     out = {}
-    for name in cpus:
-        if name in own:
-            out[name] = own[name]
-            continue
-        same = [o for o in own if cpus[o] == cpus[name]]
-        if not same:
-            raise KeyError(f"class [{name}] has network limits but no unshaped class has its CPU cap "
-                           f"(cpus={cpus[name]}): add one to the devices file to measure its per-message cost")
-        out[name] = own[same[0]]
+    for name, transfer in transfers.items():
+        rs = [r for r in replies if r.round >= 2 and classes[r.client] == name and r.reply is not None
+              and r.train is not None]
+        if not rs:
+            raise ValueError(f"class [{name}] has no timed reply in rounds 2+ of the calibration run")
+        train = statistics.median(r.train for r in rs if r.train is not None)
+        rest = statistics.median(r.reply - r.train for r in rs if r.reply is not None and r.train is not None)
+        out[name] = {"step_ms": 1000.0 * train / max(1, steps), "overhead_ms": 1000.0 * max(0.0, rest - transfer),
+                     "n": float(len(rs))}
     return out
 
 
@@ -134,21 +133,18 @@ def same_matrix(a: list[Reply], b: list[Reply], first_round: int = 2) -> bool:
 
 
 def profile_text(devices: Mapping[str, Mapping[str, Any]], step_ms: Mapping[str, float],
-                 cost: Mapping[str, float] | None = None) -> str:
-    """The devices file with each class's ``step_ms`` added (the clock's profile). With ``cost``
-    (class -> seconds), each class's ``rtt_ms`` grows by half its cost: the clock adds rtt once
-    per transfer, so a job then takes exactly the cost longer (how the simulation run below
-    carries the deployment's per-message cost; the profile has no key of its own for it)."""
+                 overhead_ms: Mapping[str, float] | None = None) -> str:
+    """The devices file with each class's ``step_ms`` (and ``overhead_ms``) added: the clock's
+    profile of these devices."""
     def value(v: Any) -> str:
         return json.dumps(v) if isinstance(v, (str, list)) else repr(v)
 
     lines = []
     for name, table in devices.items():
-        table = dict(table)
-        if cost is not None and name in cost:
-            table["rtt_ms"] = round(float(table.get("rtt_ms", 0.0)) + 500.0 * cost[name], 3)
-        lines += [f"[{name}]", *(f"{k} = {value(v)}" for k, v in table.items())]
+        lines += [f"[{name}]", *(f"{k} = {value(v)}" for k, v in table.items() if k not in ("step_ms", "overhead_ms"))]
         if name in step_ms:
             lines.append(f"step_ms = {step_ms[name]:.4f}")
+        if overhead_ms is not None and name in overhead_ms:
+            lines.append(f"overhead_ms = {overhead_ms[name]:.1f}")
         lines.append("")
     return "\n".join(lines)
