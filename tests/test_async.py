@@ -271,6 +271,7 @@ def test_an_async_deployment_follows_the_churn_driver(tmp_path):
     assert [(e["action"], e["round"], e["client"]) for e in driver.events] == [
         ("start", 1, 0), ("start", 1, 1), ("start", 1, 2), ("stop", 3, 2), ("stop", 5, 0), ("stop", 5, 1),
         ("start", 5, 2)]
+    assert driver.up_during[4] == {0, 1} and driver.up_during[6] == {2}  # who ran while they were made
     rows = read_metrics(out.run_dir)
     assert [r["round"] for r in rows] == list(range(1, 7)) and all(len(r["arrivals"]) == 2 for r in rows)
     assert 2 not in rows[3]["participants"]  # stopped after row 2: at most row 3 holds its last job

@@ -598,6 +598,15 @@ def test_the_async_driver_follows_aggregations_and_passes_over_empty_rounds(n, a
     assert driver.skipped == sorted(set(range(nonempty[-1] + 1)) - set(nonempty))
 
 
+def test_an_async_run_refuses_crashes_on_purpose_before_starting_anything():
+    """Crashes are set in rounds; an asynchronous rule has none: a clear error, no node touched."""
+    from deploy.errors import DeployError
+    from deploy.run import run_deployment
+
+    with pytest.raises(DeployError, match="asynchronous rule has none"):
+        run_deployment(FakeNodes(2), {"strategy": "fedasync"}, churn="rounds", crashes={2: [(0, 1.0)]})
+
+
 def test_the_async_driver_tells_who_arrived_while_down(tmp_path):
     """``took_part_while_off``: a participant whose node ran neither while its aggregation nor the
     one before was made (one aggregation of slack: a reply pulled just after a row)."""
