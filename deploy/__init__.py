@@ -13,6 +13,7 @@ the availability schedule. One job per module; arrows point down the list, never
 - ``local`` (processes: :class:`local.ProcessSite`) and ``containers`` (Docker: ``DockerNodes``,
   ``ComposeSite``): the two implementations;
 - ``churn``: :class:`churn.RoundChurn` / :class:`churn.WallClockChurn`, typed against ``Nodes``;
+  ``async_churn``: :class:`async_churn.AggregationChurn`, round churn for asynchronous rules (aggregations);
 - ``participation``: the participation report (pure); ``realised``: per-client statuses and
   the realised trace (pure);
 - ``run``: :func:`run.run_deployment`, one run on any ``Site``;

@@ -59,6 +59,9 @@ For ``trace-intervals`` specs: client i is connected while the elapsed time (x `
 the trace's period lies in one of its on-intervals, independent of rounds; the server just
 trains whoever is connected when a round starts.
 
+Asynchronous rules (FedBuff, FedAsync) have no rounds: :class:`deploy.async_churn.AggregationChurn`
+follows their aggregations the same way (no look-ahead, no signal, empty rounds passed over).
+
 One interface (:class:`ChurnDriver`): the run loop hands every driver the same typed events
 (:mod:`deploy.follow`: ``Submitted``, ``RunStarted``, ``RoundFinished``, ``Tick``, ``RunDone``)
 through ``on_event``, from its own loop: single-threaded on purpose. Round mode acts on the

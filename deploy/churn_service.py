@@ -45,6 +45,8 @@ def drive(site: Site, args: argparse.Namespace) -> int:
         return 1
     report = out.report  # round churn: always compared with the schedule
     site.log(f"run {out.run_id}: {out.status}\n{report.summary() if report else '(no participation report)'}")
+    if out.off_arrivals:  # an asynchronous rule: churn by aggregations
+        site.log(f"arrived while their node was down: {out.off_arrivals}")
     if report is not None and report.failures:
         site.log(f"participation departs from the schedule beyond the timing slack: {report.failure_text()}")
     return 0 if out.ok else 1

@@ -14,6 +14,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from runconfig.defaults import default_run_config
+from server_app.asynchronous import is_asynchronous_spec
 
 from .errors import DeployError
 from .local import ProcessSite
@@ -31,7 +32,9 @@ def launch_main(args: argparse.Namespace) -> int:
     work = Path(args.work_dir).resolve() if args.work_dir else None
     if args.app:
         return launch_app(args, user, console)
-    num_rounds = int({**default_run_config(), **user}["num-server-rounds"])
+    merged = {**default_run_config(), **user}
+    num_rounds = int(merged["num-server-rounds"])
+    unit = "aggregation" if is_asynchronous_spec(str(merged.get("strategy", ""))) else "round"
     resume = Path(args.resume_from).resolve() if args.resume_from else None
     try:
         plan = None
@@ -44,13 +47,13 @@ def launch_main(args: argparse.Namespace) -> int:
         return 2
     dep = ProcessSite(args.num_nodes, work, data_dir=args.data_dir, keep_workdir=args.keep_workdir, devices=plan,
                      log=lambda s: (console if not progress.live.is_started else progress.console).log(escape(s)))
-    columns = (TextColumn("[bold]rounds"), BarColumn(), MofNCompleteColumn(),
+    columns = (TextColumn(f"[bold]{unit}s"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[status]}"), TimeElapsedColumn())
     progress = Progress(*columns, console=console, disable=not console.is_terminal)
     task = progress.add_task("run", total=num_rounds, status="starting")
 
     def on_row(row: dict[str, Any]) -> None:
-        status = f"round {row['round']}: participants {row['participants']}" + (
+        status = f"{unit} {row['round']}: participants {row['participants']}" + (
             f", acc {row['test-accuracy']:.3f}" if "test-accuracy" in row else "")
         progress.update(task, completed=row["round"], status=status)
         if not console.is_terminal:
@@ -74,6 +77,8 @@ def launch_main(args: argparse.Namespace) -> int:
         if counts:
             console.print("clients per class (clients.jsonl, realised-trace.csv"
                           + (", devices.csv" if plan else "") + "):\n" + escape(summary(counts)), soft_wrap=True)
+        if out.off_arrivals is not None:
+            console.print(off_arrivals_text(out.off_arrivals), soft_wrap=True)
         code = 0 if out.ok else 1
         if not out.completed:
             console.print(f"[red]run did not complete[/]; see the logs in {dep.logs} (--keep-workdir keeps them)")
@@ -88,6 +93,14 @@ def launch_main(args: argparse.Namespace) -> int:
     finally:
         dep.close()
     return code
+
+
+def off_arrivals_text(off: dict[int, list[int]]) -> str:
+    """An asynchronous run under churn: the aggregations that hold a client whose node was down."""
+    if not off:
+        return "churn by aggregations: no client arrived while its node was down"
+    return "churn by aggregations: arrived while their node was down (FAIL): " + "; ".join(
+        f"aggregation {r}: clients {cs}" for r, cs in sorted(off.items()))
 
 
 def launch_app(args: argparse.Namespace, user: dict[str, Any], console: Console) -> int:

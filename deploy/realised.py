@@ -89,10 +89,11 @@ def realised_matrix(statuses: Mapping[int, Mapping[int, str]], num_clients: int)
 
 def write_trace_matrix(path: str | Path, matrix: np.ndarray, comment: str = "") -> Path:
     """``matrix`` in the ``trace-matrix`` format (availability/traces.py): a header of client
-    ids, one 0/1 row per round."""
+    labels (``c0,c1,...``: a header of ids ``0,1`` would read back as a round when N <= 2), one
+    0/1 row per round."""
     path = Path(path)
     n = matrix.shape[1]
-    lines = [f"# {line}" for line in comment.splitlines()] + [",".join(str(i) for i in range(n))]
+    lines = [f"# {line}" for line in comment.splitlines()] + [",".join(f"c{i}" for i in range(n))]
     lines += [",".join("1" if v else "0" for v in row) for row in matrix]
     path.write_text("\n".join(lines) + "\n")
     return path

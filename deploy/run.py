@@ -21,9 +21,11 @@ from typing import Any
 
 import numpy as np
 
+from runconfig.defaults import default_run_config
 from server_app.asynchronous import is_asynchronous_spec
 
 from .app import AppRun
+from .async_churn import AggregationChurn
 from .churn import ChurnDriver, Crash, RoundChurn, WallClockChurn
 from .errors import DeployError
 from .flwr_cli import COMPLETED, FINISHED
@@ -56,6 +58,8 @@ class Outcome:
     wall: float = 0.0
     submitted_at: float = 0.0
     report: ParticipationReport | None = None  # realised participation vs the schedule
+    # an asynchronous run under churn: row -> clients that arrived although their node was down
+    off_arrivals: dict[int, list[int]] | None = None
 
     @property
     def completed(self) -> bool:
@@ -63,8 +67,10 @@ class Outcome:
 
     @property
     def ok(self) -> bool:
-        """Completed, and participation followed the schedule up to the documented timing slack."""
-        return self.completed and (self.report is None or not self.report.failures)
+        """Completed, and participation followed the schedule up to the documented timing slack
+        (an asynchronous run: nobody arrived from a node the driver had down)."""
+        return (self.completed and (self.report is None or not self.report.failures)
+                and not self.off_arrivals)
 
 
 def churn_grace(grace: float | None, signal: bool = False) -> float:
@@ -113,10 +119,16 @@ def run_deployment(
         return _run(site, dict(user_config), churn=churn, churn_mode=churn_mode, g=app.bound if churn else 0.0,
                     lookahead=False, crashes=crashes, speedup=speedup, timeout=timeout, on_row=on_row,
                     status_every=status_every, signal_dir=app.signal_dir if churn == "rounds" else None, app=app)
-    if round_start_signal is None:
-        round_start_signal = churn == "rounds" and site.local_files
-    g = churn_grace(grace, bool(round_start_signal)) if churn else 0.0
     user = {**user_config, **({"resume-from": str(resume_from)} if resume_from else {})}
+    if asynchronous_run(site, user):  # no round starts to delay or signal (deploy.async_churn)
+        if crashes:
+            raise DeployError("crashes on purpose happen in a round; an asynchronous rule has none (its churn "
+                              "driver follows the aggregations, deploy.async_churn): leave out crashes")
+        round_start_signal, g = False, 0.0
+    else:
+        if round_start_signal is None:
+            round_start_signal = churn == "rounds" and site.local_files
+        g = churn_grace(grace, bool(round_start_signal)) if churn else 0.0
     cfg = build_run_config(site.num_nodes, user, grace=g, project=site.project)  # the one run name
     signal_dir = Path(tempfile.mkdtemp(prefix="flchurn-signal-")) if round_start_signal and churn else None
     if signal_dir is not None:
@@ -128,6 +140,11 @@ def run_deployment(
     finally:
         if signal_dir is not None:
             shutil.rmtree(signal_dir, ignore_errors=True)
+
+
+def asynchronous_run(site: Site, user: Mapping[str, Any]) -> bool:
+    """Whether the run's strategy (the user's, else the project's default) is an asynchronous rule."""
+    return is_asynchronous_spec(str(user.get("strategy") or default_run_config(site.project).get("strategy", "")))
 
 
 def _run(site: Site, cfg: dict[str, Any], *, churn: str | None, churn_mode: str, g: float, lookahead: bool,
@@ -147,7 +164,10 @@ def _run(site: Site, cfg: dict[str, Any], *, churn: str | None, churn_mode: str,
             raise DeployError(f"{run_dir} already holds a run; pick another run-name (or resume it)")
         schedule = build_run_schedule(cfg) if churn else None
     driver: ChurnDriver | None = None
-    if churn == "rounds" and schedule is not None:
+    asynchronous = app is None and is_asynchronous_spec(str(cfg.get("strategy", "")))
+    if churn == "rounds" and schedule is not None and asynchronous:
+        driver = AggregationChurn(site, schedule, num_rounds, mode=churn_mode, start_aggregation=start_round)
+    elif churn == "rounds" and schedule is not None:
         driver = RoundChurn(site, schedule, num_rounds, mode=churn_mode, grace=g, lookahead=lookahead,
                             crashes=crashes, start_round=start_round, signal_dir=signal_dir)
     elif churn == "wallclock" and schedule is not None:
@@ -203,8 +223,10 @@ def _run(site: Site, cfg: dict[str, Any], *, churn: str | None, churn_mode: str,
     if driver is not None:
         driver.on_event(RunDone(time.monotonic()))
     out.wall = time.monotonic() - t0
+    if isinstance(driver, AggregationChurn):
+        out.off_arrivals = driver.took_part_while_off(out.rows)
     # wall-clock churn follows time, not rounds; an asynchronous rule's rows are aggregations, not rounds
-    if not isinstance(driver, WallClockChurn) and not is_asynchronous_spec(str(out.run_config.get("strategy", ""))):
+    if not isinstance(driver, WallClockChurn) and not asynchronous:
         expected = (schedule.matrix(num_rounds).astype(bool) if schedule is not None
                     else np.ones((num_rounds, site.num_nodes), dtype=bool))
         rounds = driver if isinstance(driver, RoundChurn) else None

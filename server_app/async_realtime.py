@@ -2,10 +2,12 @@
 
 Every connected node without a job gets one (``push_messages``: the model of the current version);
 replies are pulled every ``FLCHURN_PULL_INTERVAL`` seconds (0.1 s) and each goes to the rule as it
-arrives (:meth:`strategies.asynchronous.AsyncRule.arrive`). A node that disappears (churn) just
-stops replying; a job without a reply after ``round-timeout`` seconds (``round-deadline`` after a
-node's first job, which also starts its worker) is lost, recorded as unavailable, and the node gets
-a new job as soon as it is connected and idle. Times in the rows are real seconds since the start.
+arrives (:meth:`strategies.asynchronous.AsyncRule.arrive`). A node that disappears (churn:
+:mod:`deploy.async_churn` follows the rows) just stops replying: its job in flight comes back as an
+error reply (SIGTERM) or gets none; a job without a reply after ``round-timeout`` seconds
+(``round-deadline`` after a node's first job, which also starts its worker) is lost. Either way it is
+recorded as unavailable (the row's ``lost-nodes``), and the node gets a new job as soon as it is
+connected and idle. Times in the rows are real seconds since the start.
 """
 
 from __future__ import annotations

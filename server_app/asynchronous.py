@@ -118,6 +118,7 @@ class AsyncRecorder:
             "arrivals": [[a.report.client_id, a.staleness] for a in applied],
             "virtual-time": round(now, 6),
             "unavailable-nodes": len(rlog.unavailable),
+            "lost-nodes": [int(node) for node in rlog.unavailable],  # whose jobs were lost, in order
             "rejected": [[node, brief(why)] for node, why in rlog.rejected],
             "num-participants": len(reports),
             "num-rejected": len(rlog.rejected),

@@ -224,37 +224,63 @@ def test_rounds_of_the_sync_interface_still_run():
 
 
 # ------------------------------------------------------------------ a real deployment
+# rows = schedule rounds, columns = clients; the churn driver reads one non-empty round per aggregation
+CHURN_TRACE = """\
+0,1,2
+1,1,1
+1,1,1
+1,1,0
+1,1,0
+0,0,0
+0,0,1
+0,0,1
+"""
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_an_async_deployment_goes_on_when_a_node_is_stopped(tmp_path):
-    """Three SuperNodes (real processes), FedBuff with K = 2 on real time, no round barrier; after
-    the second aggregation node 2 is stopped (SIGTERM, for real): the run reaches its six
-    aggregations on the two others, and client 2 takes no part after its in-flight job."""
+def test_an_async_deployment_follows_the_churn_driver(tmp_path):
+    """Three SuperNodes (real processes), FedBuff with K = 2 on real time, no round barrier, and the
+    churn driver (``run_deployment(churn="rounds")``: deploy.async_churn) following the trace above
+    by aggregations: node 2 is stopped (SIGTERM) after aggregation 2, the empty round is passed
+    over, then nodes 0 and 1 stop and node 2 comes back as a new SuperNode process that alone makes
+    aggregations 5 and 6. Jobs in flight to stopped nodes are recorded lost, nobody arrives while
+    down, and no process is left afterwards."""
     import shutil
 
     if shutil.which("flower-superlink") is None:
         pytest.skip("flower-superlink not on PATH")
     from deploy.local import ProcessSite
+    from deploy.procs import zombie_children
     from deploy.run import run_deployment
 
-    cfg = {"num-server-rounds": 6, "strategy": "fedbuff:k=2", "availability": "always", "dataset": "digits",
-           "model": "logreg", "local-steps": "steps:n=2", "partition": "iid", "round-timeout": 120.0,
-           "round-deadline": 15.0, "checkpoint-every": 0, "device": "cpu", "results-dir": str(tmp_path / "results"),
-           "progress": False}
-    stopped_at: list[int] = []
+    trace = tmp_path / "trace.csv"
+    trace.write_text(CHURN_TRACE)
+    cfg = {"num-server-rounds": 6, "strategy": "fedbuff:k=2", "availability": f"trace-matrix:path={trace}",
+           "dataset": "digits", "model": "logreg", "local-steps": "steps:n=2", "partition": "iid",
+           "round-timeout": 120.0, "round-deadline": 15.0, "checkpoint-every": 0, "device": "cpu",
+           "results-dir": str(tmp_path / "results"), "progress": False}
     with ProcessSite(3, tmp_path / "work") as dep:
-        def stop_one(row: dict) -> None:
-            if row["round"] == 2 and not stopped_at:
-                dep.stop_node(2, "term")
-                stopped_at.append(row["round"])
-
-        out = run_deployment(dep, cfg, on_row=stop_one, timeout=500)
+        out = run_deployment(dep, cfg, churn="rounds", timeout=500)
+        dep.client_of_node()  # records the running incarnations' node ids
+        node_ids = {i: list(dep.nodes[i].node_ids) for i in range(3)}
     assert out.completed, out.status
-    assert out.report is None and out.ok  # rows are aggregations: no per-round participation check
-    run_dir = next((tmp_path / "results").iterdir())
-    rows = read_metrics(run_dir)
-    assert [r["round"] for r in rows] == list(range(1, 7)) and stopped_at == [2]
-    assert all(len(r["arrivals"]) == 2 for r in rows)
-    assert all(2 not in r["participants"] for r in rows[3:])  # at most one job in flight when stopped
-    assert {0, 1} <= {c for r in rows[2:] for c in r["participants"]}
-    assert json.loads((run_dir / "config.json").read_text())["loop"] == "asynchronous"
+    assert out.ok and out.report is None and out.off_arrivals == {}  # nobody arrived while down
+    driver = out.driver
+    assert driver.skipped == [4] and [driver.slot(r) for r in range(1, 7)] == [0, 1, 2, 3, 5, 6]
+    assert [(e["action"], e["round"], e["client"]) for e in driver.events] == [
+        ("start", 1, 0), ("start", 1, 1), ("start", 1, 2), ("stop", 3, 2), ("stop", 5, 0), ("stop", 5, 1),
+        ("start", 5, 2)]
+    assert driver.up_during[4] == {0, 1} and driver.up_during[6] == {2}  # who ran while they were made
+    rows = read_metrics(out.run_dir)
+    assert [r["round"] for r in rows] == list(range(1, 7)) and all(len(r["arrivals"]) == 2 for r in rows)
+    assert 2 not in rows[3]["participants"]  # stopped after row 2: at most row 3 holds its last job
+    assert rows[5]["participants"] == [2]  # the new incarnation's replies make the last aggregation
+    assert len(node_ids[2]) == 2 and len(set(node_ids[2])) == 2  # a new SuperNode process, a new node id
+    # every lost job was a stopped incarnation's, and the stops of row 4 lost at least one of 0's and 1's
+    lost = [node for r in rows for node in r["lost-nodes"]]
+    assert sum(r["unavailable-nodes"] for r in rows) == len(lost)
+    assert set(lost) <= {node_ids[0][0], node_ids[1][0], node_ids[2][0]}
+    assert set(lost) & {node_ids[0][0], node_ids[1][0]}
+    assert dep.leftovers() == [] and zombie_children() == []
+    assert json.loads((out.run_dir / "config.json").read_text())["loop"] == "asynchronous"

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from tests.conftest import ROOT
 
@@ -513,6 +514,118 @@ def test_the_driver_tells_a_slow_node_from_one_that_went_down(tmp_path):
     assert "stayed up" in driver.diagnose(2, 0)
     assert "went down" in driver.diagnose(2, 1)
     assert driver.diagnose(3, 0) is None  # a round the driver did not see end
+
+
+def matrix_schedule(rows, path):
+    """A ``trace-matrix`` schedule of the 0/1 ``rows`` (rounds x clients), written to ``path``."""
+    from availability import build_schedule
+    from deploy.realised import write_trace_matrix
+
+    rows = np.asarray(rows, dtype=bool)
+    write_trace_matrix(path, rows)
+    return build_schedule(f"trace-matrix:path={path}", rows.shape[1], 0)
+
+
+@settings(max_examples=20, deadline=None, derandomize=True)
+@given(rows=st.integers(1, 4).flatmap(lambda n: st.lists(st.lists(st.booleans(), min_size=n, max_size=n),
+                                                          min_size=1, max_size=6)))
+def test_a_written_trace_matrix_reads_back_as_written(rows):
+    """``write_trace_matrix`` then the ``trace-matrix`` schedule: the same rows, for any N (a header
+    of ids ``0,1`` read back as a first round when N <= 2)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        schedule = matrix_schedule(rows, Path(tmp) / "trace.csv")
+    assert schedule.matrix(len(rows)).astype(bool).tolist() == rows
+
+
+def feed(driver, batches, rows=None):
+    """The run loop's events for an asynchronous run: the start, then per poll its rows and a tick;
+    returns the running nodes after each poll."""
+    from deploy.follow import RoundFinished, RunStarted, Tick
+
+    driver.on_event(RunStarted(0.0))
+    driver.on_event(Tick(0.0))
+    seen = []
+    for batch in batches:
+        for r in batch:
+            driver.on_event(RoundFinished(r, 0.0, (rows or {}).get(r, {"round": r})))
+        driver.on_event(Tick(0.0))
+        seen.append(driver.nodes.running_nodes())
+    return seen
+
+
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(n=st.integers(1, 4), aggregations=st.integers(1, 8), data=st.data())
+def test_the_async_driver_follows_aggregations_and_passes_over_empty_rounds(n, aggregations, data):
+    """AggregationChurn over FakeNodes, any 0/1 schedule and any grouping of rows into polls: while
+    aggregation r is made the nodes up are those of the r-th schedule round with anyone on; rows
+    read in one poll act once (no node started and stopped within a poll); empty rounds are
+    skipped, never waited for with every node down."""
+    import tempfile
+
+    from deploy.async_churn import AggregationChurn
+    from deploy.errors import DeployError
+
+    length = data.draw(st.integers(1, 10))
+    rows = data.draw(st.lists(st.lists(st.booleans(), min_size=n, max_size=n), min_size=length, max_size=length))
+    on = [set(np.flatnonzero(row).tolist()) for row in rows]
+    # aggregation r's schedule round: the trace wraps after its last row (availability/traces.py)
+    nonempty = [t for t in range(16 * aggregations) if on[t % length]][:aggregations]
+    cuts = sorted(data.draw(st.sets(st.integers(1, max(aggregations - 1, 1)), max_size=aggregations)))
+    rounds = list(range(1, aggregations))  # row r begins aggregation r + 1; the last row ends the run
+    batches = [rounds[a:b] for a, b in zip([0, *cuts], [*cuts, len(rounds)], strict=False) if rounds[a:b]]
+    nodes = FakeNodes(n)
+    nodes.start_node(n - 1)  # left running by someone else
+    with tempfile.TemporaryDirectory() as tmp:
+        schedule = matrix_schedule(rows, Path(tmp) / "trace.csv")
+        if len(nonempty) < aggregations:
+            with pytest.raises(DeployError, match="someone online"):
+                AggregationChurn(nodes, schedule, aggregations)
+            return
+        driver = AggregationChurn(nodes, schedule, aggregations)
+    assert [driver.slot(r) for r in range(1, aggregations + 1)] == nonempty
+    assert driver.min_nodes == len(on[nonempty[0] % length])
+    driver.prepare()
+    assert nodes.running_nodes() == on[nonempty[0] % length]
+    acted = [1] + [batch[-1] + 1 for batch in batches]  # the aggregation each poll's tick puts in place
+    for r, up in zip(acted[1:], feed(driver, batches), strict=True):
+        assert up == on[nonempty[r - 1] % length] and up, r
+    starts = {i: sum(1 for a, b in zip([None, *acted], acted, strict=False)
+                     if i in on[nonempty[b - 1] % length] and (a is None or i not in on[nonempty[a - 1] % length]))
+              for i in range(n)}
+    assert nodes.starts == {i: starts[i] + (i == n - 1 and i not in on[nonempty[0] % length]) for i in range(n)}
+    assert driver.skipped == sorted(set(range(nonempty[-1] + 1)) - set(nonempty))
+
+
+def test_an_async_run_refuses_crashes_on_purpose_before_starting_anything():
+    """Crashes are set in rounds; an asynchronous rule has none: a clear error, no node touched."""
+    from deploy.errors import DeployError
+    from deploy.run import run_deployment
+
+    with pytest.raises(DeployError, match="asynchronous rule has none"):
+        run_deployment(FakeNodes(2), {"strategy": "fedasync"}, churn="rounds", crashes={2: [(0, 1.0)]})
+
+
+def test_the_async_driver_tells_who_arrived_while_down(tmp_path):
+    """``took_part_while_off``: a participant whose node ran neither while its aggregation nor the
+    one before was made (one aggregation of slack: a reply pulled just after a row)."""
+    from deploy.async_churn import AggregationChurn
+    from deploy.follow import RoundFinished
+
+    rows = [[1, 1, 1], [1, 1, 0], [0, 0, 0], [1, 1, 0], [1, 1, 0], [0, 1, 1]]
+    nodes = FakeNodes(3)
+    driver = AggregationChurn(nodes, matrix_schedule(rows, tmp_path / "t.csv"), 5)
+    assert driver.skipped == [2] and [driver.slot(r) for r in range(1, 6)] == [0, 1, 3, 4, 5]
+    driver.prepare()
+    feed(driver, [[1], [2, 3], [4]])
+    assert [(e["action"], e["round"], e["client"]) for e in driver.events] == [
+        ("start", 1, 0), ("start", 1, 1), ("start", 1, 2), ("stop", 2, 2), ("stop", 5, 0), ("start", 5, 2)]
+    driver.on_event(RoundFinished(5, 0.0, {}))
+    assert driver.done and nodes.running_nodes() == {1, 2}
+    # node 2 ran until the tick after row 1: aggregation 2 may hold it, 3 by the slack, 4 may not
+    got = [[0, 2], [1, 2], [0, 2], [1, 2], [0, 2]]
+    assert driver.took_part_while_off([{"round": r, "participants": p} for r, p in enumerate(got, 1)]) == {4: [2]}
 
 
 @slow
