@@ -183,6 +183,12 @@ def fmt(v: float | None, digits: int = 2) -> str:
     return "-" if v is None else f"{v:.{digits}f}"
 
 
+def measured_cells(c: Mapping[str, Any]) -> str:
+    """'median [min-max] (n) | ratio | yes/NO' of a :func:`compare` result."""
+    return (f"{fmt(c['measured'])} [{fmt(c['min'])}-{fmt(c['max'])}] ({c['n']}) | {fmt(c['ratio'], 3)} | "
+            f"{'yes' if c['within'] else 'NO'}")
+
+
 def tables(res: dict[str, Any]) -> list[str]:
     classes = res["classes"]
     md = [f"Host: {res['host']['cpus']} CPUs; load average (1 min) before/after each run: "
@@ -205,10 +211,7 @@ def tables(res: dict[str, Any]) -> list[str]:
     for name, c in classes.items():
         p, o = c["clock"], c["other"]
         md.append(f"| {name} | {p['download']:.2f} + {p['overhead']:.2f} + {p['compute']:.2f} + {p['upload']:.2f} "
-                  f"= {p['total']:.2f} | {fmt(c['measured'])} [{fmt(c['min'])}-{fmt(c['max'])}] ({c['n']}) | "
-                  f"{fmt(c['ratio'], 3)} | {'yes' if c['within'] else 'NO'} | {o['predicted']:.2f} | "
-                  f"{fmt(o['measured'])} [{fmt(o['min'])}-{fmt(o['max'])}] ({o['n']}) | {fmt(o['ratio'], 3)} | "
-                  f"{'yes' if o['within'] else 'NO'} |")
+                  f"= {p['total']:.2f} | {measured_cells(c)} | {o['predicted']:.2f} | {measured_cells(o)} |")
     md += ["", "## Where E goes (timing run, medians of rounds 2+, s)", "",
            "pre: the server created the message -> the node's worker took it up (SuperLink, the node's poll, "
            "the download, the ClientApp process start, the hand-off); work: the worker's decode + train + "
