@@ -11,7 +11,11 @@ of the round to client c (:mod:`virtualtime.clock` for the job's times):
   (``lost``: no reply ever comes);
 - c's session ends during its upload: delivered, it trains (its client-side state, e.g.
   FedAWE's kept copy, changes), the reply is lost (``lost``);
-- else its reply arrives at T + download + compute + upload.
+- else its reply arrives at S + download + overhead + compute + upload, where S is when its job
+  starts: T, or later when the device is still busy with a job of an earlier round whose reply
+  came too late (a device works one job at a time, as a SuperNode handles one message at a
+  time: the deployment's message waits for it). ``client-virtual-time`` is the reply's time
+  from T, the deployment's ``client-reply-time``.
 
 The round closes at ``close = min(T + virtual-deadline, the min-replies-th arrival)``; with no
 lost client and every reply in before that, at the last arrival; with no deadline and no
@@ -47,13 +51,15 @@ class VirtualClockGrid(DelegatingGrid):
 
     def __init__(self, grid: Grid, clock: VirtualClock, client_of_node: dict[int, int],
                  steps_for: Callable[[int, int], int], *, deadline: float = 0.0, min_replies: int = 0,
-                 start: float = 0.0, scheduled: Callable[[int], Any] | None = None) -> None:
+                 start: float = 0.0, busy: Mapping[int, float] | None = None,
+                 scheduled: Callable[[int], Any] | None = None) -> None:
         super().__init__(grid)
         self.scheduled = scheduled  # 0-based round -> A(., t), or None: every client scheduled on
         self.clock, self.client_of_node, self.steps_for = clock, client_of_node, steps_for
         self.deadline = deadline if deadline > 0 else math.inf
         self.min_replies = min_replies
         self.now = float(start)
+        self.busy_until: dict[int, float] = dict(busy or {})  # client -> when its late job ends
         self.records: dict[int, dict[str, Any]] = {}  # round -> what the round's row keeps
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:  # noqa: D102
@@ -99,17 +105,18 @@ class VirtualClockGrid(DelegatingGrid):
                 back.append(end)
                 continue
             jt = self.clock.job_time(c, self.steps_for(c, rnd - 1))
-            if t0 + jt.download + jt.compute > end:
+            start = max(t0, self.busy_until.pop(c, t0))
+            if start + jt.trained > end:
                 lost.append(c)
                 undelivered.add(id(m))
                 back.append(self.clock.next_online(c, end))
                 continue
-            job[c] = jt.total
-            if t0 + jt.total > end:
+            job[c] = start - t0 + jt.total
+            if start + jt.total > end:
                 lost.append(c)  # trained; the reply is lost on the way
                 back.append(self.clock.next_online(c, end))
             else:
-                arrival[c] = t0 + jt.total
+                arrival[c] = start + jt.total
         return {"undelivered": undelivered, "off": off, "lost": lost, "job": job, "arrival": arrival,
                 "back": back}
 
@@ -140,6 +147,7 @@ class VirtualClockGrid(DelegatingGrid):
             back = [b for b in plan["back"] if math.isfinite(b)]
             close = times[-1] if times else (min(back) if back else t0)
         late = sorted(c for c, t in came.items() if t > close)
+        self.busy_until.update({c: came[c] for c in late})
         kept = [r for r, c in zip(replies, client_of_reply, strict=True)
                 if c is None or (c in came and came[c] <= close)]
         self.now = max(close, t0)
@@ -173,3 +181,15 @@ def last_virtual_time(rows: Iterable[Mapping[str, Any]]) -> float:
     """Where a resumed run's clock starts: the last recorded ``virtual-time`` (0 without one)."""
     times = [float(r["virtual-time"]) for r in rows if "virtual-time" in r]
     return times[-1] if times else 0.0
+
+
+def busy_after(rows: Iterable[Mapping[str, Any]]) -> dict[int, float]:
+    """Where a resumed run's devices stand: client -> when the late job of the last timed round
+    ends (its start T = virtual-time - virtual-round-time, plus its client-virtual-time)."""
+    timed = [r for r in rows if "late" in r and "virtual-round-time" in r]
+    if not timed:
+        return {}
+    last = timed[-1]
+    t0 = float(last["virtual-time"]) - float(last["virtual-round-time"])
+    times = last.get("client-virtual-time", {})
+    return {int(c): t0 + float(times[str(c)]) for c in last["late"] if str(c) in times}

@@ -33,7 +33,7 @@ from workloads.workload import Workload, get_workload
 
 from . import checkpoint
 from .asynchronous import Hooks, check_resume, is_asynchronous, is_asynchronous_spec, run_async
-from .clockgrid import VirtualClock, VirtualClockGrid, build_clock, last_virtual_time
+from .clockgrid import VirtualClock, VirtualClockGrid, build_clock, busy_after, last_virtual_time
 from .config import RunConfig, ServerConfig
 from .network import AvailabilityGrid, discover_clients, fast_pull, reply_seconds, wait_for_nodes
 from .results import METRICS, RunRecorder, default_run_name
@@ -297,7 +297,7 @@ def _run_rounds(grid: Grid, setup: Setup, client_of_node: dict[int, int], consol
     if setup.clock is not None:  # outside the gate: it times what the strategy sends
         net = VirtualClockGrid(net, setup.clock, client_of_node, setup.workload.steps_for, deadline=s.virtual_deadline,
                                min_replies=s.min_replies, start=last_virtual_time(recorder.rows),
-                               scheduled=setup.schedule.available)
+                               busy=busy_after(recorder.rows), scheduled=setup.schedule.available)
 
     arrays, strategy, t_run = setup.arrays, setup.strategy, time.monotonic()
     strategy.scored_evaluation = True  # evaluate_models shows the rule's scored models

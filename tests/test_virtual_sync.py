@@ -102,10 +102,58 @@ def test_min_replies_closes_at_the_kth_arrival_and_a_session_ending_mid_job_lose
     # round 1: arrivals 0.5 (3), 1.0 (0), 2.32 (1), 4.0 (2): closes at 1.0
     assert rows[0]["virtual-time"] == pytest.approx(1.0) and rows[0]["participants"] == [0, 3]
     assert rows[0]["late"] == [1, 2]
-    # round 2 starts at 1.0: client 3's job would end at 1.5 > 1.2: lost before training
+    # round 2 starts at 1.0: client 3's job would end at 1.5 > 1.2: lost before training. Clients
+    # 1 and 2 are still busy with their late jobs (a device works one job at a time): 1 starts at
+    # 2.32 and replies at 4.64, 2 starts at 4.0 and replies at 8.0 (late again)
     assert rows[1]["lost"] == [3] and rows[1]["participants"] == [0, 1]
-    assert rows[1]["virtual-time"] == pytest.approx(1.0 + 2.32) and rows[1]["late"] == [2]
-    assert rows[2]["session-off"] == [3]
+    assert rows[1]["virtual-time"] == pytest.approx(2.32 + 2.32) and rows[1]["late"] == [2]
+    assert rows[1]["client-virtual-time"] == pytest.approx({"0": 1.0, "1": 3.64, "2": 7.0})
+    # round 3 starts at 4.64: 0 and 1 are free (5.64, 6.96); 2 is busy until 8.0 and replies at 12.0
+    assert rows[2]["session-off"] == [3] and rows[2]["virtual-time"] == pytest.approx(4.64 + 2.32)
+    assert rows[2]["client-virtual-time"] == pytest.approx({"0": 1.0, "1": 2.32, "2": 7.36})
+
+
+def test_a_resumed_clock_run_keeps_the_devices_still_busy_with_late_jobs(tmp_path):
+    import shutil
+
+    over = {"strategy": "fedavg-active", "num-server-rounds": 4, "devices": devices(tmp_path), "min-replies": 2,
+            "checkpoint-every": 1}
+    rows, final, full = run(tmp_path, "full", **over)
+    assert rows[1]["late"]  # a device is busy across the checkpoint of round 2
+    copy = tmp_path / "resumed"
+    shutil.copytree(full, copy)
+    (copy / "final_model.pt").unlink()
+    resumed, resumed_final, _ = run(tmp_path, "resumed", **over,
+                                    **{"resume-from": str(copy / "checkpoints" / "round-0002.pt")})
+    strip = ("round-time", "wall-time")
+    assert [{k: v for k, v in r.items() if k not in strip} for r in resumed] == [
+        {k: v for k, v in r.items() if k not in strip} for r in rows]
+    assert all(torch.equal(final[k], resumed_final[k]) for k in final)
+
+
+def test_overhead_ms_delays_every_job_and_a_session_ending_in_it_loses_the_client_untrained(tmp_path):
+    text = """
+[a]
+clients = [0]
+step_ms = 1000
+[b]
+clients = [1]
+step_ms = 100
+overhead_ms = 1500
+session_on_s = 1.2
+session_off_s = 100
+session_model = "periodic"
+[c]
+clients = [2, 3]
+step_ms = 500
+overhead_ms = 250
+"""
+    rows, _, _ = run(tmp_path, "overhead", strategy="fedavg-active", **{
+        "num-server-rounds": 2, "devices": devices(tmp_path, text)})
+    # client 1 would train by 0.1 s without its overhead; with it, by 1.6 s > 1.2: lost, untrained
+    assert rows[0]["lost"] == [1] and rows[0]["participants"] == [0, 2, 3]
+    assert rows[0]["client-virtual-time"] == pytest.approx({"0": 1.0, "2": 0.75, "3": 0.75})
+    assert rows[0]["virtual-time"] == pytest.approx(1.0) and rows[1]["lost"] == [1]  # still on at 1.0 < 1.2
 
 
 @pytest.mark.parametrize("strategy, availability", [("fedavg-active", "bernoulli:p=0.6"),

@@ -32,6 +32,21 @@ def test_job_time_is_download_plus_steps_times_step_plus_upload_in_closed_form()
     assert list(clock.job_times([0, 1, 2], [5, 5, 5])) == pytest.approx([3.25, 0.01, 0.02])
 
 
+def test_overhead_ms_is_a_fixed_cost_per_job_between_the_download_and_the_compute():
+    plan = parse_profiles({"slow": {"clients": [0], "step_ms": 10.0, "down_kbps": 8, "rtt_ms": 100,
+                                    "overhead_ms": 750}, "fast": {"count": 1, "step_ms": 1.0}}, 2)
+    clock = VirtualClock(plan, model_bytes=1000, seed=0)
+    jt = clock.job_time(0, 5)
+    assert (jt.download, jt.overhead, jt.compute, jt.upload) == pytest.approx((1.1, 0.75, 0.05, 0.1))
+    assert jt.trained == pytest.approx(1.9) and jt.total == pytest.approx(2.0)  # same for 0 or 500 steps
+    assert clock.job_time(0, 500).total - clock.job_time(0, 5).total == pytest.approx(495 * 0.01)
+    assert clock.job_time(1, 5).overhead == 0.0  # a class without the key pays none
+    assert list(clock.job_times([0, 1], [5, 5])) == pytest.approx([2.0, 0.005])
+    assert plan.record()["slow"]["overhead_ms"] == 750.0 and "overhead_ms=750" in plan.describe()
+    with pytest.raises(ProfileError, match=r"overhead_ms = -1 must be >= 0"):
+        parse_profiles({"slow": {"count": 1, "overhead_ms": -1}}, 1)
+
+
 def test_a_speed_without_a_reference_step_time_is_an_error_naming_the_fix():
     with pytest.raises(ProfileError, match=r"\[fast\] has no step_ms.* reference-step-ms"):
         VirtualClock(toy_plan(), model_bytes=10, seed=0)

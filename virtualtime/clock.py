@@ -1,12 +1,16 @@
 """The virtual clock: how long a client's job takes on its device, and when it is online.
 
-A job (one round's work for one client) is, in virtual seconds::
+A job (one round's work for one client) is, in virtual seconds, in this order::
 
     download = rtt_ms / 1000 + model_bytes * 8 / (down_kbps * 1000)
+    overhead = overhead_ms / 1000                  (the fixed cost of a job on this device)
     compute  = num_steps * step_ms / 1000          (step_ms = reference_step_ms / speed without one)
     upload   = rtt_ms / 1000 + upload_bytes * 8 / (up_kbps * 1000)
 
-A missing bandwidth is unlimited (0 s) and a missing ``rtt_ms`` is 0. ``loss``, ``cpus`` and
+A missing bandwidth is unlimited (0 s) and a missing ``rtt_ms`` or ``overhead_ms`` is 0.
+``overhead_ms`` is what a device pays per job whatever the model's size and the steps: in a
+Flower deployment, the ``flwr-clientapp`` process started for every message, (de)serialisation
+and the polls; ``benchmarks/clock_vs_emulation.py`` measures it per device class. ``loss``, ``cpus`` and
 ``mem_mb`` do not enter the time (a deployment's caps; ``speed`` / ``step_ms`` stand for the
 CPU). A client is online at time t when it is in an online session (:mod:`.sessions`) and, with
 an availability ``schedule`` and ``slot_seconds``, the schedule has it on in slot
@@ -36,15 +40,22 @@ class RoundSchedule(Protocol):
 
 @dataclass(frozen=True)
 class JobTime:
-    """One job's virtual seconds: download, compute, upload."""
+    """One job's virtual seconds: download, compute, upload, and the fixed overhead (after the
+    download, before the compute)."""
 
     download: float
     compute: float
     upload: float
+    overhead: float = 0.0
+
+    @property
+    def trained(self) -> float:
+        """Seconds from the job's start to the end of its local training."""
+        return self.download + self.overhead + self.compute
 
     @property
     def total(self) -> float:
-        return self.download + self.compute + self.upload
+        return self.trained + self.upload
 
 
 def _transfer(nbytes: int, kbps: int | None) -> float:
@@ -69,9 +80,9 @@ class VirtualClock:
         self.schedule, self.slot_seconds = schedule, slot_seconds
         self._slot: tuple[int, np.ndarray] | None = None
         n = plan.num_clients
-        # per class, computed once: (download s, upload s, step s); per client: its class index
+        # per class, computed once: (download s, upload s, step s, overhead s); per client: its class index
         self._class_index = np.zeros(n, dtype=np.int32)
-        self._net: list[tuple[float, float, float]] = []
+        self._net: list[tuple[float, float, float, float]] = []
         on = np.full(n, np.inf)
         off = np.zeros(n)
         periodic = np.zeros(n, dtype=bool)
@@ -79,7 +90,7 @@ class VirtualClock:
             rtt = (dc.rtt_ms or 0.0) / 1000.0
             step = dc.step_seconds(plan.reference_step_ms)
             self._net.append((rtt + _transfer(self.model_bytes, dc.down_kbps),
-                              rtt + _transfer(self.upload_bytes, dc.up_kbps), step))
+                              rtt + _transfer(self.upload_bytes, dc.up_kbps), step, (dc.overhead_ms or 0.0) / 1000.0))
             ids = np.asarray(dc.clients, dtype=np.int64)
             self._class_index[ids] = i
             if dc.has_sessions:
@@ -93,14 +104,14 @@ class VirtualClock:
 
     def job_time(self, client: int, num_steps: int) -> JobTime:
         """Download, ``num_steps`` local steps and upload of ``client``, in virtual seconds."""
-        down, up, step = self._net[self._class_index[client]]
-        return JobTime(down, num_steps * step, up)
+        down, up, step, overhead = self._net[self._class_index[client]]
+        return JobTime(down, num_steps * step, up, overhead)
 
     def job_times(self, clients: np.ndarray, num_steps: np.ndarray) -> np.ndarray:
         """Total job seconds of many clients at once (vectorised :meth:`job_time`)."""
         table = np.asarray(self._net, dtype=np.float64)
         rows = table[self._class_index[np.asarray(clients, dtype=np.int64)]]
-        return rows[:, 0] + np.asarray(num_steps, dtype=np.float64) * rows[:, 2] + rows[:, 1]
+        return rows[:, 0] + rows[:, 3] + np.asarray(num_steps, dtype=np.float64) * rows[:, 2] + rows[:, 1]
 
     def _slot_of(self, t: float) -> int:
         """The schedule slot that holds ``t``; a time computed as k x ``slot_seconds`` is in slot k

@@ -12,6 +12,8 @@ read. One table per class::
     loss = 0.01        # loss probability in [0, 1) (netem; relay: a chunk held one RTO)
     step_ms = 3.0      # simulation: ms per local step of the run's model on this device
     speed = 0.25       # ... or its compute speed relative to the reference device (1)
+    overhead_ms = 900  # simulation: fixed ms per job besides transfers and training (process
+                       # start, (de)serialisation, polls: what a deployment pays per message)
     session_on_s = 600     # simulation: mean length of an online session, s
     session_off_s = 300    # ... and of an offline gap, s
     session_model = "exponential"   # or "periodic": on for session_on_s from t = 0, off, repeat
@@ -23,7 +25,8 @@ Every key but ``count``/``clients`` is optional; clients no class covers are the
 with no network limit (class ``unconstrained``). Classes with an explicit ``clients`` list are
 placed first, then ``count`` classes take the lowest free client ids in file order. A deployment
 applies the limits (``cpus`` ... ``loss``) and ignores the simulation's keys; a simulation times
-each client from ``step_ms`` (or ``speed``), the bandwidths and ``rtt_ms``, and its sessions.
+each client from ``step_ms`` (or ``speed``), ``overhead_ms``, the bandwidths and ``rtt_ms``, and its
+sessions.
 """
 
 from __future__ import annotations
@@ -40,9 +43,10 @@ from .errors import ProfileError
 
 LIMITS = ("cpus", "mem_mb", "up_kbps", "down_kbps", "rtt_ms", "loss")
 SPEED_KEYS = ("step_ms", "speed")
+JOB_KEYS = ("overhead_ms",)
 SESSION_KEYS = ("session_on_s", "session_off_s", "session_model")
 SESSION_MODELS = ("exponential", "periodic")
-KEYS = ("count", "clients", *LIMITS, *SPEED_KEYS, *SESSION_KEYS)
+KEYS = ("count", "clients", *LIMITS, *SPEED_KEYS, *JOB_KEYS, *SESSION_KEYS)
 UNCONSTRAINED = "unconstrained"
 
 
@@ -61,6 +65,7 @@ class DeviceProfile:
     loss: float | None = None
     step_ms: float | None = None
     speed: float | None = None
+    overhead_ms: float | None = None
     session_on_s: float | None = None
     session_off_s: float | None = None
     session_model: str = "exponential"
@@ -92,7 +97,8 @@ class DeviceProfile:
         return reference_step_ms / (self.speed or 1.0) / 1000.0
 
     def describe(self) -> str:
-        keys = [k for k in (*LIMITS, *SPEED_KEYS, "session_on_s", "session_off_s") if getattr(self, k) is not None]
+        keys = [k for k in (*LIMITS, *SPEED_KEYS, *JOB_KEYS, "session_on_s", "session_off_s")
+                if getattr(self, k) is not None]
         if self.has_sessions:
             keys.append("session_model")
         return ", ".join(f"{k}={getattr(self, k)}" for k in keys)
@@ -138,7 +144,8 @@ class ProfilePlan:
         """What a results folder keeps (config.json): per class its clients and keys."""
         out: dict[str, Any] = {}
         for dc in self.classes:
-            keys = {k: getattr(dc, k) for k in (*LIMITS, *SPEED_KEYS, *SESSION_KEYS) if getattr(dc, k) is not None}
+            keys = {k: getattr(dc, k) for k in (*LIMITS, *SPEED_KEYS, *JOB_KEYS, *SESSION_KEYS)
+                    if getattr(dc, k) is not None}
             if not dc.has_sessions:
                 keys.pop("session_model", None)
             out[dc.name] = {"clients": list(dc.clients), **keys}
@@ -175,13 +182,13 @@ def _class_keys(name: str, table: Mapping[str, Any]) -> dict[str, Any]:
         raise ProfileError(f"device class [{name}]: give exactly one of count (how many clients) "
                            f"and clients (a list of client ids)")
     out: dict[str, Any] = {}
-    for key in (*LIMITS, *SPEED_KEYS, "session_on_s", "session_off_s"):
+    for key in (*LIMITS, *SPEED_KEYS, *JOB_KEYS, "session_on_s", "session_off_s"):
         if key not in table:
             continue
         v = table[key]
         if key == "loss":
             out[key] = float(_number(name, key, v, low=0.0, low_open=False, high=1.0, high_open=True))
-        elif key in ("rtt_ms", "session_off_s"):
+        elif key in ("rtt_ms", "overhead_ms", "session_off_s"):
             out[key] = float(_number(name, key, v, low=0.0, low_open=False))
         elif key in ("cpus", "step_ms", "speed", "session_on_s"):
             out[key] = float(_number(name, key, v, low=0.0))

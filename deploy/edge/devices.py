@@ -3,7 +3,7 @@
 The devices file (TOML, ``--devices FILE``) and its parser live in :mod:`virtualtime.profiles`:
 the simulation's virtual clock (run config ``devices``) reads the same file with the same
 parser. A deployment applies each class's limits (``cpus``, ``mem_mb``, ``up_kbps``,
-``down_kbps``, ``rtt_ms``, ``loss``) and ignores the simulation's keys (``step_ms``, ``speed``,
+``down_kbps``, ``rtt_ms``, ``loss``) and ignores the simulation's keys (``step_ms``, ``speed``, ``overhead_ms``,
 ``session_*``). FedScale-style traces become classes with :func:`classes_from_trace`
 (:mod:`virtualtime.traces`). Here every error of those readers is a :class:`DeployError`.
 """
