@@ -13,6 +13,7 @@ from availability import Schedule, schedule_for
 from runconfig import ConfigError, WorkloadConfig, from_run_config
 from runconfig.defaults import ROOT, default_run_config
 from server_app import checkpoint
+from server_app.asynchronous import check_resume, is_asynchronous_spec
 from server_app.config import RunConfig
 from server_app.experiment import run_folder
 from server_app.results import RunRecorder, default_run_name
@@ -72,8 +73,14 @@ def build_run_config(num_nodes: int, user: Mapping[str, Any], *, grace: float = 
 
 
 def check_run_config(cfg: Mapping[str, Any]) -> None:
-    """Every key checked, as the ServerApp will, before any process trains."""
-    RunConfig.from_run_config(dict(cfg))
+    """Every key checked, as the ServerApp will, before any process trains; an asynchronous
+    deployment's ``resume-from`` refused here, before its run folder is cut back."""
+    run_config = RunConfig.from_run_config(dict(cfg))
+    if run_config.server.resume_from and is_asynchronous_spec(run_config.server.strategy):
+        try:
+            check_resume(run_config, run_config.server.resume_from)
+        except ConfigError as err:
+            raise DeployError(str(err)) from None
 
 
 def run_dir_of(run_config: Mapping[str, Any]) -> Path:

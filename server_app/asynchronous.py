@@ -18,8 +18,13 @@ Rows: ``round`` (the version after the aggregation), ``participants`` (the clien
 ``arrivals`` ([client, staleness] of each applied update, in arrival order), ``virtual-time`` (or
 real seconds in a deployment), ``rejected`` (stale arrivals among them, with their reasons),
 ``unavailable-nodes`` (jobs lost since the last row), the rule's metrics, evaluation, and
-``round-time`` / ``wall-time`` in wall seconds. Checkpoints (``checkpoint-every``) hold the model
-and the rule's state; an asynchronous run does not resume from one (``resume-from`` is refused).
+``round-time`` / ``wall-time`` in wall seconds.
+
+Checkpoints (``checkpoint-every`` aggregations) hold the model, the rule's state and the RNG
+states; on the virtual clock also the loop's own (:mod:`server_app.async_resume`: the event queue
+with the jobs in flight and their replies, the virtual time, each client's job count), so that
+``resume-from`` continues the run exactly as if it had not stopped. A deployment does not resume
+(its jobs in flight run on real nodes): ``resume-from`` is refused there.
 """
 
 from __future__ import annotations
@@ -27,8 +32,9 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +46,11 @@ from rich.console import Console
 from runconfig import ConfigError
 from strategies.asynchronous import AsyncRule, Outcome
 from strategies.replies import RoundLog, brief
-from virtualtime import EventQueue, VirtualClock
+from virtualtime import Event, EventQueue, VirtualClock
 
+from . import checkpoint
 from .async_clock import STEP_SECONDS, Clock, StepClock, completes
+from .async_resume import LoopState, SavedJob, restored_reply, saved_reply
 from .results import RunRecorder
 
 log = logging.getLogger(__name__)
@@ -62,6 +70,16 @@ def is_asynchronous_spec(spec: str) -> bool:
         return bool(getattr(rule_spec(spec)[0], "asynchronous", False))
     except Exception:  # noqa: BLE001 (an oracle, or a bad spec: the run's own checks say why)
         return False
+
+
+def check_resume(cfg: Any, path: str) -> None:
+    """ConfigError when an asynchronous run with run config ``cfg`` cannot resume: a deployment."""
+    if cfg.availability.availability_gate == "none":
+        raise ConfigError(f"run config 'resume-from' = {path!r}: strategy {cfg.server.strategy!r} is asynchronous "
+                          "and availability-gate = 'none' (a deployment, real time): its jobs in flight run on "
+                          "real nodes, and a new run cannot take their replies, so an asynchronous deployment "
+                          "does not resume; start a new run (asynchronous simulations, gates 'server' and "
+                          "'client', resume)")
 
 
 def clock_for(setup: Any) -> Clock:
@@ -84,6 +102,7 @@ class Job:
     client: int
     message: Message
     version: int
+    job_round: int  # the message's server-round (the client's job count)
     reply: Message | None = None
     lost: bool = False  # the client goes offline before the job ends
 
@@ -93,7 +112,7 @@ class Hooks:
     """What the asynchronous loop takes from the round loop's module (server_app.experiment)."""
 
     evaluate: Callable[[Any, Any, Any], dict[str, float]]  # (workload, strategy, arrays) -> test-* metrics
-    checkpoint: Callable[[Any, int, Any], Any]  # (setup, version, arrays)
+    checkpoint: Callable[[Any, int, Any, Mapping[str, Any]], Any]  # (setup, version, arrays, the loop's state)
     config_record: dict[str, Any]  # config.json
 
 
@@ -105,6 +124,8 @@ class AsyncRecorder:
         self.t_run = self.t_last = time.monotonic()
         self.arrivals: list[dict[str, Any]] = []  # every arrival, for tests and the event-order record
         self.failed_in_a_row = 0
+        # the loop's state for a checkpoint: the virtual loop installs its own; real time has none to resume
+        self.loop_state: Callable[[], Mapping[str, Any]] = lambda: {"kind": checkpoint.REALTIME}
 
     def row(self, strategy: AsyncRule, now: float, x_old: np.ndarray) -> None:
         s = self.setup.cfg.server
@@ -137,7 +158,7 @@ class AsyncRecorder:
         self.t_last = t
         self.recorder.record(row)
         if s.checkpoint_every and strategy.version % s.checkpoint_every == 0:
-            self.hooks.checkpoint(self.setup, strategy.version, arrays)
+            self.hooks.checkpoint(self.setup, strategy.version, arrays, self.loop_state())
         strategy.round_log = RoundLog()
         acc = f", acc {row['test-accuracy']:.3f}" if "test-accuracy" in row else ""
         self.console.print(f"aggregation {strategy.version}/{s.num_server_rounds} at t={now:.1f}: "
@@ -164,15 +185,14 @@ def run_async(grid: Grid, setup: Any, client_of_node: dict[int, int], console: C
     assert isinstance(strategy, AsyncRule)
     s = cfg.server
     if s.resume_from:
-        raise ConfigError(f"run config 'resume-from': strategy '{strategy.name}' is asynchronous and does not "
-                          "resume (jobs in flight are not checkpointed); start a new run")
+        check_resume(cfg, s.resume_from)  # prepare() did too, before any folder was touched
     if s.federated_evaluation:
         raise ConfigError(f"run config 'federated-evaluation' = true: strategy '{strategy.name}' is asynchronous "
                           "(no rounds whose clients could evaluate); use central evaluation (eval-every)")
     recorder = RunRecorder(setup.run_dir, cfg.workload.num_clients)
     recorder.write_config({**hooks.config_record, "loop": "asynchronous"})
-    recorder.resume_at(0)
-    strategy.begin(setup.arrays)
+    recorder.resume_at(setup.start_round - 1)
+    strategy.begin(setup.arrays)  # a resumed run: the checkpoint's model, and prepare() loaded the rule's state
     rec = AsyncRecorder(setup, recorder, console, hooks)
     if cfg.availability.availability_gate == "none":
         from .async_realtime import run_realtime
@@ -181,7 +201,13 @@ def run_async(grid: Grid, setup: Any, client_of_node: dict[int, int], console: C
         slots = max(len(recorder.rows), 1)
     else:
         clock = clock_for(setup)
-        end = VirtualLoop(grid, setup, strategy, clock, client_of_node, rec).run()
+        loop = VirtualLoop(grid, setup, strategy, clock, client_of_node, rec)
+        resume = None
+        if s.resume_from:  # prepare() checked it: this loop's, the same settings, versions left to run
+            ckpt = checkpoint.load(s.resume_from)
+            resume = LoopState.from_saved(ckpt["loop"], s.resume_from)
+            checkpoint.restore_rng(ckpt)
+        end = loop.run(resume)
         slot = getattr(clock, "slot", None) or getattr(clock, "slot_seconds", None) or 1.0
         slots = int(min(max(1, math.ceil(end / slot) + 1), 10 * s.num_server_rounds + 1))
     if not recorder.rows:
@@ -211,24 +237,91 @@ class VirtualLoop:
         self.jobs_of = dict.fromkeys(range(n), 0)
         self.queue = EventQueue()
         self.in_flight = 0
+        self.now = 0.0
+        rec.loop_state = self.state
 
-    def run(self) -> float:
-        now, target = 0.0, self.setup.cfg.server.num_server_rounds
-        self.dispatch(now)
+    def run(self, resume: LoopState | None = None) -> float:
+        """Events until ``num-server-rounds`` aggregations (or none is left); the last event's time.
+        ``resume``: go on from a checkpoint's state (written right after an event was handled)."""
+        target = self.setup.cfg.server.num_server_rounds
+        if resume is None:
+            self.dispatch(self.now)
+        else:
+            self.restore(resume)
+            self.after_event(target)
         while self.strategy.version < target and len(self.queue):
             event = self.queue.pop()
-            now = event.time
+            self.now = event.time
             if event.kind == ARRIVAL:
-                self.arrive(event.payload, now)
+                self.arrive(event.payload, self.now)
             else:
                 self.idle.add(event.payload)
-            nxt = self.queue.peek()
-            if self.strategy.version < target and (nxt is None or nxt.time != now):
-                self.dispatch(now)  # after every event of this instant
+            self.after_event(target)
         if self.strategy.version < target:
             log.warning("%s: stopped after %d of %d aggregations at virtual time %.1f: no client will be online "
-                        "again within the clock's horizon", self.strategy.name, self.strategy.version, target, now)
-        return now
+                        "again within the clock's horizon", self.strategy.name, self.strategy.version, target,
+                        self.now)
+        return self.now
+
+    def after_event(self, target: int) -> None:
+        nxt = self.queue.peek()
+        if self.strategy.version < target and (nxt is None or nxt.time != self.now):
+            self.dispatch(self.now)  # after every event of this instant
+
+    # ------------------------------------------------------------------ checkpoints
+    def state(self) -> dict[str, Any]:
+        """The loop's checkpoint entry (:class:`LoopState`), taken while an event is handled."""
+        events = []
+        for e in self.queue.events():
+            item: dict[str, Any] = {"time": e.time, "seq": e.seq, "kind": e.kind}
+            if e.kind == ARRIVAL:
+                job: Job = e.payload
+                item["client"] = job.client
+                item["job"] = asdict(SavedJob(job.client, job.version, job.job_round, job.lost, saved_reply(job.reply)))
+            else:
+                item["client"] = int(e.payload)
+            events.append(item)
+        n = self.setup.cfg.workload.num_clients
+        return LoopState(self.now, self.queue.next_seq, events, sorted(self.idle), [self.jobs_of[c] for c in range(n)],
+                         self.in_flight, self.rec.failed_in_a_row, dict(self.node_of)).saved()
+
+    def restore(self, state: LoopState) -> None:
+        """Take a checkpoint's loop state: each job in flight gets its message again (to the node
+        that hosts its client now) and the reply it had."""
+        n = self.setup.cfg.workload.num_clients
+        if len(state.jobs_of) != n:
+            raise ConfigError(f"the checkpoint's loop holds {len(state.jobs_of)} clients, the run has num-clients={n}")
+        self.rebind({int(c): int(node) for c, node in state.node_of.items()})
+        events = []
+        for item in state.events:
+            payload: Any = int(item["client"])
+            if item["kind"] == ARRIVAL:
+                saved = SavedJob(**item["job"])
+                msg = self.strategy.resume_job(self.node_of[saved.client], saved.job_round, saved.version)
+                msg.metadata.__dict__["_message_id"] = uuid.uuid4().hex  # as a grid gives it one
+                payload = Job(saved.client, msg, saved.version, saved.job_round, restored_reply(saved.reply, msg),
+                              saved.lost)
+            events.append(Event(float(item["time"]), int(item["seq"]), str(item["kind"]), payload))
+        self.queue = EventQueue.restored(events, int(state.next_seq))
+        self.now = float(state.now)
+        self.idle = {int(c) for c in state.idle}
+        self.jobs_of = {c: int(k) for c, k in enumerate(state.jobs_of)}
+        self.in_flight = int(state.in_flight)
+        self.rec.failed_in_a_row = int(state.failed_in_a_row)
+
+    def rebind(self, saved_node_of: Mapping[int, int]) -> None:
+        """A run resumed on nodes with other ids (a new Flower simulation draws new ones): the
+        rule's client binding follows each client to its node now (in simulation a node's
+        client id is its partition, :func:`server_app.experiment.connect`)."""
+        moved = {saved_node_of[c]: node for c, node in self.node_of.items()
+                 if c in saved_node_of and saved_node_of[c] != node}
+        if not moved:
+            return
+        binding = self.strategy.binding
+        binding.load_state_dict({
+            "client_of_node": {moved.get(node, node): c for node, c in binding.client_of_node.items()},
+            "node_of_client": {c: moved.get(node, node) for c, node in binding.node_of_client.items()},
+        })
 
     def dispatch(self, now: float) -> None:
         free = []
@@ -249,7 +342,7 @@ class VirtualLoop:
         for c in free:
             self.jobs_of[c] += 1
             msg, version = self.strategy.job(self.node_of[c], self.jobs_of[c])
-            jobs.append(Job(c, msg, version))
+            jobs.append(Job(c, msg, version, self.jobs_of[c]))
         replies = self.grid.send_and_receive([j.message for j in jobs], timeout=self.setup.cfg.server.round_timeout)
         by_id: dict[str, Message] = {}
         for r in replies:

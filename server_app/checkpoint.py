@@ -2,15 +2,17 @@
 
 A checkpoint is ``<run folder>/checkpoints/round-RRRR.pt``, a torch pickle of
 ``{"round", "arrays" (name -> numpy array), "strategy" (the rule's state_dict), "config" (the run
-config, flat), "rng" (python, numpy and torch generator states)}``. The ServerApp saves one every
-``checkpoint-every`` rounds and resumes from one (``resume-from``); the deployment launcher finds
-the newest with :func:`latest`; reports read a rule's state from :func:`load`.
+config, flat), "rng" (python, numpy and torch generator states), "loop" (the loop that wrote it:
+``{"kind": "rounds"}``, or an asynchronous loop's state, :mod:`server_app.async_resume`)}``. The
+ServerApp saves one every ``checkpoint-every`` rounds (aggregations, in an asynchronous run) and
+resumes from one (``resume-from``) in the loop that wrote it (:func:`check_loop`); the deployment
+launcher finds the newest with :func:`latest`; reports read a rule's state from :func:`load`.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,14 +30,26 @@ FREE_KEYS = frozenset({
 })
 
 
+#: the loops that write checkpoints (``ckpt["loop"]["kind"]``)
+ROUNDS, VIRTUAL, REALTIME = "rounds", "asynchronous", "asynchronous-realtime"
+EARLIER = "asynchronous-earlier"  # an asynchronous run's checkpoint from before the loop saved its state
+LOOPS = {
+    ROUNDS: "a synchronous run (the round loop)",
+    VIRTUAL: "an asynchronous run on the virtual clock",
+    REALTIME: "an asynchronous deployment (real time, availability-gate 'none')",
+    EARLIER: "an asynchronous run of an earlier version, which saved no event queue",
+}
+
+
 def path_of(run_dir: str | Path, rnd: int) -> Path:
     return Path(run_dir) / FOLDER / f"round-{rnd:04d}.pt"
 
 
 def save(run_dir: str | Path, rnd: int, arrays: Mapping[str, np.ndarray], strategy: dict[str, Any],
-         config: Mapping[str, Any]) -> Path:
-    """Write round ``rnd``'s checkpoint with the current RNG states; never leaves a truncated file
-    (written to ``.pt.partial``, then renamed)."""
+         config: Mapping[str, Any], loop: Mapping[str, Any] | None = None) -> Path:
+    """Write round ``rnd``'s checkpoint with the current RNG states and ``loop`` (the loop's own
+    state, ``{"kind": ...}``; None: the round loop); never leaves a truncated file (written to
+    ``.pt.partial``, then renamed)."""
     path = path_of(run_dir, rnd)
     partial = path.with_suffix(".pt.partial")
     torch.save({
@@ -44,6 +58,7 @@ def save(run_dir: str | Path, rnd: int, arrays: Mapping[str, np.ndarray], strate
         "strategy": strategy,
         "config": dict(config),
         "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
+        "loop": dict(loop) if loop is not None else {"kind": ROUNDS},
     }, partial)
     partial.replace(path)
     return path
@@ -66,6 +81,40 @@ def latest(run_dir: str | Path) -> Path:
             continue
     raise ConfigError(f"no readable checkpoint in {Path(run_dir) / FOLDER}: a run can be resumed "
                       "only if it ran with checkpoint-every >= 1")
+
+
+def loop_of(ckpt: Mapping[str, Any], asynchronous_rule: Callable[[str], bool]) -> str:
+    """The kind of loop that wrote ``ckpt`` (a key of :data:`LOOPS`). A checkpoint without
+    ``"loop"`` was written before the key existed: by the round loop, or, when its strategy
+    (``asynchronous_rule(spec)``) is asynchronous, by an asynchronous loop that saved no state."""
+    loop = ckpt.get("loop")
+    if loop is None:
+        return EARLIER if asynchronous_rule(str(ckpt.get("config", {}).get("strategy", ""))) else ROUNDS
+    kind = loop.get("kind") if isinstance(loop, Mapping) else None
+    if kind not in LOOPS:
+        raise ConfigError(f"checkpoint's 'loop' names no loop this code knows ({kind!r}; known: {sorted(LOOPS)})")
+    return str(kind)
+
+
+def check_loop(ckpt: Mapping[str, Any], path: str | Path, wanted: str, strategy: str,
+               asynchronous_rule: Callable[[str], bool]) -> None:
+    """ConfigError unless ``ckpt`` was written by the loop ``wanted`` (a key of :data:`LOOPS`)
+    that the run with strategy ``strategy`` runs: a checkpoint continues only the loop that wrote
+    it (a synchronous one holds no event queue; an asynchronous one holds jobs in flight that no
+    round waits for)."""
+    got = loop_of(ckpt, asynchronous_rule)
+    if got == wanted:
+        return
+    if got == REALTIME:
+        why = ("its jobs ran on real nodes, and the replies they were training are gone with that run: an "
+               "asynchronous deployment does not resume; start a new run")
+    elif got == EARLIER:
+        why = ("without its jobs in flight, virtual time and job counts the run cannot be continued exactly; "
+               "start a new run")
+    else:
+        why = (f"this run, with strategy {strategy!r}, is {LOOPS[wanted]}: a checkpoint continues only the loop "
+               "that wrote it")
+    raise ConfigError(f"run config 'resume-from' = {str(path)!r}: the checkpoint was written by {LOOPS[got]}; {why}")
 
 
 def check_resumable(ckpt: Mapping[str, Any], path: str | Path, config: Mapping[str, Any],

@@ -32,7 +32,7 @@ from strategies.replies import brief, finite
 from workloads.workload import Workload, get_workload
 
 from . import checkpoint
-from .asynchronous import Hooks, is_asynchronous, run_async
+from .asynchronous import Hooks, check_resume, is_asynchronous, is_asynchronous_spec, run_async
 from .clockgrid import VirtualClock, VirtualClockGrid, build_clock, busy_after, last_virtual_time
 from .config import RunConfig, ServerConfig
 from .network import AvailabilityGrid, discover_clients, fast_pull, reply_seconds, wait_for_nodes
@@ -69,7 +69,7 @@ def prepare(cfg: RunConfig) -> Setup:
     arrays = ArrayRecord(workload.new_model().state_dict())
     start_round = 1
     if s.resume_from:
-        ckpt = load_checkpoint(s.resume_from, cfg)
+        ckpt = load_checkpoint(s.resume_from, cfg, asynchronous=is_asynchronous(strategy))
         arrays = named_arrays(ckpt["arrays"])
         strategy.load_state_dict(ckpt["strategy"])
         start_round = ckpt["round"] + 1
@@ -141,17 +141,25 @@ def connect(grid: Grid, cfg: RunConfig) -> dict[int, int]:
     return client_of_node
 
 
-def load_checkpoint(path: str, cfg: RunConfig) -> dict[str, Any]:
+def load_checkpoint(path: str, cfg: RunConfig, asynchronous: bool = False) -> dict[str, Any]:
+    """The checkpoint at ``path`` if this run may continue it (ConfigError naming why not): written
+    by the loop this run runs (``asynchronous``: the strategy's), with the same settings."""
     if not Path(path).is_file():
         raise ConfigError(f"run config 'resume-from' = {path!r}: no such checkpoint file")
+    s = cfg.server
+    if asynchronous:
+        check_resume(cfg, path)  # not a deployment
     ckpt = checkpoint.load(path)
-    checkpoint.check_resumable(ckpt, path, cfg.to_dict(), cfg.server.num_server_rounds)
+    wanted = checkpoint.VIRTUAL if asynchronous else checkpoint.ROUNDS
+    checkpoint.check_loop(ckpt, path, wanted, s.strategy, is_asynchronous_spec)
+    checkpoint.check_resumable(ckpt, path, cfg.to_dict(), s.num_server_rounds)
     return ckpt
 
 
-def save_checkpoint(setup: Setup, rnd: int, arrays: ArrayRecord) -> Path:
+def save_checkpoint(setup: Setup, rnd: int, arrays: ArrayRecord, loop: Mapping[str, Any] | None = None) -> Path:
+    """Round (or version) ``rnd``'s checkpoint; ``loop``: an asynchronous loop's state (None: the round loop)."""
     return checkpoint.save(setup.run_dir, rnd, dict(zip(arrays.keys(), arrays.to_numpy_ndarrays(), strict=True)),
-                           setup.strategy.state_dict(), setup.cfg.to_dict())
+                           setup.strategy.state_dict(), setup.cfg.to_dict(), loop)
 
 
 def wait_round_start(s: ServerConfig, rnd: int) -> None:

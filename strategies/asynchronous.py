@@ -157,11 +157,26 @@ class AsyncRule(AvailabilityStrategy):
         if self.version not in self.snapshots:
             self.snapshots[self.version] = self.current.copy()
         self._users[self.version] = self._users.get(self.version, 0) + 1
+        return self._train_message(node, job_round, self.current), self.version
+
+    def resume_job(self, node: int, job_round: int, version: int) -> Message:
+        """The train message of a job in flight that a checkpoint holds (sent from ``version``,
+        whose model the restored state keeps), to ``node``; counted as :meth:`job` counts it, so
+        its arrival releases the version as in the run that wrote the checkpoint. ValueError when
+        the state does not keep that version."""
+        x = self.snapshots.get(version)
+        if x is None:
+            raise ValueError(f"strategy '{self.name}': a job in flight started from version {version}, and the "
+                             f"checkpoint's state keeps versions {sorted(self.snapshots)}")
+        self._users[version] = self._users.get(version, 0) + 1
+        return self._train_message(node, job_round, x)
+
+    def _train_message(self, node: int, job_round: int, x: np.ndarray) -> Message:
         config = ConfigRecord({SERVER_ROUND: job_round, CLIENT_RULE: PLAIN_RULE, IGNORE_AVAILABILITY: True})
         for key, value in self.train_config(job_round - 1, [node]).items():
             config[key] = value
-        content = self.keys.content(self.arrays_of(self.current), config)
-        return Message(content, dst_node_id=node, message_type=MessageType.TRAIN), self.version
+        content = self.keys.content(self.arrays_of(x), config)
+        return Message(content, dst_node_id=node, message_type=MessageType.TRAIN)
 
     def release(self, version: int) -> None:
         """A job from ``version`` is over (arrived, lost or timed out): drop versions no job needs."""

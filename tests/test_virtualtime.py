@@ -101,6 +101,20 @@ def test_a_client_never_online_has_next_online_inf():
     assert VirtualClock(plan, model_bytes=0, seed=0, schedule=Never(), slot_seconds=1e9).next_online(0, 0.0) == math.inf
 
 
+@pytest.mark.parametrize("slot", [2.63, 0.1, 0.7, 1.1])
+def test_next_online_steps_over_slot_starts_that_floating_point_rounds_down(slot):
+    """k x slot is in slot k even where (k x slot) // slot = k - 1 (15 x 2.63 // 2.63 = 14): the
+    clock found the slot after 39.449999999999996 to be itself, looped and said "never"."""
+    class At:  # on in slot 25 only
+        def available(self, t):
+            return [t == 25]
+
+    plan = parse_profiles({"a": {"count": 1, "step_ms": 1.0}}, 1)
+    clock = VirtualClock(plan, model_bytes=0, seed=0, schedule=At(), slot_seconds=slot)
+    assert clock.next_online(0, 0.0) == 25 * slot and clock.online(0, 25 * slot)
+    assert not clock.online(0, 24 * slot) and clock.online_until(0, 25 * slot) == 26 * slot
+
+
 @settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 2**32), on=st.floats(1, 100), off=st.floats(0.5, 100),
        times=st.lists(st.floats(0, 2000), min_size=1, max_size=20))
@@ -134,3 +148,24 @@ def test_the_event_queue_pops_by_time_then_push_order(events):
     assert len(q) == 0 and q.peek() is None
     with pytest.raises(IndexError):
         q.pop()
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.sampled_from([0.0, 1.0, 2.5]), min_size=1, max_size=20), st.integers(0, 20),
+       st.lists(st.sampled_from([0.0, 1.0, 2.5]), max_size=5))
+def test_a_restored_event_queue_releases_events_as_the_original(times, popped, later):
+    """A checkpoint's copy of a queue (events() and next_seq) releases the same events in the same
+    order as the queue it copies, events pushed afterwards included (the asynchronous loop's resume)."""
+    q = EventQueue()
+    for i, t in enumerate(times):
+        q.push(t, "k", i)
+    for _ in range(min(popped, len(q))):
+        q.pop()
+    copy = EventQueue.restored(q.events(), q.next_seq)
+    for queue in (q, copy):
+        for t in later:
+            queue.push(t, "later", t)
+    assert [(e.time, e.seq, e.payload) for e in (q.pop() for _ in range(len(q)))] == \
+        [(e.time, e.seq, e.payload) for e in (copy.pop() for _ in range(len(copy)))]
+    with pytest.raises(ValueError, match="distinct sequence numbers"):
+        EventQueue.restored([virtualtime.Event(0.0, 3, "k")], 3)

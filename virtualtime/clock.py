@@ -113,10 +113,17 @@ class VirtualClock:
         rows = table[self._class_index[np.asarray(clients, dtype=np.int64)]]
         return rows[:, 0] + rows[:, 3] + np.asarray(num_steps, dtype=np.float64) * rows[:, 2] + rows[:, 1]
 
+    def _slot_of(self, t: float) -> int:
+        """The schedule slot that holds ``t``; a time computed as k x ``slot_seconds`` is in slot k
+        whatever its rounding (15 x 2.63 = 39.449999999999996, and 39.449999999999996 // 2.63 = 14:
+        ``next_online`` stepped to that same time again, 100,000 times, then said "never")."""
+        assert self.slot_seconds is not None
+        return int(math.floor(t / self.slot_seconds + 1e-9))
+
     def _scheduled(self, client: int, t: float) -> bool:
         if self.schedule is None or self.slot_seconds is None:
             return True
-        slot = int(t // self.slot_seconds)
+        slot = self._slot_of(t)
         if self._slot is None or self._slot[0] != slot:
             self._slot = (slot, np.asarray(self.schedule.available(slot), dtype=bool))
         return bool(self._slot[1][client])
@@ -137,7 +144,7 @@ class VirtualClock:
             return t
         if self.slot_seconds is None:
             return end
-        slot = int(t // self.slot_seconds) + 1
+        slot = self._slot_of(t) + 1
         for _ in range(MAX_SLOTS):
             start = slot * self.slot_seconds
             if start >= end:
@@ -160,6 +167,5 @@ class VirtualClock:
             if self._scheduled(client, t):
                 return t
             assert self.slot_seconds is not None
-            nxt = (int(t // self.slot_seconds) + 1) * self.slot_seconds
-            t = nxt
+            t = (self._slot_of(t) + 1) * self.slot_seconds
         return math.inf

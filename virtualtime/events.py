@@ -46,3 +46,25 @@ class EventQueue:
 
     def __bool__(self) -> bool:
         return bool(self._heap)
+
+    def events(self) -> list[Event]:
+        """The queued events in the order they will leave (a checkpoint's copy; the queue is unchanged)."""
+        return [entry[2] for entry in sorted(self._heap)]
+
+    @property
+    def next_seq(self) -> int:
+        """The sequence number the next push gets."""
+        return self._seq
+
+    @classmethod
+    def restored(cls, events: list[Event], next_seq: int) -> EventQueue:
+        """A queue holding ``events`` (each keeps its time and sequence number) whose next push gets
+        ``next_seq``: it releases events exactly as the queue they were copied from."""
+        queue = cls()
+        seqs = [e.seq for e in events]
+        if len(set(seqs)) != len(seqs) or any(not 0 <= q < next_seq for q in seqs):
+            raise ValueError(f"restored events need distinct sequence numbers below next_seq={next_seq}, got {seqs}")
+        queue._heap = [(e.time, e.seq, e) for e in events]
+        heapq.heapify(queue._heap)
+        queue._seq = int(next_seq)
+        return queue
