@@ -219,13 +219,15 @@ def reading(summary: Mapping[str, Any]) -> list[str]:
         "(1-3 epochs per job, drawn per client and job) and the model; every client scheduled on, so every "
         "missing update is a late one (sync) and nothing is missing in the asynchronous runs.",
         "- Differs by design: the synchronous rules run rounds that close at `virtual-deadline` (or when every "
-        "client is in) and drop late replies (a late FedAWE client has trained, so its kept copy moved); "
+        "client is in) and drop late replies (a late FedAWE client has trained, so its kept copy moved; a "
+        "late device is busy until its job ends, as a SuperNode is, so it starts the next round's job late, "
+        "which makes a device slower than the deadline late in nearly every round); "
         "FedBuff (K = 10, s = (1 + staleness)^-0.5) and FedAsync (alpha = 0.6, same s) give every idle "
         "client a new job at once and aggregate without a barrier; `num-server-rounds` counts aggregations, "
         "so the x-axes of the right-hand plot are not comparable.",
-        "- Approximate: virtual time is download + compute + upload only (the server's aggregation and "
-        "evaluation take none; a real deployment adds a per-message cost, see docs/edge.md's clock-vs-"
-        "emulation check); FedAsync is evaluated every few aggregations (its time to target is the first "
+        "- Approximate: virtual time is download + compute + upload only, these devices having no "
+        "`overhead_ms` (the server's aggregation and evaluation take none; a real deployment adds a "
+        "per-message cost, see reports/clock-vs-emulation.md); FedAsync is evaluated every few aggregations (its time to target is the first "
         "evaluation at or above the target); an asynchronous client's data order and lr follow its own job "
         "count, not the model version (docs/engines.md); digits is small (360 test images: 0.003 per image).",
     ]
