@@ -40,11 +40,12 @@ def no_plots():
 
 
 def rows_by_client(run_dir):
-    """The rows without wall times, a rejected reply's node named by its client (node ids differ
-    when the run is resumed on other nodes)."""
+    """The rows without wall times, a rejected reply's node and a lost job's node named by its
+    client (node ids differ when the run is resumed on other nodes)."""
     client = {node: i for ids in (OTHER_NODES, [NODE_ID_BASE + i for i in range(N)]) for i, node in enumerate(ids)}
     return [{**{k: v for k, v in r.items() if k not in ("round-time", "wall-time")},
-             "rejected": [[client[node], why] for node, why in r["rejected"]]} for r in read_metrics(run_dir)]
+             "rejected": [[client[node], why] for node, why in r["rejected"]],
+             "lost-nodes": [client[node] for node in r.get("lost-nodes", [])]} for r in read_metrics(run_dir)]
 
 
 def resume(run_dir, cfg, at, **grid):
