@@ -184,6 +184,11 @@ def fmt(v: float | None, digits: int = 2) -> str:
     return "-" if v is None else f"{v:.{digits}f}"
 
 
+def md_table(head: list[str], rows: list[list[str]]) -> list[str]:
+    """A markdown table's lines."""
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *("| " + " | ".join(r) + " |" for r in rows)]
+
+
 def measured_cells(c: Mapping[str, Any]) -> str:
     """'median [min-max] (n) | ratio | yes/NO' of a :func:`compare` result."""
     return (f"{fmt(c['measured'])} [{fmt(c['min'])}-{fmt(c['max'])}] ({c['n']}) | {fmt(c['ratio'], 3)} | "
@@ -216,26 +221,27 @@ def tables(res: dict[str, Any]) -> list[str]:
            f"other run ({res['other-steps']} steps)", "",
            "The last column is the deployment against itself: the timing run's median E over the calibration "
            "run's, the same config run twice.", "",
-           "| class | clock: down + overhead + compute + up = E (s) | measured E, median [min-max] (n) | "
-           "measured/clock | within 15% | other run: clock E (s) | measured E, median [min-max] (n) | "
-           "measured/clock | within 15% | timing / calibration run |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for name, c in classes.items():
-        p, o = c["clock"], c["other"]
-        md.append(f"| {name} | {p['download']:.2f} + {p['overhead']:.2f} + {p['compute']:.2f} + {p['upload']:.2f} "
-                  f"= {p['total']:.2f} | {measured_cells(c)} | {o['predicted']:.2f} | {measured_cells(o)} | "
-                  f"{fmt(agreement(c['measured'], calib_e[name] or 0.0)[0], 3)} |")
+           ]
+    md += md_table(["class", "clock: down + overhead + compute + up = E (s)", "measured E, median [min-max] (n)",
+                    "measured/clock", "within 15%", "other run: clock E (s)", "measured E, median [min-max] (n)",
+                    "measured/clock", "within 15%", "timing / calibration run"],
+                   [[name, f"{c['clock']['download']:.2f} + {c['clock']['overhead']:.2f} + "
+                     f"{c['clock']['compute']:.2f} + {c['clock']['upload']:.2f} = {c['clock']['total']:.2f}",
+                     measured_cells(c), f"{c['other']['predicted']:.2f}", measured_cells(c['other']),
+                     fmt(agreement(c['measured'], calib_e[name] or 0.0)[0], 3)] for name, c in classes.items()])
     md += ["", "## Where E goes (timing run, medians of rounds 2+, s)", "",
            "pre: the server created the message -> the node's worker took it up (SuperLink, the node's poll, "
            "the download, the ClientApp process start, the hand-off); work: the worker's decode + train + "
            "encode; post: reply built -> the server saw it (the upload, the node's push, the server's 0.1 s "
            "poll). E ~ pre + work + post (less the server's push).", "",
-           "| class | pre | clock download + overhead | train | clock compute | work - train | post | clock upload | E "
-           "| first round E (worker start) |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for name, c in classes.items():
-        d, p = c["decomposition"], c["clock"]
-        md.append(f"| {name} | {fmt(d['pre'])} | {p['download'] + p['overhead']:.2f} | {fmt(d['train'])} | "
-                  f"{p['compute']:.2f} | {fmt(d['work-train'])} | {fmt(d['post'])} | {p['upload']:.2f} | "
-                  f"{fmt(c['measured'])} | {fmt(c['first-round'])} |")
+           ]
+    md += md_table(["class", "pre", "clock download + overhead", "train", "clock compute", "work - train", "post",
+                    "clock upload", "E", "first round E (worker start)"],
+                   [[name, fmt(c["decomposition"]["pre"]), f"{c['clock']['download'] + c['clock']['overhead']:.2f}",
+                     fmt(c["decomposition"]["train"]), f"{c['clock']['compute']:.2f}",
+                     fmt(c["decomposition"]["work-train"]), fmt(c["decomposition"]["post"]),
+                     f"{c['clock']['upload']:.2f}", fmt(c["measured"]), fmt(c["first-round"])]
+                    for name, c in classes.items()])
     shaped = {n: c for n, c in classes.items() if c.get("transfer") is not None}
     if shaped:
         md += ["", "## Transfers alone (calibration run): E - train of the shaped class minus that of the "
