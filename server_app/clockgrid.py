@@ -59,7 +59,7 @@ class VirtualClockGrid(DelegatingGrid):
         self.deadline = deadline if deadline > 0 else math.inf
         self.min_replies = min_replies
         self.now = float(start)
-        self.busy_until: dict[int, float] = dict(busy or {})  # client -> when its late job ends
+        self.busy_until: dict[int, float] = dict(busy or {})  # client -> when its last late job ends
         self.records: dict[int, dict[str, Any]] = {}  # round -> what the round's row keeps
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:  # noqa: D102
@@ -105,7 +105,7 @@ class VirtualClockGrid(DelegatingGrid):
                 back.append(end)
                 continue
             jt = self.clock.job_time(c, self.steps_for(c, rnd - 1))
-            start = max(t0, self.busy_until.pop(c, t0))
+            start = max(t0, self.busy_until.get(c, t0))
             if start + jt.trained > end:
                 lost.append(c)
                 undelivered.add(id(m))
@@ -184,12 +184,14 @@ def last_virtual_time(rows: Iterable[Mapping[str, Any]]) -> float:
 
 
 def busy_after(rows: Iterable[Mapping[str, Any]]) -> dict[int, float]:
-    """Where a resumed run's devices stand: client -> when the late job of the last timed round
-    ends (its start T = virtual-time - virtual-round-time, plus its client-virtual-time)."""
-    timed = [r for r in rows if "late" in r and "virtual-round-time" in r]
-    if not timed:
-        return {}
-    last = timed[-1]
-    t0 = float(last["virtual-time"]) - float(last["virtual-round-time"])
-    times = last.get("client-virtual-time", {})
-    return {int(c): t0 + float(times[str(c)]) for c in last["late"] if str(c) in times}
+    """Where a resumed run's devices stand: client -> when its last late job ends (the round's
+    start T = virtual-time - virtual-round-time, plus its client-virtual-time), as the grid of the
+    uninterrupted run holds it in ``busy_until``."""
+    busy: dict[int, float] = {}
+    for row in rows:
+        if "late" not in row or "virtual-round-time" not in row:
+            continue
+        t0 = float(row["virtual-time"]) - float(row["virtual-round-time"])
+        times = row.get("client-virtual-time", {})
+        busy.update({int(c): t0 + float(times[str(c)]) for c in row["late"] if str(c) in times})
+    return busy

@@ -23,6 +23,7 @@ from contextvars import ContextVar
 from typing import Any
 
 from flwr.app import Message, RecordDict
+from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 
 from availability import Schedule
@@ -188,8 +189,6 @@ def _objects_until(deadline: float | None) -> Iterator[None]:
 def _incomplete(m: Message) -> bool:
     """A reply Flower's grid gave up on because its objects did not all arrive (here: by the
     deadline): the node replied, its reply is late."""
-    from flwr.common.constant import ErrorCode
-
     return m.has_error() and m.error.code == ErrorCode.MESSAGE_UNAVAILABLE
 
 

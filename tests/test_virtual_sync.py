@@ -10,7 +10,7 @@ import matplotlib
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 from experiments.inprocess import run_inprocess
 from runconfig import ConfigError
@@ -113,22 +113,53 @@ def test_min_replies_closes_at_the_kth_arrival_and_a_session_ending_mid_job_lose
     assert rows[2]["client-virtual-time"] == pytest.approx({"0": 1.0, "1": 2.32, "2": 7.36})
 
 
-def test_a_resumed_clock_run_keeps_the_devices_still_busy_with_late_jobs(tmp_path):
+BUSY = """
+[slow]
+count = {k}
+step_ms = {ms}
+overhead_ms = {overhead}
+session_on_s = {on}
+session_off_s = {off}
+[fast]
+count = {rest}
+step_ms = 400
+"""
+
+
+@settings(max_examples=4, deadline=None, derandomize=True)
+@given(k=st.integers(1, N - 1), ms=st.integers(500, 4000), overhead=st.integers(0, 1500), on=st.integers(2, 30),
+       off=st.integers(1, 10), close=st.sampled_from([("virtual-deadline", 1.5), ("virtual-deadline", 3.0),
+                                                     ("min-replies", 1), ("min-replies", 2)]),
+       at=st.integers(1, 4), seed=st.integers(0, 3))
+@example(k=1, ms=2000, overhead=0, on=1000, off=1, close=("min-replies", 2), at=2, seed=0)
+def test_a_resumed_clock_run_keeps_the_devices_still_busy_with_late_jobs(tmp_path_factory, k, ms, overhead, on, off,
+                                                                        close, at, seed):
     import shutil
 
-    over = {"strategy": "fedavg-active", "num-server-rounds": 4, "devices": devices(tmp_path), "min-replies": 2,
-            "checkpoint-every": 1}
-    rows, final, full = run(tmp_path, "full", **over)
-    assert rows[1]["late"]  # a device is busy across the checkpoint of round 2
-    copy = tmp_path / "resumed"
+    tmp = tmp_path_factory.mktemp("busy")
+    text = BUSY.format(k=k, ms=ms, overhead=overhead, on=on, off=off, rest=N - k)
+    over = {"strategy": "fedavg-active", "num-server-rounds": 5, "devices": devices(tmp, text), close[0]: close[1],
+            "checkpoint-every": 1, "schedule-seed": seed}
+    rows, final, full = run(tmp, "full", **over)
+    copy = tmp / "resumed"
     shutil.copytree(full, copy)
     (copy / "final_model.pt").unlink()
-    resumed, resumed_final, _ = run(tmp_path, "resumed", **over,
-                                    **{"resume-from": str(copy / "checkpoints" / "round-0002.pt")})
+    resumed, resumed_final, _ = run(tmp, "resumed", **over,
+                                    **{"resume-from": str(copy / "checkpoints" / f"round-{at:04d}.pt")})
     strip = ("round-time", "wall-time")
     assert [{k: v for k, v in r.items() if k not in strip} for r in resumed] == [
         {k: v for k, v in r.items() if k not in strip} for r in rows]
     assert all(torch.equal(final[k], resumed_final[k]) for k in final)
+
+
+def test_a_late_device_starts_its_next_job_when_the_late_one_ends(tmp_path):
+    # slow: 2 s jobs, min-replies 2 closes every round at the fast clients' 0.4 s: the slow device's
+    # jobs run back to back, so its reply comes 2, 3.6, 5.2 ... s after its round starts
+    text = BUSY.format(k=1, ms=2000, overhead=0, on=1000, off=1, rest=N - 1)
+    rows, _, _ = run(tmp_path, "busy", strategy="fedavg-active", **{
+        "num-server-rounds": 4, "devices": devices(tmp_path, text), "min-replies": 2})
+    assert [r["late"] for r in rows] == [[0]] * 4
+    assert [r["client-virtual-time"]["0"] for r in rows] == pytest.approx([2.0, 3.6, 5.2, 6.8])
 
 
 def test_overhead_ms_delays_every_job_and_a_session_ending_in_it_loses_the_client_untrained(tmp_path):

@@ -74,14 +74,14 @@ def calibrate(replies: list[Reply], classes: Mapping[int, str], steps: int,
     transfer. ValueError names a class without a timed reply."""
     out = {}
     for name, transfer in transfers.items():
-        rs = [r for r in replies if r.round >= 2 and classes[r.client] == name and r.reply is not None
-              and r.train is not None]
-        if not rs:
+        timed = [(r.reply, r.train) for r in replies if r.round >= 2 and classes[r.client] == name
+                 and r.reply is not None and r.train is not None]
+        if not timed:
             raise ValueError(f"class [{name}] has no timed reply in rounds 2+ of the calibration run")
-        train = statistics.median(r.train for r in rs if r.train is not None)
-        rest = statistics.median(r.reply - r.train for r in rs if r.reply is not None and r.train is not None)
+        train = statistics.median(t for _, t in timed)
+        rest = statistics.median(e - t for e, t in timed)
         out[name] = {"step_ms": 1000.0 * train / max(1, steps), "overhead_ms": 1000.0 * max(0.0, rest - transfer),
-                     "n": float(len(rs))}
+                     "n": float(len(timed))}
     return out
 
 
