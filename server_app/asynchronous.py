@@ -45,7 +45,7 @@ from rich.console import Console
 
 from runconfig import ConfigError
 from strategies.asynchronous import AsyncRule, Outcome
-from strategies.replies import RoundLog, brief
+from strategies.replies import brief
 from virtualtime import Event, EventQueue, VirtualClock
 
 from . import checkpoint
@@ -159,7 +159,7 @@ class AsyncRecorder:
         self.recorder.record(row)
         if s.checkpoint_every and strategy.version % s.checkpoint_every == 0:
             self.hooks.checkpoint(self.setup, strategy.version, arrays, self.loop_state())
-        strategy.round_log = RoundLog()
+        strategy.new_window()
         acc = f", acc {row['test-accuracy']:.3f}" if "test-accuracy" in row else ""
         self.console.print(f"aggregation {strategy.version}/{s.num_server_rounds} at t={now:.1f}: "
                            f"{len(reports)} updates{acc}", soft_wrap=True)

@@ -35,8 +35,9 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType
 
 from .base import AvailabilityStrategy
+from .intake import RoundIntake
 from .protocol import CLIENT_RULE, IGNORE_AVAILABILITY, PLAIN_RULE, SERVER_ROUND
-from .replies import ClientReport, RoundLog
+from .replies import ClientReport
 
 STALENESS_FUNCTIONS = ("constant", "poly", "hinge")
 
@@ -218,18 +219,19 @@ class AsyncRule(AvailabilityStrategy):
         return Outcome(node, report.client_id, staleness, aggregated=aggregated)
 
     def _check_one(self, reply: Message, sent: Message, version: int, connected: set[int]) -> ClientReport | None:
-        """The reply through the checks every rule's replies go through, against x^τ."""
-        current, kept = self.current, self.round_log
-        self.current = self.snapshots.get(version, current)
-        self._sent, self.connected, self._rows = [sent], set(connected) | {sent.metadata.dst_node_id}, {}
-        self.round_log = RoundLog(sent=[sent.metadata.dst_node_id])
+        """The reply through the checks every rule's replies go through (:class:`ReplyIntake`),
+        against x^τ, as a round of its own whose verdicts join the aggregation window's record."""
+        one = self.intake.new_round([sent], set(connected) | {sent.metadata.dst_node_id},
+                                    self.snapshots.get(version, self.current), self.layout)
         try:
-            reports = self.collect([reply])
+            reports = self.intake.collect(one, [reply])
         finally:
-            one, self.round_log, self.current = self.round_log, kept, current
-        kept.rejected += one.rejected
-        kept.unavailable += one.unavailable
+            self.round.absorb(one)
         return reports[0] if reports else None
+
+    def new_window(self) -> None:
+        """The next aggregation's record starts empty (the asynchronous loop, after each row)."""
+        self.round = RoundIntake()
 
     def _aggregate_now(self, x: np.ndarray) -> np.ndarray:
         new, self.last_metrics = self.apply(x)

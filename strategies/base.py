@@ -4,7 +4,8 @@ A rule (one module in :mod:`strategies.rules`) subclasses :class:`AvailabilitySt
 writes only :meth:`aggregate`, the math: ``(round t, global flat vector x, reports) -> (new flat
 vector, metrics)``, and declares what it needs and its state (:class:`strategies.rule.Rule`). The
 class is split by job: :class:`strategies.rule.Rule` (a rule's declarations and hooks),
-:class:`strategies.acceptance.ReplyAcceptance` (which replies of a round reach the rule),
+:class:`strategies.intake.ReplyIntake` (which replies of a round reach the rule: a part the
+strategy holds, ``self.intake``, with one value per round, ``self.round``),
 :class:`strategies.evaluate_round.EvaluateRound` (Flower's evaluate round, the round-end
 broadcast, what ``evaluate_fn`` sees) and this module (the shared parameters turned into parts,
 Flower's train round, checkpoints). It composes small parts:
@@ -30,19 +31,20 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
 from flwr.serverapp import Grid
 
 from . import state as rule_state
-from .acceptance import ReplyAcceptance
+from .bounds import NormBounds
 from .client_binding import ClientBinding
 from .evaluate_round import EvaluateRound
 from .failures import FailurePolicy, StrategyFailure, log_round
-from .layout import Layout, Scratch, aggregate_integers, distance, named_arrays, safe_norm
+from .intake import ReplyIntake, RoundIntake
+from .layout import Layout, aggregate_integers, distance, named_arrays, safe_norm
 from .params import StrategyParams
 from .protocol import CLIENT_RULE, PLAIN_RULE, SERVER_ROUND
 from .replies import (
@@ -61,7 +63,7 @@ __all__ = ["SUPERLINK_NODE_ID", "WEIGHTINGS", "AvailabilityStrategy", "ClientRep
 log = logging.getLogger("flwr")  # Flower's logger: these lines appear where Flower's own do
 
 
-class AvailabilityStrategy(ReplyAcceptance, EvaluateRound):
+class AvailabilityStrategy(EvaluateRound):
     """Base of every rule here: the Flower adapter around reply parsing, client binding and bounds.
 
     ``params``: the shared parameters (:class:`StrategyParams`, which documents each); keyword
@@ -98,32 +100,19 @@ class AvailabilityStrategy(ReplyAcceptance, EvaluateRound):
         if self.robust.clips and not self.robust_clip:
             raise ValueError(f"strategy '{self.name}': robust=clip scales Δ_i to the norm bound, and this rule's "
                              f"checked norm is not ‖Δ_i‖ (its replies are echoed models)")
-        self.norms_clipped = 0  # this round's updates scaled to the bound (robust=clip)
         self.max_num_examples = params.max_num_examples
         self.max_num_steps = params.max_num_steps
         self.integer_arrays = params.integer_arrays
         self.max_weight_share = float(params.max_weight_share)
         self.message_timeout = 3600.0  # broadcasts' deadline; start() sets its own timeout
         self.rng = np.random.default_rng(params.seed)  # also Flower's fractions (no draw at fraction 1)
-        self.binding = ClientBinding()
-        self.connected: set[int] = set()  # node ids the grid listed at this round's configure_train
+        self.intake = ReplyIntake(self)  # which replies reach the rule (strategies.intake)
+        self.round = RoundIntake()  # this round's intake: sent, received, accepted, rejected, problems
         self.layout: Layout | None = None
         self.current: np.ndarray | None = None  # x^t, flat (the floating arrays)
         self.current_integers: dict[str, np.ndarray] = {}  # x^t's other arrays
-        self.round_log = RoundLog()
-        self.problems: list[str] = []  # this round's reasons the rule could not run (each names a fix)
-        self._sent: list[Message] = []
-        self._accepted: list[RecordDict] = []  # this round's accepted reply contents
-        self._rows: dict[int, int] = {}  # this round's rows for replies without a client id
         self._waited = False  # the first round's wait for nodes is done
-        self._ids_reported = False  # some reply of this run named its client id
-        self._scratch = Scratch()  # the replies' vectors, reused across rounds
-        self._open_rows: list[np.ndarray] = []
-        self._answered: set[int] = set()
-        self._received = 0
-        self._metrics_of: dict[int, RecordDict] = {}
         self._holds_logged = False
-        self.examples_clipped = 0  # this round's num-examples cut to the data-size bound
 
     @property
     def current_arrays(self) -> ArrayRecord | None:
@@ -145,6 +134,25 @@ class AvailabilityStrategy(ReplyAcceptance, EvaluateRound):
         return self.bounds.max_norm_ratio
 
     @property
+    def binding(self) -> ClientBinding:
+        return self.intake.binding
+
+    @property
+    def round_log(self) -> RoundLog:
+        """This round's record (``self.round.log``): sent, participants, unavailable, rejected."""
+        return self.round.log
+
+    @property
+    def problems(self) -> list[str]:
+        """This round's reasons the rule could not run (each names a fix)."""
+        return self.round.problems
+
+    @property
+    def connected(self) -> set[int]:
+        """Node ids the grid listed at this round's configure_train."""
+        return self.round.connected
+
+    @property
     def client_of_node(self) -> dict[int, int]:
         return self.binding.client_of_node
 
@@ -154,7 +162,7 @@ class AvailabilityStrategy(ReplyAcceptance, EvaluateRound):
 
     def stacked(self, name: str, vectors: list[np.ndarray]) -> np.ndarray:
         """``np.stack(vectors)`` into a matrix reused across rounds (:class:`Scratch`)."""
-        return self._scratch.stacked(name, vectors)
+        return self.intake.scratch.stacked(name, vectors)
 
     # ------------------------------------------------------------------ shared helpers
     def weights(self, reports: list[ClientReport]) -> np.ndarray:
@@ -205,62 +213,79 @@ class AvailabilityStrategy(ReplyAcceptance, EvaluateRound):
         self.deliver_broadcast(server_round - 1, arrays, grid)  # a loop that skipped configure_evaluate
         self.set_global(arrays)
         connected = self.connected_nodes(grid)
-        self.connected = set(connected)
-        self.problems, self._rows = [], {}
+        self.round = RoundIntake(connected=set(connected))
         pool = self.sampling.sample(connected, True, self.rng)
         node_ids = check_destinations(self.select_nodes(server_round, arrays, pool, grid), connected, self.name)
         config[SERVER_ROUND] = server_round
         config[CLIENT_RULE] = PLAIN_RULE
         for key, value in self.train_config(server_round - 1, node_ids).items():
             config[key] = value
-        content = self.keys.content(arrays, config)
-        self._sent = [Message(content, dst_node_id=n, message_type=MessageType.TRAIN) for n in node_ids]
-        self.round_log = RoundLog(sent=node_ids)
-        return self._sent
+        content = self.keys.content(self.train_arrays(server_round - 1, arrays), config)
+        sent = [Message(content, dst_node_id=n, message_type=MessageType.TRAIN) for n in node_ids]
+        problems = self.round.problems
+        self.round = self.intake.new_round(sent, set(connected), self.current, self.layout)
+        self.round.problems += problems
+        return sent
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         if self.current is None or self.layout is None:
             raise RuntimeError("aggregate_train before configure_train/set_global (or current_arrays)")
-        holds = self.holds_every_reply()
+        rnd, holds = self.round, self.holds_every_reply()
+        if rnd.current is not self.current:  # replies without configure_train (a test, Flower's mocks)
+            problems, rnd = rnd.problems, self.intake.new_round(rnd.sent, rnd.connected, self.current, self.layout)
+            self.round, rnd.problems = rnd, problems
         if holds:
-            reports = self.collect(replies)
+            reports = self.intake.collect(rnd, replies)
             new, metrics = self.aggregate(server_round - 1, self.current, reports)
         else:  # streaming: each accepted reply folded in and let go (strategies.streaming)
             fold = self.start_fold(server_round - 1, self.current)
             reports = []
-            for report in self.intake(replies):
+            for report in self.intake.stream(rnd, replies):
                 fold.add(report)
-                self.release_report(report)
+                self.intake.release(report)
                 reports.append(report)
-            reports = self.end_intake(reports)
+            reports = self.intake.finish(rnd, reports)
             new, metrics = fold.finish()
         step = distance(new, self.current)  # NaN/Inf in x^{t+1} -> not finite
         if not math.isfinite(step):
             log.error("round %d: %s produced a non-finite model; keeping x^t", server_round, self.name)
             new, step = self.current, 0.0
-        if self.keys.train_metrics_aggr_fn is not None and self._accepted:
-            extra: Mapping[str, Any] = self.keys.train_metrics_aggr_fn(self._accepted, self.keys.weighted_by_key) or {}
+        if self.keys.train_metrics_aggr_fn is not None and rnd.accepted_metrics:
+            extra: Mapping[str, Any] = self.keys.train_metrics_aggr_fn(rnd.accepted_metrics, self.keys.weighted_by_key) or {}
             metrics = {**dict(extra), **metrics}
         record: dict[str, Any] = {
             "num-participants": len(reports),
-            "num-unavailable": len(self.round_log.unavailable),
-            "num-rejected": len(self.round_log.rejected),
-            **({"num-examples-clipped": self.examples_clipped} if self.examples_clipped else {}),
-            **({"num-clipped": self.norms_clipped} if self.norms_clipped else {}),
+            "num-unavailable": len(rnd.log.unavailable),
+            "num-rejected": len(rnd.log.rejected),
+            **({"num-examples-clipped": rnd.examples_clipped} if rnd.examples_clipped else {}),
+            **({"num-clipped": rnd.norms_clipped} if rnd.norms_clipped else {}),
             "update-norm": step,
             **metrics,
         }
         losses = [r.train_loss for r in reports if r.train_loss is not None]
         if losses:
             record["train-loss"] = float(np.mean(losses))
-        log_round(self.name, server_round, self.round_log.rejected, self.round_log.unavailable)
-        self.failures.end_round(server_round, self._received, len(reports), self.round_log.rejected, self.problems,
-                                nodes=[*self.round_log.sent, *self.round_log.unavailable])
+        log_round(self.name, server_round, rnd.log.rejected, rnd.log.unavailable)
+        self.failures.end_round(server_round, rnd.received, len(reports), rnd.log.rejected, rnd.problems,
+                                nodes=[*rnd.log.sent, *rnd.log.unavailable])
         integers = aggregate_integers(self.integer_arrays, self.current_integers, [r.integers for r in reports],
                                       self.weights(reports) if reports else np.zeros(0))
         return self.layout.unflatten(new, integers), MetricRecord(record)
+
+    # -------------------------------------------------- the intake's hooks (rules override)
+    def parse_reply(self, msg: Message, node: int, rnd: RoundIntake) -> ClientReport:
+        """One reply -> ClientReport, or ReplyRejected naming the problem (hook: SCAFFOLD and
+        FedAWE read their extra arrays too); Δ_i is taken against ``rnd.current``."""
+        return self.intake.parse(msg, node, rnd)
+
+    def norm_checks(self) -> list[tuple[NormBounds, Callable[[ClientReport], float]]]:
+        """The bounds a round's reports go through, in order, each with the norm it compares
+        (hook): ``self.bounds`` on :meth:`update_norm`; FedAWE adds the returned model's distance,
+        SCAFFOLD ‖Δc_i‖. Each keeps its own reference, committed for the accepted reports and
+        checkpointed."""
+        return [(self.bounds, self.update_norm)]
 
     def summary(self) -> None:
         log.info("%s: N=%s, server_lr=%s, weighting=%s, max-weight-share=%g, robust=%s, %s, %s, %s, "

@@ -39,7 +39,7 @@ HISTORY = 64  # accepted values the running median remembers (across rounds)
 MIN_POOL = 3  # values below which a median says nothing about which one is wrong
 # this round's values that join the reference: those of the first REFERENCE_WINDOW replies that pass
 # the per-reply checks (arrival order); the later replies are judged against that reference as they
-# arrive, so a round's replies need not all be held (strategies.acceptance: streaming)
+# arrive, so a round's replies need not all be held (strategies.intake: streaming)
 REFERENCE_WINDOW = 64
 
 
@@ -56,7 +56,7 @@ class RatioBound:
     the reference being the lower median of the last ``HISTORY`` accepted values and this round's
     (at least ``MIN_POOL`` of them, else no reference). ``ratio = 0``: off.
 
-    In a round begun with ``new_round(fix=True)`` (the reply intake's, :mod:`strategies.acceptance`)
+    In a round begun with ``new_round(fix=True)`` (the reply intake's, :mod:`strategies.intake`)
     the reference is computed once, from the values of the round's first call (its reference
     window: :data:`REFERENCE_WINDOW` replies), and kept until :meth:`commit`: the replies judged
     later in the round meet the same reference."""

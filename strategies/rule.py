@@ -78,6 +78,11 @@ class Rule:
         """Extra config entries sent with round t's train messages (hook)."""
         return {}
 
+    def train_arrays(self, t: int, arrays: ArrayRecord) -> ArrayRecord:
+        """The arrays round t's train messages carry (hook): x^t; SCAFFOLD adds c, FedAWE sends
+        x^0 (its clients train from their own copies)."""
+        return arrays
+
     def configure_broadcast(self, server_round: int, arrays: ArrayRecord, grid: Grid) -> list[Message]:
         """Messages to deliver right after aggregation (hook; FedAWE's postponed broadcast)."""
         return []
@@ -104,6 +109,14 @@ class Rule:
 
     def check_report(self, report: ClientReport) -> None:
         """Rule-specific checks of one parsed reply (hook): raise ReplyRejected to reject it."""
+
+    def check_counts(self, rnd: Any, reports: list[ClientReport]) -> list[ClientReport]:
+        """The reports whose counts pass the rule's own bounds (hook, before the norm bounds:
+        FedNova's steps); the others go to ``rnd.reject(node, reason)``."""
+        return reports
+
+    def commit_counts(self, accepted: list[ClientReport]) -> None:
+        """The round's accepted reports (hook: a rule's own count bounds remember them)."""
 
     # -------------------------------------------------------------------- state
     def get_state(self) -> Any:

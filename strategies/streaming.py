@@ -3,7 +3,7 @@
 A rule whose update is a sum over the round's replies with per-reply weights known on arrival
 (up to one normalisation at the end) declares ``streams = True`` and returns a :class:`Fold` from
 :meth:`strategies.rule.Rule.start_fold`. The base then consumes the replies as they arrive
-(:meth:`strategies.acceptance.ReplyAcceptance.intake`): each accepted reply is folded in and let
+(:meth:`strategies.intake.ReplyIntake.stream`): each accepted reply is folded in and let
 go, so the server holds the running sums, the round's reference window
 (:data:`strategies.bounds.REFERENCE_WINDOW` replies) and the replies not yet read, never the
 whole round. The result equals the rule's :meth:`~strategies.rule.Rule.aggregate` on every reply

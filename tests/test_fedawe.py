@@ -597,7 +597,7 @@ def test_update_norm_is_the_clients_own_local_change():
     """‖u_i‖ / (t − τ_i) = ‖Δ_i‖, whatever the copy's staleness (x_i^† − x^t) or the echo factor."""
     s = FedAWE(num_clients=3, min_available_nodes=1)
     sent = start_round(s, 5, np.zeros(2), [100])
-    report = s.parse_reply(awe_reply(sent[100], [6.0, 8.0], 4, [6.0, 8.0], **{"client-id": 0}), 100)
+    report = s.parse_reply(awe_reply(sent[100], [6.0, 8.0], 4, [6.0, 8.0], **{"client-id": 0}), 100, s.round)
     assert s.update_norm(report) == pytest.approx(2.5)
 
 

@@ -108,10 +108,10 @@ def test_any_exception_while_reading_a_reply_rejects_that_reply_only(name, monke
     s = build_rule(name)
     parse = type(s).parse_reply
 
-    def broken(self, msg, node):
+    def broken(self, msg, node, rnd):
         if node == 103:
             raise RuntimeError("decoder bug")
-        return parse(self, msg, node)
+        return parse(self, msg, node, rnd)
 
     monkeypatch.setattr(type(s), "parse_reply", broken)
     assert_rejected(name, lambda sent: rule_reply(name, sent, X, 3), "RuntimeError: decoder bug")

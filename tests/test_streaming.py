@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-import strategies.acceptance as acceptance
+import strategies.intake as acceptance
 from tests.replies import build_rule, error, rule_reply, start_round
 
 STREAMING = ["fedavg-active", "fedavg-all", "fedavg-known-p", "fedau", "fednova", "fedexp", "debiased-fedavg",
@@ -128,7 +128,7 @@ def test_a_streaming_round_holds_only_its_reference_window(monkeypatch):
         sent = start_round(s, 1, x, range(100, 140))
         s.aggregate_train(1, [rule_reply("fedavg-active", sent[n], x + 0.1 * (1 + n % 3), n - 100) for n in sent])
         assert len(s.round_log.participants) == 40
-        rows[stream] = s._scratch.used  # rows handed out this round (slots, with every reply held)
+        rows[stream] = s.intake.scratch.used  # rows handed out this round (slots, with every reply held)
     assert rows == {True: 4, False: 40}
 
 
@@ -173,7 +173,7 @@ def test_scale_smoke_10000_clients_stream_in_bounded_memory():
     assert 1400 < m < 1800 and metrics["num-participants"] == m
     ids = s.round_log.participants
     np.testing.assert_allclose(arrays["w"].numpy(), np.mean([1e-3 * (1 + c % 7) for c in ids]), rtol=1e-5)
-    assert s._scratch.used == acceptance.REFERENCE_WINDOW and peak < held / 4
+    assert s.intake.scratch.used == acceptance.REFERENCE_WINDOW and peak < held / 4
 
 
 @pytest.mark.parametrize("name", ["fedavg-active", "fedexp", "fednova", "fedau"])

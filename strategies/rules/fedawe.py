@@ -66,11 +66,12 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType
+from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
 
 from ..base import AvailabilityStrategy, ClientReport, Layout, ReplyRejected, named_arrays, safe_norm
 from ..bounds import NormBounds
+from ..intake import RoundIntake
 from ..protocol import (  # noqa: F401  (re-exported: FedAWE's wire format)
     ADOPT,
     CLIENT_RULE,
@@ -193,13 +194,14 @@ class FedAWE(AvailabilityStrategy):
     def train_config(self, t: int, node_ids: list[int]) -> dict[str, Any]:
         return self.client_config()
 
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid):
+    def train_arrays(self, t: int, arrays: ArrayRecord) -> ArrayRecord:
+        """x^0 (the clients train from their own copies, which start there); keeps the sketches
+        P x^0 and P x^t that check the echoed starts (:meth:`_check_start`)."""
         first = self.initial is None
         if first:  # the first model this strategy sees is x^0
             self.initial = dict(zip(arrays.keys(), (np.array(a) for a in arrays.to_numpy_ndarrays()),
                                     strict=True))
-        sent = list(super().configure_train(server_round, arrays, config, grid))
-        self._t = server_round - 1
+        self._t = t
         assert self.initial is not None and self.layout is not None
         initial = named_arrays(self.initial)
         if Layout.of(initial) != self.layout:
@@ -211,12 +213,7 @@ class FedAWE(AvailabilityStrategy):
         assert self.current is not None
         self.sketches[self._t] = self.projection() @ self.current.astype(np.float64)  # x^t
         self._abs_sketch = None
-        if not sent:
-            return sent
-        content = self.keys.content(initial, sent[0].content.config_records[self.keys.configrecord_key])
-        self._sent = [Message(content, dst_node_id=m.metadata.dst_node_id, message_type=MessageType.TRAIN)
-                      for m in sent]
-        return self._sent
+        return initial
 
     def configure_broadcast(self, server_round: int, arrays: ArrayRecord, grid: Grid) -> list[Message]:
         """x^{t+1} to the round's participants only (the nodes of its valid replies), once: the
@@ -230,10 +227,10 @@ class FedAWE(AvailabilityStrategy):
         return [Message(content, dst_node_id=n, message_type=ADOPT) for n in nodes]
 
     # -------------------------------------------------------------------- replies in
-    def parse_reply(self, msg: Message, node: int) -> EchoReport:
+    def parse_reply(self, msg: Message, node: int, rnd: RoundIntake) -> EchoReport:
         """The model part through the base's parser; the echo factor and u_i decoded and checked
         like model arrays (junk is a rejection), the factor capped by the client's history."""
-        assert self.layout is not None and self.current is not None
+        assert self.layout is not None and rnd.current is not None
         _, record, metrics = split(msg.content)
         keys = list(record.keys())
         updates = {UPDATE_PREFIX + k for k in self.layout.keys}
@@ -241,9 +238,9 @@ class FedAWE(AvailabilityStrategy):
         if unknown:
             raise ReplyRejected(f"unknown FedAWE reply keys {unknown[:5]}")
         model = ArrayRecord({k: record[k] for k in keys if not k.startswith(META_PREFIX)})
-        report = self.parser.report(model, metrics, node, self.layout, self.current, self.reply_buffer())
+        report = self.intake.parser.report(model, metrics, node, self.layout, rnd.current, rnd.buffer())
         factor = self._echo_factor(record, report.client_id)
-        update, norm = self._echo_update(record)
+        update, norm = self._echo_update(record, rnd.buffer())
         self._check_start(report, update)
         base = {f.name: getattr(report, f.name) for f in fields(ClientReport)}
         return EchoReport(**base, echo_factor=factor, echo_update=update, echo_norm=norm)
@@ -265,10 +262,9 @@ class FedAWE(AvailabilityStrategy):
                                 f"{client}'s last accepted reply (t + 1 when none)")
         return factor
 
-    def _echo_update(self, record: ArrayRecord) -> tuple[np.ndarray, float]:
+    def _echo_update(self, record: ArrayRecord, update: np.ndarray) -> tuple[np.ndarray, float]:
         """u_i as one flat float32 vector, and ‖u_i‖ (finite after the cast, or a rejection)."""
         assert self.layout is not None
-        update = self.reply_buffer()
         norm = model_sized(record, self.layout, UPDATE_PREFIX, update, what="echoed update",
                            missing="the server needs the client's echoed update u_i (config "
                                    "fedawe-send-update) for its clip and x̄")

@@ -27,6 +27,7 @@ import numpy as np
 
 from ..base import AvailabilityStrategy, ClientReport, ReplyRejected
 from ..bounds import MAX_STEPS_RATIO, RatioBound
+from ..intake import RoundIntake
 from ..protocol import A_NORM, NUM_EXAMPLES, NUM_STEPS
 from ..state import kept_as
 from ..streaming import Fold, RunningSum, example_weight, step
@@ -105,10 +106,10 @@ class FedNova(AvailabilityStrategy):
             raise ReplyRejected(f"metric '{A_NORM}'={a:.3g} is outside [1, max-a-norm-ratio {self.max_a_norm_ratio:g} "
                                 f"x num-steps {tau}]: no local solver gives it")
 
-    def check_norms(self, reports: list[ClientReport]) -> list[ClientReport]:
+    def check_counts(self, rnd: RoundIntake, reports: list[ClientReport]) -> list[ClientReport]:
         """τ_i and ‖a_i‖_1 within ``max_steps_ratio`` × the lower median of recent accepted ones
         (and this round's), so that no client inflates τ_eff (which scales every client's
-        normalised update) by more than that factor; then the base's norm bounds."""
+        normalised update) by more than that factor (the norm bounds come next)."""
         checks: tuple[tuple[str, RatioBound, Callable[[ClientReport], float]], ...] = (
             ("num-steps", self.steps_bound, lambda r: float(r.num_steps or 0)),
             ("a-norm", self.a_norm_bound, lambda r: float(r.a_norm or 0.0)))
@@ -116,13 +117,12 @@ class FedNova(AvailabilityStrategy):
             limit = bound.limit([value_of(r) for r in reports])
             for r in reports:
                 if value_of(r) > limit:
-                    self.reject(r.node_id, f"metric '{name}'={value_of(r):.3g} > max-steps-ratio "
+                    rnd.reject(r.node_id, f"metric '{name}'={value_of(r):.3g} > max-steps-ratio "
                                            f"{bound.ratio:g} x the median of recent ones {limit / bound.ratio:.3g}")
             reports = [r for r in reports if value_of(r) <= limit]
-        return super().check_norms(reports)
+        return reports
 
-    def accepted(self, reports: list[ClientReport]) -> None:
-        super().accepted(reports)
+    def commit_counts(self, reports: list[ClientReport]) -> None:
         self.steps_bound.commit([float(r.num_steps) for r in reports if r.num_steps is not None])
         self.a_norm_bound.commit([float(r.a_norm) for r in reports if r.a_norm is not None])
 

@@ -94,8 +94,7 @@ class MIFA(StoredUpdates):
             raise ReplyRejected(f"metric '{LR}'={lr:.3g} is not within a factor max-lr-ratio {self.max_lr_ratio:g} "
                                 f"of the reference lr {reference:.3g} (the median of recently accepted lrs)")
 
-    def accepted(self, reports: list[ClientReport]) -> None:
-        super().accepted(reports)
+    def commit_counts(self, reports: list[ClientReport]) -> None:
         if self.gradient_units:
             self.lr_history.extend(float(r.metrics[LR]) for r in reports)
 

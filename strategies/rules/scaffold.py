@@ -36,11 +36,11 @@ from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType
-from flwr.serverapp import Grid
+from flwr.app import Array, ArrayRecord, Message
 
 from ..base import AvailabilityStrategy, ClientReport, ReplyRejected
 from ..bounds import NormBounds
+from ..intake import RoundIntake
 from ..protocol import (
     AMPLIFIED_SCAFFOLD_RULE,
     CLIENT_RULE,
@@ -116,26 +116,21 @@ class Scaffold(AvailabilityStrategy):
         return {CLIENT_RULE: self.client_rule, SCAFFOLD_RUN_KEY: self.run_key, SCAFFOLD_GAMMA: 1.0,
                 SCAFFOLD_PERIOD: 1}
 
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid):
-        sent = list(super().configure_train(server_round, arrays, config, grid))
+    def train_arrays(self, t: int, arrays: ArrayRecord) -> ArrayRecord:
+        """x^t and c (as ``SCAFFOLD_C_PREFIX`` + each floating array's name)."""
         assert self.layout is not None and self.current is not None
         if self.c is None or self.c.size != self.current.size:
             self.c = np.zeros(self.current.size, np.float64)
-        if not sent:
-            return sent
         c_arrays = self.layout.unflatten(self.c, self.current_integers)
         record = {k: arrays[k] for k in arrays.keys()}
         record |= {SCAFFOLD_C_PREFIX + k: Array(c_arrays[k].numpy())
                    for k, floating in zip(self.layout.keys, self.layout.floating, strict=True) if floating}
-        content = self.keys.content(ArrayRecord(record), sent[0].content.config_records[self.keys.configrecord_key])
-        self._sent = [Message(content, dst_node_id=m.metadata.dst_node_id, message_type=MessageType.TRAIN)
-                      for m in sent]
-        return self._sent
+        return ArrayRecord(record)
 
     # -------------------------------------------------------------------- replies in
-    def parse_reply(self, msg: Message, node: int) -> VariateReport:
+    def parse_reply(self, msg: Message, node: int, rnd: RoundIntake) -> VariateReport:
         """The model through the base's parser; Δc_i decoded and checked like model arrays."""
-        assert self.layout is not None and self.current is not None
+        assert self.layout is not None and rnd.current is not None
         _, record, metrics = split(msg.content)
         keys = list(record.keys())
         expected = {SCAFFOLD_DC_PREFIX + k for k, f in zip(self.layout.keys, self.layout.floating, strict=True) if f}
@@ -143,8 +138,8 @@ class Scaffold(AvailabilityStrategy):
         if unknown:
             raise ReplyRejected(f"unknown SCAFFOLD reply keys {unknown[:5]}")
         model = ArrayRecord({k: record[k] for k in keys if not k.startswith(SCAFFOLD_META_PREFIX)})
-        report = self.parser.report(model, metrics, node, self.layout, self.current, self.reply_buffer())
-        dc = self.reply_buffer()
+        report = self.intake.parser.report(model, metrics, node, self.layout, rnd.current, rnd.buffer())
+        dc = rnd.buffer()
         norm = model_sized(record, self.layout, SCAFFOLD_DC_PREFIX, dc, what="control-variate update",
                            missing=f"this node does not run {self.name}'s client rule. A ClientApp takes part "
                                    "with client_app.dropin: ClientApp(mods=[client_rule_mod]) and "
