@@ -19,7 +19,7 @@ wall`` times elapsed seconds. The load average is printed with the figures.
 
     python -m benchmarks.engine_speed                       # CPU, MLP and CNN, 15 and 100
     python -m benchmarks.engine_speed --models mlp --sizes 15 --repeats 5 --flwr
-    python -m benchmarks.engine_speed --device cuda         # on a GPU
+    python -m benchmarks.engine_speed --device cuda --clock wall --dataset cifar10   # on a GPU
 """
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ SIZES = {15: "bernoulli:p=0.15", 100: "always"}
 MODELS = {"mlp": "mlp", "cnn": "cnn:init=official"}
 
 
-def run_config(model: str, size: int, rounds: int, device: str) -> dict:
-    return {**default_run_config(), "dataset": "fashion-mnist", "data-dir": DATA_DIR, "model": MODELS[model],
+def run_config(model: str, size: int, rounds: int, device: str, dataset: str = "fashion-mnist") -> dict:
+    return {**default_run_config(), "dataset": dataset, "data-dir": DATA_DIR, "model": MODELS[model],
             "num-clients": 100, "partition": "client-dirichlet:alpha=0.1", "local-steps": "steps:n=10",
             "batch-size": 128, "lr": 0.05, "strategy": "fedavg-active", "availability": SIZES[size],
             "num-server-rounds": rounds, "eval-every": 0, "checkpoint-every": 0, "progress": False,
@@ -93,6 +93,8 @@ def raw_round_times(cfg: dict) -> list[float]:
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
+        if x.is_cuda:  # the GPU's queued work is part of the round
+            torch.cuda.synchronize()
         times.append(clock() - t0)
     return times
 
@@ -128,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
                     choices=["raw", "per-client", "cohort", "auto"])
     ap.add_argument("--flwr", action="store_true", help="also time Flower's Ray simulation (flwr run)")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dataset", default="fashion-mnist", help="fashion-mnist (default) or cifar10 (the JPEG-q75 copy)")
     ap.add_argument("--clock", default="cpu", choices=list(CLOCKS),
                     help="cpu: this process's CPU time per round (robust to other load); wall: elapsed time")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
@@ -138,14 +141,14 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(a.threads)
     use_clock(a.clock)
     engines = a.engines + (["flwr"] if a.flwr else [])
-    print(f"{a.clock} seconds per round; device {a.device}, torch threads {torch.get_num_threads()}, cpus {os.cpu_count()}, "
+    print(f"{a.clock} seconds per round; {a.dataset}; device {a.device}, torch threads {torch.get_num_threads()}, cpus {os.cpu_count()}, "
           f"load average at start {os.getloadavg()[0]:.2f}; best of {a.repeats} "
           f"(median over rounds 2..{a.rounds - 1})")
     print(f"{'model':5} {'parts':>5} " + " ".join(f"{e:>11}" for e in engines) + "   vs raw")
     with tempfile.TemporaryDirectory() as tmp:
         for model in a.models:
             for size in a.sizes:
-                cfg = run_config(model, size, a.rounds, a.device)
+                cfg = run_config(model, size, a.rounds, a.device, a.dataset)
                 runs: dict[str, list[float]] = {e: [] for e in engines}
                 for rep in range(a.repeats):  # interleaved, so a load spike hits every engine alike
                     for engine in engines:
