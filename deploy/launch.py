@@ -14,7 +14,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from runconfig.defaults import default_run_config
-from server_app.asynchronous import is_asynchronous_spec
+from strategies.registry import is_asynchronous_spec
 
 from .errors import DeployError
 from .local import ProcessSite

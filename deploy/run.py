@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from runconfig.defaults import default_run_config
-from server_app.asynchronous import is_asynchronous_spec
+from strategies.registry import is_asynchronous_spec
 
 from .app import AppRun
 from .async_churn import AggregationChurn

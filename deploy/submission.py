@@ -13,10 +13,10 @@ from availability import Schedule, schedule_for
 from runconfig import ConfigError, WorkloadConfig, from_run_config
 from runconfig.defaults import ROOT, default_run_config
 from server_app import checkpoint
-from server_app.asynchronous import check_resume, is_asynchronous_spec
 from server_app.config import RunConfig
-from server_app.experiment import run_folder
 from server_app.results import RunRecorder, default_run_name
+from server_app.setup import check_resume, run_folder
+from strategies.registry import is_asynchronous_spec
 from workloads.workload import get_workload
 
 from .errors import DeployError
@@ -85,7 +85,7 @@ def check_run_config(cfg: Mapping[str, Any]) -> None:
 
 def run_dir_of(run_config: Mapping[str, Any]) -> Path:
     """The folder the ServerApp writes for ``run_config``, by the server's own rule
-    (:func:`server_app.experiment.run_folder`: a resumed run continues in its checkpoint's folder)."""
+    (:func:`server_app.setup.run_folder`: a resumed run continues in its checkpoint's folder)."""
     return run_folder(RunConfig.from_run_config(dict(run_config)))
 
 

@@ -90,7 +90,7 @@ def resolve_run_config(user: Mapping[str, Any], cwd: Path | None = None) -> dict
 def check(run_config: Mapping[str, Any], num_supernodes: int | None) -> int:
     """Every check the ServerApp makes before round 1 that needs no nodes (keys, types, ranges, specs,
     data files, model, strategy, checkpoint, a free run folder); returns the number of SuperNodes."""
-    from server_app.experiment import prepare
+    from server_app.setup import prepare
 
     cfg = RunConfig.from_run_config(run_config)  # keys, types, ranges: fast, before torch is imported
     n = cfg.workload.num_clients

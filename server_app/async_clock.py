@@ -28,6 +28,9 @@ CACHED_SLOTS = 512
 
 
 class Clock(Protocol):
+    @property
+    def slot_seconds(self) -> float | None: ...  # the virtual length of one schedule round, on every clock
+
     def online(self, client: int, t: float) -> bool: ...
 
     def next_online(self, client: int, t: float) -> float: ...
@@ -41,11 +44,11 @@ class StepClock:
     def __init__(self, schedule: Schedule, slot_seconds: float, step_seconds: float = STEP_SECONDS) -> None:
         if not (math.isfinite(slot_seconds) and slot_seconds > 0):
             raise ValueError(f"slot_seconds must be > 0, got {slot_seconds}")
-        self.schedule, self.slot, self.step = schedule, float(slot_seconds), float(step_seconds)
+        self.schedule, self.slot_seconds, self.step = schedule, float(slot_seconds), float(step_seconds)
         self._slots: dict[int, np.ndarray] = {}
 
     def slot_of(self, t: float) -> int:
-        return int(math.floor(t / self.slot + 1e-9))
+        return int(math.floor(t / self.slot_seconds + 1e-9))
 
     def available(self, slot: int) -> np.ndarray:
         if slot not in self._slots:
@@ -64,7 +67,7 @@ class StepClock:
         first = self.slot_of(t) + 1
         for slot in range(first, first + HORIZON_SLOTS):
             if self.available(slot)[client]:
-                return slot * self.slot
+                return slot * self.slot_seconds
         return math.inf
 
     def job_time(self, client: int, num_steps: int) -> JobTime:

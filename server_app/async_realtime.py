@@ -24,6 +24,7 @@ from flwr.serverapp import Grid
 from strategies.asynchronous import AsyncRule, Outcome
 
 from .network import PULL_INTERVAL, PULL_INTERVAL_VAR
+from .setup import Setup
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ def _reply_to(msg: Message) -> str | None:
         return None
 
 
-def run_realtime(grid: Grid, setup: Any, strategy: AsyncRule, rec: Any) -> float:
+def run_realtime(grid: Grid, setup: Setup, strategy: AsyncRule, rec: Any) -> float:
     """Run to ``num-server-rounds`` aggregations on real time; returns the seconds it took."""
     s = setup.cfg.server
     interval = float(os.environ.get(PULL_INTERVAL_VAR, PULL_INTERVAL))

@@ -52,44 +52,21 @@ from . import checkpoint
 from .async_clock import STEP_SECONDS, Clock, StepClock, completes
 from .async_resume import LoopState, SavedJob, restored_reply, saved_reply
 from .results import RunRecorder
+from .setup import Setup, check_resume, config_record, evaluate_models, save_checkpoint
 
 log = logging.getLogger(__name__)
 
 ARRIVAL, WAKE = "arrival", "wake"
 
 
-def is_asynchronous(strategy: Any) -> bool:
-    return bool(getattr(strategy, "asynchronous", False))
-
-
-def is_asynchronous_spec(spec: str) -> bool:
-    """Whether the rule a ``strategy`` spec names is asynchronous (False for a spec no rule has)."""
-    from strategies.registry import rule_spec
-
-    try:
-        return bool(getattr(rule_spec(spec)[0], "asynchronous", False))
-    except Exception:  # noqa: BLE001 (an oracle, or a bad spec: the run's own checks say why)
-        return False
-
-
-def check_resume(cfg: Any, path: str) -> None:
-    """ConfigError when an asynchronous run with run config ``cfg`` cannot resume: a deployment."""
-    if cfg.availability.availability_gate == "none":
-        raise ConfigError(f"run config 'resume-from' = {path!r}: strategy {cfg.server.strategy!r} is asynchronous "
-                          "and availability-gate = 'none' (a deployment, real time): its jobs in flight run on "
-                          "real nodes, and a new run cannot take their replies, so an asynchronous deployment "
-                          "does not resume; start a new run (asynchronous simulations, gates 'server' and "
-                          "'client', resume)")
-
-
-def clock_for(setup: Any) -> Clock:
+def clock_for(setup: Setup) -> Clock:
     """The run's clock. With a devices file (run config ``devices``, ``setup.clock``): its
     :class:`virtualtime.VirtualClock` (profiles, sessions) composed with the schedule in slots of
     the slowest client's round-1 job; without: :class:`StepClock` (job time ∝ local steps, the
     schedule in slots of one synchronous round)."""
     wl, n = setup.workload, setup.cfg.workload.num_clients
     steps = [wl.steps_for(c, 0) for c in range(n)]
-    base = getattr(setup, "clock", None)
+    base = setup.clock
     if base is None:
         return StepClock(setup.schedule, max(steps) * STEP_SECONDS)
     slot = max(base.job_time(c, s).total for c, s in enumerate(steps)) or 1.0
@@ -107,20 +84,13 @@ class Job:
     lost: bool = False  # the client goes offline before the job ends
 
 
-@dataclass
-class Hooks:
-    """What the asynchronous loop takes from the round loop's module (server_app.experiment)."""
-
-    evaluate: Callable[[Any, Any, Any], dict[str, float]]  # (workload, strategy, arrays) -> test-* metrics
-    checkpoint: Callable[[Any, int, Any, Mapping[str, Any]], Any]  # (setup, version, arrays, the loop's state)
-    config_record: dict[str, Any]  # config.json
 
 
 class AsyncRecorder:
     """The rows of an asynchronous run: what arrived since the last aggregation, then one row per aggregation."""
 
-    def __init__(self, setup: Any, recorder: RunRecorder, console: Console, hooks: Hooks) -> None:
-        self.setup, self.recorder, self.console, self.hooks = setup, recorder, console, hooks
+    def __init__(self, setup: Setup, recorder: RunRecorder, console: Console) -> None:
+        self.setup, self.recorder, self.console = setup, recorder, console
         self.t_run = self.t_last = time.monotonic()
         self.arrivals: list[dict[str, Any]] = []  # every arrival, for tests and the event-order record
         self.failed_in_a_row = 0
@@ -152,13 +122,13 @@ class AsyncRecorder:
             row["train-loss"] = float(np.mean(losses))
         arrays = strategy.arrays_of(strategy.current)
         if (s.eval_every and strategy.version % s.eval_every == 0) or strategy.version == s.num_server_rounds:
-            row.update(self.hooks.evaluate(self.setup.workload, strategy, arrays))
+            row.update(evaluate_models(self.setup.workload, strategy, arrays))
         t = time.monotonic()
         row["round-time"], row["wall-time"] = t - self.t_last, t - self.t_run
         self.t_last = t
         self.recorder.record(row)
         if s.checkpoint_every and strategy.version % s.checkpoint_every == 0:
-            self.hooks.checkpoint(self.setup, strategy.version, arrays, self.loop_state())
+            save_checkpoint(self.setup, strategy.version, arrays, self.loop_state())
         strategy.new_window()
         acc = f", acc {row['test-accuracy']:.3f}" if "test-accuracy" in row else ""
         self.console.print(f"aggregation {strategy.version}/{s.num_server_rounds} at t={now:.1f}: "
@@ -179,7 +149,7 @@ class AsyncRecorder:
                                   f"rejected (last: {outcome.reason}); nothing can be aggregated")
 
 
-def run_async(grid: Grid, setup: Any, client_of_node: dict[int, int], console: Console, hooks: Hooks) -> Path:
+def run_async(grid: Grid, setup: Setup, client_of_node: dict[int, int], console: Console) -> Path:
     """Run an asynchronous rule to ``num-server-rounds`` aggregations; return the results folder."""
     cfg, strategy = setup.cfg, setup.strategy
     assert isinstance(strategy, AsyncRule)
@@ -190,10 +160,10 @@ def run_async(grid: Grid, setup: Any, client_of_node: dict[int, int], console: C
         raise ConfigError(f"run config 'federated-evaluation' = true: strategy '{strategy.name}' is asynchronous "
                           "(no rounds whose clients could evaluate); use central evaluation (eval-every)")
     recorder = RunRecorder(setup.run_dir, cfg.workload.num_clients)
-    recorder.write_config({**hooks.config_record, "loop": "asynchronous"})
+    recorder.write_config({**config_record(grid, setup), "loop": "asynchronous"})
     recorder.resume_at(setup.start_round - 1)
     strategy.begin(setup.arrays)  # a resumed run: the checkpoint's model, and prepare() loaded the rule's state
-    rec = AsyncRecorder(setup, recorder, console, hooks)
+    rec = AsyncRecorder(setup, recorder, console)
     if cfg.availability.availability_gate == "none":
         from .async_realtime import run_realtime
 
@@ -208,7 +178,7 @@ def run_async(grid: Grid, setup: Any, client_of_node: dict[int, int], console: C
             resume = LoopState.from_saved(ckpt["loop"], s.resume_from)
             checkpoint.restore_rng(ckpt)
         end = loop.run(resume)
-        slot = getattr(clock, "slot", None) or getattr(clock, "slot_seconds", None) or 1.0
+        slot = clock.slot_seconds or 1.0
         slots = int(min(max(1, math.ceil(end / slot) + 1), 10 * s.num_server_rounds + 1))
     if not recorder.rows:
         raise RuntimeError(f"{strategy.name}: no aggregation happened (no client was ever online, or every "
@@ -224,7 +194,7 @@ def run_async(grid: Grid, setup: Any, client_of_node: dict[int, int], console: C
 class VirtualLoop:
     """Discrete events on a virtual clock (the module docstring)."""
 
-    def __init__(self, grid: Grid, setup: Any, strategy: AsyncRule, clock: Clock,
+    def __init__(self, grid: Grid, setup: Setup, strategy: AsyncRule, clock: Clock,
                  client_of_node: dict[int, int], rec: AsyncRecorder) -> None:
         self.grid, self.setup, self.strategy, self.clock, self.rec = grid, setup, strategy, clock, rec
         self.node_of = {c: node for node, c in client_of_node.items()}

@@ -138,3 +138,17 @@ def rule_spec(spec: str) -> tuple[type[AvailabilityStrategy], dict[str, Any]]:
     if is_oracle(cls):
         raise ValueError(f"strategy {label!r} is an oracle: build it with build_strategy(spec, probabilities=...)")
     return cls, params
+
+
+def is_asynchronous(strategy: Any) -> bool:
+    """Whether ``strategy`` (a rule instance or class) runs in the asynchronous loop."""
+    return bool(getattr(strategy, "asynchronous", False))
+
+
+def is_asynchronous_spec(spec: str) -> bool:
+    """Whether the rule a ``strategy`` spec names is asynchronous (False for a spec no rule has:
+    the run's own checks then say what is wrong with it)."""
+    try:
+        return is_asynchronous(rule_spec(spec)[0])
+    except Exception:  # noqa: BLE001 (an oracle, or a bad spec)
+        return False

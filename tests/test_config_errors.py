@@ -11,8 +11,9 @@ from experiments.inprocess import InProcessGrid, default_run_config, run_inproce
 from runconfig import ConfigError
 from server_app.app import FAILED, main
 from server_app.config import RunConfig
-from server_app.experiment import prepare, run, strategy_spec
+from server_app.experiment import run
 from server_app.network import NodesMissing
+from server_app.setup import prepare, strategy_spec
 from strategies.protocol import IDENTITY_QUERY
 from workloads.data import DatasetError
 

@@ -22,7 +22,7 @@ from torch import nn
 from client_app.dropin import adopt, client_rule_mod, correct_gradients
 from experiments.inprocess import NODE_ID_BASE, InProcessGrid, default_run_config, run_inprocess
 from server_app.config import RunConfig
-from server_app.experiment import prepare
+from server_app.setup import prepare
 from strategies import ORACLES, STRATEGIES, StrategyFailure, build_strategy
 
 NUM_NODES = 4

@@ -25,7 +25,7 @@ ARROWS: dict[str, frozenset[str]] = {
     "virtualtime": frozenset({"runconfig"}),
     "client_app": frozenset({"runconfig", "availability", "workloads", "strategies.protocol"}),
     "server_app": frozenset({"runconfig", "availability", "workloads", "strategies", "virtualtime"}),
-    "deploy": frozenset({"runconfig", "availability", "workloads", "client_app", "server_app"}),
+    "deploy": frozenset({"runconfig", "availability", "workloads", "strategies.registry", "client_app", "server_app"}),
     "deploy.edge": frozenset({"runconfig", "workloads", "virtualtime"}),
     "experiments": frozenset({"runconfig", "availability", "workloads", "strategies", "client_app",
                               "server_app", "deploy"}),
