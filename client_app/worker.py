@@ -45,6 +45,7 @@ from pathlib import Path
 
 from flwr.app import Context, Message
 
+from flowerlink import task_identity
 from runconfig import ConfigError
 
 log = logging.getLogger(__name__)
@@ -150,13 +151,11 @@ class NodeWorker:
 
     def call(self, msg: Message, context: Context) -> Message:
         """The reply to ``msg``; ``context.state`` is replaced by the worker's updated state."""
-        from flwr.supercore.task_identity import TaskIdentity
-
         sock = self.connect()
         plain = Context(run_id=context.run_id, node_id=context.node_id, state=context.state,
                         run_config=context.run_config, series_id=context.series_id,
                         node_config={k: v for k, v in context.node_config.items() if k != SWITCH})
-        identity = (TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id)
+        identity = task_identity()
         try:
             with sock:
                 send_obj(sock, (identity, msg, plain))

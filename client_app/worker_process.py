@@ -15,6 +15,8 @@ import struct
 import sys
 import traceback
 
+from flowerlink import set_task_identity
+
 from .app import app as client_app
 from .worker import address, recv_obj, send_obj, start_time
 
@@ -46,13 +48,12 @@ def serve(supernode: int, started: int) -> int:
 
 
 def handle(conn: socket.socket, app) -> None:
-    from flwr.supercore.task_identity import TaskIdentity
-
     creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     if struct.unpack("3i", creds)[1] != os.getuid():
         return  # another user's process: not ours to answer
     try:
-        (TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id), msg, context = recv_obj(conn)
+        identity, msg, context = recv_obj(conn)
+        set_task_identity(*identity)
     except (EOFError, OSError):
         return
     try:

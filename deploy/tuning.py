@@ -92,12 +92,10 @@ class _CappedSleep:
 
 def run_supernode(argv: list[str]) -> None:
     """``flower-supernode ARGV`` (Flower 1.41's own) with its pull loop's sleeps capped at IDLE_SLEEP."""
-    from flwr.supernode import start_client_internal as pull_loop
-    from flwr.supernode.cli import flower_supernode
+    from flowerlink import cap_supernode_sleeps, run_flower_supernode
 
-    pull_loop.time = _CappedSleep(IDLE_SLEEP)  # type: ignore[assignment]  # the loop calls time.sleep(3) / (0.5)
-    sys.argv = ["flower-supernode", *argv]
-    flower_supernode()
+    cap_supernode_sleeps(_CappedSleep(IDLE_SLEEP))  # the loop calls time.sleep(3) / (0.5)
+    run_flower_supernode(argv)
 
 
 if __name__ == "__main__":

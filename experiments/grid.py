@@ -16,9 +16,9 @@ from typing import Any
 from flwr.app import Context, Message, MessageType, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid
-from flwr.supercore.task_identity import TaskIdentity
 
 from client_app.app import app as default_client_app
+from flowerlink import set_message_id, set_task_identity
 
 log = logging.getLogger("flwr")
 NODE_ID_BASE = 1000  # node ids differ from client ids on purpose, as in Flower
@@ -36,7 +36,7 @@ class InProcessGrid(Grid):
         down: Callable[[int, int], bool] | None = None,
         node_ids: Sequence[int] | None = None,
     ) -> None:
-        TaskIdentity.task_id = TaskIdentity.run_id = TaskIdentity.node_id = 1  # Message() needs them
+        set_task_identity(1, 1, 1)  # Message() needs one
         self.app = client_app
         self.down = down
         ids = list(node_ids) if node_ids is not None else [NODE_ID_BASE + i for i in range(num_nodes)]
@@ -91,7 +91,7 @@ class InProcessGrid(Grid):
     def deliver(self, msg: Message) -> Context | None:
         """Give ``msg`` its id and note it delivered; the destination's context, or None when
         ``down`` drops it (the reply never comes)."""
-        msg.metadata.__dict__["_message_id"] = uuid.uuid4().hex
+        set_message_id(msg, uuid.uuid4().hex)
         if self.keep_delivered:
             self.delivered.append(msg)
         node = msg.metadata.dst_node_id

@@ -31,9 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from flwr.app import Error, Message
-from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
-from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
 
+from flowerlink import recorddict_from_bytes, recorddict_to_bytes
 from runconfig import ConfigError
 
 from .checkpoint import VIRTUAL
@@ -83,7 +82,7 @@ def saved_reply(reply: Message | None) -> dict[str, Any] | None:
         return None
     if reply.has_error():
         return {"error": [int(reply.error.code), str(reply.error.reason)]}
-    return {"content": recorddict_to_proto(reply.content).SerializeToString()}
+    return {"content": recorddict_to_bytes(reply.content)}
 
 
 def restored_reply(saved: Mapping[str, Any] | None, sent: Message) -> Message | None:
@@ -93,4 +92,4 @@ def restored_reply(saved: Mapping[str, Any] | None, sent: Message) -> Message | 
     if "error" in saved:
         code, reason = saved["error"]
         return Message(Error(code=int(code), reason=str(reason)), reply_to=sent)
-    return Message(recorddict_from_proto(ProtoRecordDict.FromString(saved["content"])), reply_to=sent)
+    return Message(recorddict_from_bytes(saved["content"]), reply_to=sent)

@@ -43,6 +43,7 @@ from flwr.app import Message
 from flwr.serverapp import Grid
 from rich.console import Console
 
+from flowerlink import set_message_id
 from runconfig import ConfigError
 from strategies.asynchronous import AsyncRule, Outcome
 from strategies.replies import brief
@@ -268,7 +269,7 @@ class VirtualLoop:
             if item["kind"] == ARRIVAL:
                 saved = SavedJob(**item["job"])
                 msg = self.strategy.resume_job(self.node_of[saved.client], saved.job_round, saved.version)
-                msg.metadata.__dict__["_message_id"] = uuid.uuid4().hex  # as a grid gives it one
+                set_message_id(msg, uuid.uuid4().hex)  # as a grid gives it one
                 payload = Job(saved.client, msg, saved.version, saved.job_round, restored_reply(saved.reply, msg),
                               saved.lost)
             events.append(Event(float(item["time"]), int(item["seq"]), str(item["kind"]), payload))

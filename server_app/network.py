@@ -27,6 +27,7 @@ from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 
 from availability import Schedule
+from flowerlink import is_http_grid, wrap_http_grid_object_pulls
 from strategies.protocol import CLIENT_ID, IDENTITY_QUERY, IGNORE_AVAILABILITY, server_round_of
 from strategies.replies import ReplyRejected, count, shown
 
@@ -171,10 +172,7 @@ def bounded_object_pulls() -> None:
     5.9 s deadline; a hostile node, for two hours), and a reply's measured time was rounded up
     to the backoff (1-3 s more). Idempotent; the pinned Flower's function is checked by
     ``tests/test_clock_emulation.py``."""
-    from flwr.superlink.grid import http_grid
-
-    if not getattr(http_grid.pull_objects, "bounded", False):
-        http_grid.pull_objects = _bounded(http_grid.pull_objects)
+    wrap_http_grid_object_pulls(_bounded)
 
 
 @contextlib.contextmanager
@@ -239,11 +237,9 @@ def fast_pull(grid: Grid, interval: float | None = None) -> Grid:
     """``grid`` in a :class:`PollingGrid` when it is Flower's HTTP grid (a deployment); any other
     grid (simulation's in-memory grid polls every 0.1 s already; the in-process grid answers at
     once) is returned as it is."""
-    from flwr.superlink.grid.http_grid import HttpGrid
-
     if interval is None:
         interval = float(os.environ.get(PULL_INTERVAL_VAR, PULL_INTERVAL))
-    if not isinstance(grid, HttpGrid):
+    if not is_http_grid(grid):
         return grid
     bounded_object_pulls()
     return PollingGrid(grid, interval)

@@ -19,15 +19,16 @@ LIMIT = 400
 #: circle test guards them). The README's block "Arrows" prints this table (``arrows_block``).
 ARROWS: dict[str, frozenset[str]] = {
     "runconfig": frozenset(),
+    "flowerlink": frozenset(),
     "availability": frozenset({"runconfig"}),
     "workloads": frozenset({"runconfig", "availability.spec"}),
     "strategies": frozenset({"availability.spec", "runconfig"}),
     "virtualtime": frozenset({"runconfig"}),
-    "client_app": frozenset({"runconfig", "availability", "workloads", "strategies.protocol"}),
-    "server_app": frozenset({"runconfig", "availability", "workloads", "strategies", "virtualtime"}),
-    "deploy": frozenset({"runconfig", "availability", "workloads", "strategies.registry", "client_app", "server_app"}),
+    "client_app": frozenset({"flowerlink", "runconfig", "availability", "workloads", "strategies.protocol"}),
+    "server_app": frozenset({"flowerlink", "runconfig", "availability", "workloads", "strategies", "virtualtime"}),
+    "deploy": frozenset({"flowerlink", "runconfig", "availability", "workloads", "strategies.registry", "client_app", "server_app"}),
     "deploy.edge": frozenset({"runconfig", "workloads", "virtualtime"}),
-    "experiments": frozenset({"runconfig", "availability", "workloads", "strategies", "client_app",
+    "experiments": frozenset({"flowerlink", "runconfig", "availability", "workloads", "strategies", "client_app",
                               "server_app", "deploy"}),
 }
 NOTHING = "nothing of ours"

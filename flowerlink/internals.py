@@ -1,0 +1,111 @@
+"""The project's touches of Flower's internals (pinned Flower 1.42.0), one function each.
+
+Each entry of :data:`TOUCHES` names a function here, the private Flower object it reaches, and
+why the project needs it; ``tests/test_flower_internals.py`` checks every one against the
+installed Flower, and ``docs/flower-versions.md`` lists them. Flower is imported lazily, inside
+each function, so that importing this module costs nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+#: touch -> (Flower's private object, why the project needs it)
+TOUCHES: dict[str, tuple[str, str]] = {
+    "set_message_id": (
+        "flwr.app.Message.metadata._message_id",
+        "the in-process grid (experiments.grid) delivers messages without a SuperLink, which is what "
+        "gives a message its id; replies point at it (reply_to_message_id)"),
+    "task_identity / set_task_identity": (
+        "flwr.supercore.task_identity.TaskIdentity",
+        "Flower 1.42's Message() reads the running task's identity: the in-process grid sets one, and "
+        "the per-SuperNode worker process (client_app.worker_process) takes its ClientApp task's"),
+    "wrap_http_grid_object_pulls": (
+        "flwr.superlink.grid.http_grid.pull_objects",
+        "HttpGrid.pull_messages pulls a reply's arrays with backoffs of 1-10 s for up to 7,200 s: the "
+        "round deadline must bound it (server_app.network.bounded_object_pulls)"),
+    "is_http_grid": (
+        "flwr.superlink.grid.http_grid.HttpGrid",
+        "a deployment's grid is polled faster than Flower's 3 s (server_app.network.fast_pull)"),
+    "run_flower_supernode / cap_supernode_sleeps": (
+        "flwr.supernode.cli.flower_supernode, flwr.supernode.start_client_internal.time",
+        "a SuperNode's idle sleeps (3 s, 0.5 s) capped so churned nodes pick up their task at once "
+        "(deploy.tuning)"),
+    "recorddict_to_bytes / recorddict_from_bytes": (
+        "flwr.common.serde.recorddict_to_proto / recorddict_from_proto, flwr.proto.recorddict_pb2",
+        "an asynchronous run's checkpoint holds the replies of jobs in flight (server_app.async_resume)"),
+}
+
+
+def set_message_id(msg: Any, message_id: str) -> None:
+    """Give ``msg`` the id a SuperLink would (Flower's ``Metadata`` has no public setter)."""
+    msg.metadata.__dict__["_message_id"] = message_id
+
+
+def task_identity() -> tuple[Any, Any, Any]:
+    """(task id, run id, node id) of the task running in this process."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    return TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id
+
+
+def set_task_identity(task_id: Any, run_id: Any, node_id: Any) -> None:
+    """Take (task id, run id, node id) as this process's task (what Message() reads)."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = task_id, run_id, node_id
+
+
+def wrap_http_grid_object_pulls(wrap: Callable[[Callable[..., dict[str, bytes]]], Callable[..., dict[str, bytes]]]
+                                ) -> bool:
+    """Replace the ``pull_objects`` that Flower's HTTP grid calls by ``wrap(pull_objects)`` (once: a
+    function marked ``bounded`` is kept); True when it was replaced now."""
+    from flwr.superlink.grid import http_grid
+
+    if getattr(http_grid.pull_objects, "bounded", False):
+        return False
+    http_grid.pull_objects = wrap(http_grid.pull_objects)
+    return True
+
+
+def is_http_grid(grid: Any) -> bool:
+    """Whether ``grid`` is Flower's HTTP grid (the ServerApp's side of a deployment)."""
+    from flwr.superlink.grid.http_grid import HttpGrid
+
+    return isinstance(grid, HttpGrid)
+
+
+def cap_supernode_sleeps(sleeps: Any) -> None:
+    """Make the SuperNode's pull loop sleep through ``sleeps`` (an object with ``sleep``; Flower's
+    loop calls ``time.sleep(3)`` and ``time.sleep(0.5)`` through its module's ``time``)."""
+    from flwr.supernode import start_client_internal as pull_loop
+
+    pull_loop.time = sleeps
+
+
+def run_flower_supernode(argv: list[str]) -> None:
+    """``flower-supernode ARGV`` in this process (Flower's own entry point)."""
+    import sys
+
+    from flwr.supernode.cli import flower_supernode
+
+    sys.argv = ["flower-supernode", *argv]
+    flower_supernode()
+
+
+def recorddict_to_bytes(record: Any) -> bytes:
+    """A RecordDict as Flower's own protobuf bytes."""
+    from flwr.common.serde import recorddict_to_proto
+
+    return bytes(recorddict_to_proto(record).SerializeToString())
+
+
+def recorddict_from_bytes(data: bytes) -> Any:
+    """The RecordDict of :func:`recorddict_to_bytes`'s bytes."""
+    from flwr.common.serde import recorddict_from_proto
+    from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
+
+    proto = ProtoRecordDict()
+    proto.ParseFromString(data)
+    return recorddict_from_proto(proto)

@@ -1,0 +1,130 @@
+"""Every touch of Flower's internals (flowerlink.internals.TOUCHES), checked against the installed
+Flower: a change in Flower fails here, naming the touch, before it fails somewhere deep in a run.
+
+CI also runs this file against Flower's nightly (``flwr-nightly``, .ci/run), reporting what breaks
+without failing the build."""
+
+from __future__ import annotations
+
+import inspect
+import time
+
+import numpy as np
+import pytest
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+
+import flowerlink
+from flowerlink import internals
+
+
+def test_every_touch_has_a_check_here_and_a_line_in_the_versions_page():
+    """A touch added to TOUCHES without a test below or a line in docs/flower-versions.md fails."""
+    from pathlib import Path
+
+    source = Path(__file__).read_text()
+    page = (Path(__file__).resolve().parent.parent / "docs" / "flower-versions.md").read_text()
+    for touch in internals.TOUCHES:
+        for name in touch.split(" / "):
+            assert f"def test_{name}" in source, f"no test for Flower touch {name!r}"
+            assert f"`{name}`" in page, f"docs/flower-versions.md does not list the touch {name!r}"
+
+
+def test_no_module_of_ours_reaches_flowers_private_objects_outside_flowerlink():
+    """The private objects of TOUCHES are named nowhere else in the project's packages."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    private = ('"_message_id"', "TaskIdentity", "grid.http_grid", "import start_client_internal",
+               "flwr.supernode.cli", "flwr.common.serde", "recorddict_pb2")
+    found = [f"{p.relative_to(root)}: {name}" for p in root.glob("*/**/*.py")
+             if p.parts[len(root.parts)] not in {"flowerlink", "tests", ".venv", "examples", "benchmarks"}
+             for name in private if name in p.read_text()]
+    assert not found, found
+
+
+def make_message() -> Message:
+    internals.set_task_identity(1, 1, 1)
+    return Message(RecordDict({"config": ConfigRecord({"a": 1})}), dst_node_id=7, message_type=MessageType.TRAIN)
+
+
+def test_set_message_id():
+    msg = make_message()
+    internals.set_message_id(msg, "abc123")
+    assert msg.metadata.message_id == "abc123"
+    reply = Message(RecordDict({"m": MetricRecord({"x": 1.0})}), reply_to=msg)
+    assert reply.metadata.reply_to_message_id == "abc123"
+
+
+def test_task_identity():
+    internals.set_task_identity(5, 6, 7)
+    assert internals.task_identity() == (5, 6, 7)
+    internals.set_task_identity(1, 1, 1)
+    assert make_message().metadata.dst_node_id == 7  # Message() builds with an identity set
+
+
+def test_set_task_identity():
+    internals.set_task_identity(11, 12, 13)
+    assert internals.task_identity() == (11, 12, 13)
+
+
+def test_wrap_http_grid_object_pulls(monkeypatch):
+    from flwr.superlink.grid import http_grid
+
+    original = http_grid.pull_objects
+    params = inspect.signature(original).parameters
+    for name in ("object_ids", "pull_object_fn", "max_time", "initial_backoff", "backoff_cap"):
+        assert name in params, f"Flower's pull_objects lost its parameter {name!r} (server_app.network bounds it)"
+    monkeypatch.setattr(http_grid, "pull_objects", original)
+    calls = []
+
+    def wrap(fn):
+        def bounded(*args, **kwargs):
+            calls.append(kwargs)
+            return fn(*args, **kwargs)
+        bounded.bounded = True  # type: ignore[attr-defined]
+        return bounded
+
+    assert internals.wrap_http_grid_object_pulls(wrap) is True
+    assert internals.wrap_http_grid_object_pulls(wrap) is False  # once
+    assert "pull_objects(" in inspect.getsource(http_grid.HttpGrid.pull_messages)  # what the grid calls
+
+
+def test_is_http_grid():
+    from flwr.superlink.grid.http_grid import HttpGrid
+
+    assert not internals.is_http_grid(object())
+    assert issubclass(HttpGrid, flowerlink.internals.__class__) is False  # a class to test against exists
+    assert internals.is_http_grid(HttpGrid.__new__(HttpGrid))
+
+
+def test_cap_supernode_sleeps(monkeypatch):
+    from flwr.supernode import start_client_internal as pull_loop
+
+    source = inspect.getsource(pull_loop)
+    assert "time.sleep(3)" in source or "time.sleep(0.5)" in source, "the SuperNode's pull loop no longer sleeps via time"
+    monkeypatch.setattr(pull_loop, "time", time)
+    sentinel = type("Sleeps", (), {"sleep": staticmethod(lambda s: None)})()
+    internals.cap_supernode_sleeps(sentinel)
+    assert pull_loop.time is sentinel
+
+
+def test_run_flower_supernode():
+    from flwr.supernode import cli
+
+    assert callable(cli.flower_supernode), "flwr.supernode.cli.flower_supernode is gone (deploy.tuning runs it)"
+
+
+@pytest.mark.parametrize("kind", ["arrays", "metrics"])
+def test_recorddict_to_bytes(kind):
+    record = (RecordDict({"a": ArrayRecord([np.arange(6, dtype=np.float32).reshape(2, 3)])}) if kind == "arrays"
+              else RecordDict({"m": MetricRecord({"x": 1.5, "n": 3})}))
+    back = internals.recorddict_from_bytes(internals.recorddict_to_bytes(record))
+    if kind == "arrays":
+        np.testing.assert_array_equal(back["a"].to_numpy_ndarrays()[0], np.arange(6, dtype=np.float32).reshape(2, 3))
+    else:
+        assert dict(back["m"]) == {"x": 1.5, "n": 3}
+
+
+def test_recorddict_from_bytes():
+    with pytest.raises(Exception):  # noqa: B017 (protobuf's own error: what matters is that junk raises)
+        internals.recorddict_from_bytes(b"\xff\xff\xff not a protobuf")
