@@ -344,3 +344,32 @@ def test_fedcompass_in_the_asynchronous_loop_on_the_virtual_clock(tmp_path):
     # the clients trained the steps the rule sent (their replies' num-steps), not the workload's 3
     assert [r["local-steps"] for r in rows] == pytest.approx(port.steps_applied[:len(rows)])
     assert any(r["local-steps"] != 3 for r in rows)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_fedcompass_deployed_on_real_time(tmp_path):
+    """Three SuperNodes (real processes), FedCompass on real time: the clients train the Q_i the
+    rule sends (their replies' num-steps, in [Q_min, Q_max]), groups aggregate (measured once:
+    three single first updates, then groups of all three at staleness 0, about 11 s apart), and
+    no process is left."""
+    import shutil
+
+    if shutil.which("flower-superlink") is None:
+        pytest.skip("flower-superlink not on PATH")
+    from deploy.local import ProcessSite
+    from deploy.procs import zombie_children
+    from deploy.run import run_deployment
+
+    cfg = {"num-server-rounds": 5, "strategy": "fedcompass:q-min=2,q-max=10", "availability": "always",
+           "dataset": "digits", "model": "logreg", "local-steps": "steps:n=10", "partition": "iid",
+           "round-timeout": 120.0, "checkpoint-every": 0, "device": "cpu", "weighting": "equal",
+           "results-dir": str(tmp_path / "results"), "progress": False}
+    with ProcessSite(3, tmp_path / "work") as dep:
+        out = run_deployment(dep, cfg, timeout=500)
+    assert out.completed, out.status
+    rows = read_metrics(out.run_dir)
+    assert [r["round"] for r in rows] == list(range(1, 6))
+    assert all(2 <= r["local-steps"] <= 10 for r in rows)
+    assert sum(len(r["arrivals"]) for r in rows) > len(rows)  # some aggregation applied a group
+    assert dep.leftovers() == [] and zombie_children() == []

@@ -35,7 +35,8 @@ the workload's local steps (``local-steps``; the first job's) and Q_min = Q_max 
 ``q-max`` / ``q-min`` are given. A client's first job has Q_max steps.
 
 The step count Q_i travels in the train message (config ``local-steps``) and the client trains
-exactly that many steps. The asynchronous loop on the virtual clock (``server_app.asynchronous``)
+exactly that many steps. The asynchronous loop, on the virtual clock (``server_app.asynchronous``)
+or on real time (``server_app.async_realtime``: no job_steps there, the device takes its time),
 asks the rule for each job's steps (:meth:`FedCompass.job_steps`), whether a client's update waits
 for its group (:meth:`FedCompass.holds`), and when a group's latest arrival time comes
 (:meth:`FedCompass.deadline`, :meth:`FedCompass.at_deadline`). In synchronous rounds (Flower's
@@ -234,7 +235,7 @@ class FedCompass(AsyncRule):
     def job(self, node: int, job_round: int) -> Any:
         if self.holds(node):
             raise RuntimeError(f"strategy 'fedcompass': a job for node {node}, whose update waits for its group: "
-                               "this loop does not follow FedCompass's groups (only the virtual-clock loop does)")
+                               "this loop does not follow FedCompass's groups (it must ask holds())")
         return super().job(node, job_round)
 
     def deadline(self) -> float | None:
