@@ -28,6 +28,7 @@ from strategies.protocol import (
     CLIENT_ID,
     CLIENT_RULE,
     IGNORE_AVAILABILITY,
+    LOCAL_STEPS,
     LR,
     NUM_EXAMPLES,
     NUM_STEPS,
@@ -155,7 +156,8 @@ def local_training(ts: TrainStart) -> tuple[dict[str, Any], LocalResult]:
     rounds = ts.rule.rounds(ts.context, ts.client, ts.rnd, ts.config) if hasattr(ts.rule, "rounds") else [ts.rnd]
     try:
         for rnd in rounds:  # FedPBC's catch-up: the missed rounds' steps first, then this round's
-            result = ts.workload.train_client(model, ts.client, rnd)
+            steps = ts.config.get(LOCAL_STEPS)  # the rule's own step count (FedCompass's Q_i)
+            result = ts.workload.train_client(model, ts.client, rnd, None if steps is None else int(steps))
     finally:
         if correction is not None:
             correction.detach()  # the scratch model serves the next message too

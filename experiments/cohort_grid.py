@@ -29,7 +29,7 @@ from flwr.app import Context, Message, MessageType
 from client_app.app import TrainStart, local_training, train_reply, train_start
 from runconfig import WorkloadConfig, from_run_config
 from server_app.config import ENGINES
-from strategies.protocol import CORRECTED_RULES
+from strategies.protocol import CORRECTED_RULES, LOCAL_STEPS
 from workloads.vmapped import CohortTrainer, prefers_cohort
 from workloads.workload import Workload, get_workload
 
@@ -116,8 +116,9 @@ class CohortGrid(InProcessGrid):
             if isinstance(ts, Message):
                 replies.append(ts)  # declined by the client-side gate
                 continue
-            if hasattr(ts.rule, "rounds") and len(ts.rule.rounds(ts.context, ts.client, ts.rnd, ts.config)) > 1:
-                replies.append(train_reply(ts, *local_training(ts)))  # FedPBC's catch-up: several rounds
+            if (hasattr(ts.rule, "rounds") and len(ts.rule.rounds(ts.context, ts.client, ts.rnd, ts.config)) > 1
+                    or LOCAL_STEPS in ts.config):
+                replies.append(train_reply(ts, *local_training(ts)))  # FedPBC's catch-up, or the rule's own steps
                 continue
             starts.append((len(replies), ts))
             replies.append(None)

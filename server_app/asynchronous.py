@@ -57,7 +57,7 @@ from .setup import Setup, check_resume, config_record, evaluate_models, save_che
 
 log = logging.getLogger(__name__)
 
-ARRIVAL, WAKE = "arrival", "wake"
+ARRIVAL, WAKE, DEADLINE = "arrival", "wake", "deadline"  # DEADLINE: a rule's own time (FedCompass's groups)
 
 
 def clock_for(setup: Setup) -> Clock:
@@ -209,6 +209,7 @@ class VirtualLoop:
         self.queue = EventQueue()
         self.in_flight = 0
         self.now = 0.0
+        self.deadline_queued: float | None = None
         rec.loop_state = self.state
 
     def run(self, resume: LoopState | None = None) -> float:
@@ -225,6 +226,10 @@ class VirtualLoop:
             self.now = event.time
             if event.kind == ARRIVAL:
                 self.arrive(event.payload, self.now)
+            elif event.kind == DEADLINE:
+                x_old = self.strategy.current
+                if self.strategy.at_deadline(self.now):  # type: ignore[attr-defined]
+                    self.rec.row(self.strategy, self.now, x_old)  # type: ignore[arg-type]
             else:
                 self.idle.add(event.payload)
             self.after_event(target)
@@ -238,6 +243,10 @@ class VirtualLoop:
         nxt = self.queue.peek()
         if self.strategy.version < target and (nxt is None or nxt.time != self.now):
             self.dispatch(self.now)  # after every event of this instant
+        due = getattr(self.strategy, "deadline", lambda: None)()  # a rule with times of its own: FedCompass
+        if due is not None and due != self.deadline_queued:
+            self.queue.push(max(due, self.now), DEADLINE, -1)
+            self.deadline_queued = due
 
     # ------------------------------------------------------------------ checkpoints
     def state(self) -> dict[str, Any]:
@@ -296,7 +305,10 @@ class VirtualLoop:
 
     def dispatch(self, now: float) -> None:
         free = []
+        holds = getattr(self.strategy, "holds", None)  # FedCompass: an update waiting for its group
         for c in sorted(self.idle):
+            if holds is not None and holds(self.node_of[c]):
+                continue
             if self.clock.online(c, now):
                 free.append(c)
                 continue
@@ -324,7 +336,9 @@ class VirtualLoop:
         wl = self.setup.workload
         for job in jobs:
             job.reply = by_id.get(str(job.message.metadata.message_id))
-            total = float(self.clock.job_time(job.client, wl.steps_for(job.client, self.jobs_of[job.client] - 1)).total)
+            steps = wl.steps_for(job.client, self.jobs_of[job.client] - 1)
+            own = getattr(self.strategy, "job_steps", None)  # the rule's own step count (FedCompass)
+            total = float(self.clock.job_time(job.client, own(job.message.metadata.dst_node_id, steps) if own else steps).total)
             job.lost = not completes(self.clock, job.client, now, now + total)
             self.queue.push(now + total, ARRIVAL, job)
             self.idle.discard(job.client)

@@ -28,6 +28,7 @@ _WHERE = {
     "FedStale": "rules.fedstale", "DebiasedFedAvg": "rules.debiased_fedavg",
     "FedAdam": "rules.flower_opt", "FedYogi": "rules.flower_opt", "FedAdagrad": "rules.flower_opt",
     "FedAvgM": "rules.flower_opt", "FedBuff": "rules.fedbuff", "FedAsync": "rules.fedasync",
+    "FedCompass": "rules.fedcompass",
 }
 __all__ = list(_WHERE)
 

@@ -13,6 +13,7 @@ IGNORE_AVAILABILITY = "ignore-availability"  # True: an oracle round that must r
 CLIENT_RULE = "client-rule"  # which client-side behaviour to run (see client_app.rules)
 PLAIN_RULE = "plain"  # the client rule of every strategy but FedAWE: train from the received model
 PROBE_BATCHES = "probe-batches"  # evaluate on this many mini-batches only (0 = all data)
+LOCAL_STEPS = "local-steps"  # train exactly this many local steps this job (FedCompass's Q_i; else the workload's)
 UNAVAILABLE = 1000  # Error code of a client that declines work (the client-side availability gate)
 
 # message type of the round-end broadcast (FedAWE's postponed broadcast)

@@ -4,7 +4,9 @@
   reads): :class:`DeviceProfile` per class, :class:`ProfilePlan` (every client's class),
   :func:`read_profiles` / :func:`parse_profiles`;
 - ``traces``: FedScale-style device traces (:func:`read_trace`) bucketed into classes
-  (:func:`classes_from_trace`);
+  (:func:`classes_from_trace`); ``fedscale``: FedScale's own pickled traces, read with an
+  unpickler that refuses every global, their text form and their mapping onto devices files and
+  ``trace-intervals`` (``python -m virtualtime convert``);
 - ``sessions``: on/off sessions in seconds, per client, keyed by (seed, client, session index):
   O(1) state per client, the same answer whatever order it is asked in;
 - ``clock``: :class:`VirtualClock` (a client's :class:`JobTime`, who is online when);

@@ -1,5 +1,6 @@
 """FedScale-style device traces (per client: ``computation`` in ms per sample, ``communication``
-in kbit/s; FedScale's ``client_device_capacity``, as JSON or CSV) become device classes with
+in kbit/s; FedScale's ``client_device_capacity``: its own pickle or its text form (:mod:`.fedscale`),
+or JSON or CSV) become device classes with
 :func:`classes_from_trace`: N clients drawn with a seed, bucketed by speed into K classes whose
 CPU fraction (a deployment's cap) and ``speed`` (the simulation's) are the fastest bucket's
 median ms per sample over the bucket's, and whose bandwidth is the bucket's median.
@@ -15,18 +16,28 @@ from pathlib import Path
 
 import numpy as np
 
+from . import fedscale
 from .errors import ProfileError
 
 
 def read_trace(path: str | Path) -> dict[str, tuple[float, float]]:
-    """client -> (ms per sample, kbit/s) from a FedScale-style device trace: JSON
-    ``{"<client>": {"computation": ms, "communication": kbps}}`` or CSV with columns
-    ``client,computation,communication``."""
+    """client -> (ms per sample, kbit/s) from a FedScale-style device trace: FedScale's own pickle
+    or its text form (:mod:`.fedscale`), JSON ``{"<client>": {"computation": ms, "communication":
+    kbps}}`` or CSV with columns ``client,computation,communication``."""
     path = Path(path)
     try:
+        if fedscale.is_pickle(path):
+            return fedscale.capacity_rows(fedscale.read_pickle(path, fedscale.CAPACITY)[1])
         text = path.read_text()
     except OSError as err:
         raise ProfileError(f"device trace {path}: {err.strerror or err}") from err
+    except UnicodeDecodeError as err:
+        raise ProfileError(f"device trace {path}: neither a pickle nor text ({err})") from err
+    if text.lstrip().startswith('{"fedscale"'):
+        kind, doc = fedscale.read_text(path)
+        if kind != fedscale.CAPACITY:
+            raise ProfileError(f"device trace {path}: a {kind}, not a {fedscale.CAPACITY}")
+        return fedscale.capacity_rows(doc)
     out: dict[str, tuple[float, float]] = {}
     if path.suffix.lower() == ".json" or text.lstrip().startswith("{"):
         try:

@@ -146,13 +146,15 @@ class Workload:
             num_examples=self.num_examples(client), batch_size=self.cfg.batch_size,
         )
 
-    def train_client(self, model: nn.Module, client: int, rnd: int) -> LocalResult:
-        """Run ``client``'s local steps of round ``rnd`` (0-based) on ``model`` in place."""
+    def train_client(self, model: nn.Module, client: int, rnd: int, num_steps: int | None = None) -> LocalResult:
+        """Run ``client``'s local steps of round ``rnd`` (0-based; ``num_steps`` of them when given) on
+        ``model`` in place."""
         solver = SolverConfig(**{**self.solver.__dict__, "lr": self.lr_at(rnd)})
         with torch.random.fork_rng(devices=[]):
             torch.default_generator.manual_seed(self.dropout_seed(client, rnd))
             return local_train(
-                model.to(self.device), self.batches(client, rnd), self.steps_for(client, rnd),
+                model.to(self.device), self.batches(client, rnd),
+                self.steps_for(client, rnd) if num_steps is None else num_steps,
                 solver, device=self.device,
             )
 

@@ -10,6 +10,13 @@ here x_new = x^τ + Δ_i (the reply's model; Δ_i is what the sanity bounds chec
 Defaults: α = 0.6 and poly with a = 0.5 (FLGo's FedAsync defaults; the paper's FedAsync+Poly uses
 a = 0.5, its hinge a = 10, b = 4). The server learning rate multiplies α_t (η_g = 1: the paper).
 Arrivals older than ``max_staleness`` are rejected (recorded as stale).
+
+Staleness numbering: here, as in FLGo, APPFL and Plato, a client that trained from the current
+version has staleness t − τ = 0 (s = 1). In the paper's Alg. 1 the server's update t produces x_t
+from x_{t−1}, and a worker that received (x_{t'}, t') sets τ = t'; so the freshest update, trained
+from x_{t−1}, has t − τ = 1 (s(1) = 2^(−a) = 0.71 for poly a = 0.5). ``staleness_offset = 1``
+follows the paper (s(δ + 1)); 0, the default, keeps the code's numbering. ``max_staleness`` and
+the records count δ as here either way.
 """
 
 from __future__ import annotations
@@ -26,8 +33,12 @@ class FedAsync(AsyncRule):
     paper_weighting = "equal"  # one client at a time: no data-size weight
 
     def __init__(self, *, alpha: float = 0.6, staleness: str = "poly", staleness_a: float = 0.5,
-                 staleness_b: float = 4.0, **kwargs) -> None:
+                 staleness_b: float = 4.0, staleness_offset: int = 0, **kwargs) -> None:
         super().__init__(**kwargs)
+        if staleness_offset not in (0, 1):
+            raise ValueError(f"strategy 'fedasync': staleness-offset={staleness_offset} must be 0 (a fresh update "
+                             f"has staleness 0) or 1 (Xie et al.'s numbering: t − τ >= 1)")
+        self.staleness_offset = int(staleness_offset)
         if not (np.isfinite(alpha) and 0 < alpha <= 1):
             raise ValueError(f"strategy 'fedasync': alpha={alpha} must be in (0, 1]")
         check_staleness_params(self.name, staleness, staleness_a, staleness_b)
@@ -36,7 +47,7 @@ class FedAsync(AsyncRule):
 
     def mixing(self, staleness: int) -> float:
         """α_t = α s(t − τ), times η_g, at most 1."""
-        s = staleness_weight(self.staleness, staleness, self.staleness_a, self.staleness_b)
+        s = staleness_weight(self.staleness, staleness + self.staleness_offset, self.staleness_a, self.staleness_b)
         return min(1.0, self.server_lr * self.alpha * s)
 
     def add(self, arrival: Arrival) -> bool:

@@ -18,6 +18,14 @@ client that is unavailable is unreachable and does not train (FedAWE's echo is t
 for exactly that). The code evaluates the mean of all clients' copies (``w_eval``), offered here
 as the ``xbar`` evaluation (as for FedAWE), and decays the local lr as η_0/√(t/50 + 1) with t
 counted in local steps (5 per round).
+
+The code's step, in two versions: the first commit (2f364b4, 2024-03-23) has
+``w_tmp += (w_tmp - w_local[n]) * lr_global``, i.e. x_i ← x_i^{t,end} + η_g (x_i^{t,end} − x_i) =
+x_i + (1 + η_g)(x_i^{t,end} − x_i): at its default ``--lr-global 1`` each round's change counts
+twice. The "minor fix" commit (2f6770c, 2024-04-15, the code's HEAD) made it
+``w_tmp = w_local[n] + (w_tmp - w_local[n]) * lr_global``, the paper's step above, which is the
+default here (``code_step = "fixed"``). ``code_step = "first-commit"`` runs the first commit's step
+(the server's effective η_g becomes 1 + η_g, sent to the clients and used in FedAWE's checks).
 """
 
 from __future__ import annotations
@@ -44,12 +52,22 @@ class FedPBC(FedAWE):
         exactly (a client's copy does not depend on the server while it is away); the cost is
         the missed rounds' local work, done on return. False (the default): the paper's
         description as this project can run it, only reachable clients train.
+    code_step : "fixed" (default: the paper's step and the code's HEAD) or "first-commit" (the
+        code's first published step, x_i + (1 + η_g)(x_i^{t,end} − x_i); module docstring).
     """
 
     name = "fedpbc"
 
-    def __init__(self, *, catch_up: bool = False, **kwargs: Any) -> None:
+    def __init__(self, *, catch_up: bool = False, code_step: str = "fixed", **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        if code_step not in ("fixed", "first-commit"):
+            raise ValueError(f"fedpbc: code-step={code_step!r} is not one of 'fixed', 'first-commit'")
+        if code_step == "first-commit" and catch_up:
+            raise ValueError("fedpbc: code-step=first-commit and catch-up=true: the catch-up trains the missed "
+                             "rounds in a row (the fixed step at η_g = 1); use one of them")
+        if code_step == "first-commit":
+            self.server_lr = 1.0 + self.server_lr  # x_i + (1 + η_g)(x_i^{t,end} − x_i), the first commit's step
+        self.code_step = code_step
         if catch_up and self.server_lr != 1.0:
             raise ValueError(f"fedpbc: catch-up=true needs server_lr = 1 (the official code applies η_g to "
                              f"every round's local change, missed rounds included), got {self.server_lr}")

@@ -135,15 +135,31 @@ class _FedOpt(_FlowerOptimizer):
 
 
 class FedAdam(_FedOpt):
-    """FedAdam (Reddi et al., ICLR 2021, Alg. 2) by Flower's ``FedAdam``; its defaults."""
+    """FedAdam by Flower's ``FedAdam``; its defaults.
+
+    Reddi et al., ICLR 2021, Alg. 2 step: x ← x + η m_t / (√v_t + τ). Flower's class adds Adam's
+    bias correction (Kingma & Ba): η_t = η √(1 − β_2^(r+1)) / (1 − β_1^(r+1)), r its 1-based round
+    (so the exponent runs one ahead of Adam's own t). ``bias_correction`` True (the default) is
+    Flower's; False is Alg. 2 exactly (Flower's step rescaled by η / η_t).
+    """
 
     name = "fedadam"
     flower_class = flower.FedAdam
 
     def __init__(self, *, eta: float = 0.1, beta_1: float = 0.9, beta_2: float = 0.99, tau: float = 1e-3,
-                 **kwargs: Any) -> None:
+                 bias_correction: bool = True, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._setup_optimizer(eta=eta, beta_1=beta_1, beta_2=beta_2, tau=tau)
+        self.bias_correction = bool(bias_correction)
+
+    def optimizer_step(self, t: int, x: np.ndarray, u: np.ndarray | int) -> tuple[np.ndarray, dict[str, float]]:
+        new, metrics = super().optimizer_step(t, x, u)
+        if not self.bias_correction:  # Reddi et al. Alg. 2: undo Flower's η_t / η (round r = t + 1)
+            b1, b2, r = self.optimizer.beta_1, self.optimizer.beta_2, t + 1
+            scale = (1 - b1 ** (r + 1)) / np.sqrt(1 - b2 ** (r + 1))
+            new = (x + scale * (new.astype(np.float64) - x)).astype(np.float32)
+            metrics = {**metrics, "server-step-norm": float(np.linalg.norm(new - x))}
+        return new, metrics
 
 
 class FedYogi(_FedOpt):
