@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
@@ -22,13 +23,14 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricR
 from flwr.clientapp import ClientApp
 
 from availability import Schedule, schedule_for
-from runconfig import AvailabilityConfig, ConfigError, WorkloadConfig, from_run_config
+from runconfig import AvailabilityConfig, ConfigError, StragglerConfig, WorkloadConfig, from_run_config
 from strategies.protocol import (
     A_NORM,
     CLIENT_ID,
     CLIENT_RULE,
     IGNORE_AVAILABILITY,
     LR,
+    MAX_LOCAL_STEPS,
     NUM_EXAMPLES,
     NUM_STEPS,
     PROBE_BATCHES,
@@ -39,7 +41,7 @@ from strategies.protocol import (
 )
 
 from . import timing
-from .worker import through_worker
+from .worker import TRAIN_UNTIL, through_worker
 
 if TYPE_CHECKING:
     from workloads.solvers import LocalResult
@@ -125,6 +127,8 @@ class TrainStart:
     rule: Any
     start: dict[str, Any]  # the state dict local training starts from (the client rule's choice)
     received: float  # time.monotonic() when the message was taken up
+    steps: int  # this round's local steps: the workload's, or fewer (config max-local-steps)
+    stop: Callable[[int], bool] | None = None  # a deployed straggler's deadline (see stop_at_deadline)
 
 
 def train_start(msg: Message, context: Context) -> TrainStart | Message:
@@ -138,7 +142,36 @@ def train_start(msg: Message, context: Context) -> TrainStart | Message:
     config = msg.content["config"]
     rule = rule_of(config)
     start = rule.start(msg.content.array_records["arrays"].to_torch_state_dict(), context, pid, rnd, config)
-    return TrainStart(msg, context, wl, pid, rnd, config, rule, start, received)
+    return TrainStart(msg, context, wl, pid, rnd, config, rule, start, received,
+                      job_steps(wl.steps_for(pid, rnd), config), stop_at_deadline(context))
+
+
+def job_steps(steps: int, config: Any) -> int:
+    """This job's local steps: the workload's ``steps``, or config ``max-local-steps`` when fewer
+    (the virtual clock's budget for a straggler under ``straggler-policy=partial``)."""
+    budget = config.get(MAX_LOCAL_STEPS)
+    if budget is None:
+        return steps
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+        raise ValueError(f"train config {MAX_LOCAL_STEPS} = {budget!r}: expected an integer >= 1")
+    return min(steps, budget)
+
+
+def stop_at_deadline(context: Context) -> Callable[[int], bool] | None:
+    """A deployed straggler's stop (node config ``train-until``, epoch seconds, set per message by
+    ``client_app.worker`` under ``straggler-policy=partial``): after k >= ``straggler-min-steps``
+    steps, stop when one more step, at the mean step time so far, would end after ``train-until``."""
+    until = context.node_config.get(TRAIN_UNTIL)
+    if until is None:
+        return None
+    min_steps = from_run_config(StragglerConfig, context.run_config).validate().straggler_min_steps
+    began = time.time()
+
+    def stop(done: int) -> bool:
+        now = time.time()
+        return done >= min_steps and now + (now - began) / done > float(cast(float, until))
+
+    return stop
 
 
 def local_training(ts: TrainStart) -> tuple[dict[str, Any], LocalResult]:
@@ -155,7 +188,9 @@ def local_training(ts: TrainStart) -> tuple[dict[str, Any], LocalResult]:
     rounds = ts.rule.rounds(ts.context, ts.client, ts.rnd, ts.config) if hasattr(ts.rule, "rounds") else [ts.rnd]
     try:
         for rnd in rounds:  # FedPBC's catch-up: the missed rounds' steps first, then this round's
-            result = ts.workload.train_client(model, ts.client, rnd)
+            own = rnd == ts.rnd  # a straggler's budget and stop hold this round's steps only
+            result = ts.workload.train_client(model, ts.client, rnd, ts.steps if own else None,
+                                              ts.stop if own else None)
     finally:
         if correction is not None:
             correction.detach()  # the scratch model serves the next message too
