@@ -1,13 +1,16 @@
 """Stragglers (run config ``straggler-policy``): partial local work at the virtual deadline in closed
 form, FedNova and FedAvg on partial work against references computed here, ``wait``, the records,
-the config checks, and a deployed client's stop at the round's deadline (the worker's side; the
-deployment itself: tests/test_deploy_stragglers.py)."""
+the config checks, a deployed client's stop at the round's deadline (the worker's side), and a
+deployment with one slowed node (slow: ~1 min)."""
 
 from __future__ import annotations
 
 import math
+import os
+import shutil
 import time
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -209,3 +212,35 @@ def test_local_training_stops_where_the_stop_says_and_reports_those_steps():
     assert result.num_steps == 6 and result.a_norm == 6.0
     e = wl.train.x[1].double().numpy()
     np.testing.assert_allclose(next(model.parameters()).detach().double().numpy(), e * (1 - (1 - LR) ** 6), rtol=1e-5)
+
+
+STEP_DELAY_HOOK = Path(__file__).parent / "step_delay_hook"  # TEST-ONLY sitecustomize (see its docstring)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_slowed_deployed_node_replies_on_time_with_the_steps_it_did(tmp_path):
+    """Two SuperNodes; node 1 sleeps 0.3 s before every local step (100 steps: 30 s), the round
+    deadline is 20 s and the upload estimate 4 s (margins for a loaded host, where a ClientApp
+    process takes seconds to start): in round 2 it stops early and is on time."""
+    if shutil.which("flower-superlink") is None or shutil.which("flwr") is None:
+        pytest.skip("flower-superlink / flwr not on PATH")
+    from deploy.local import ProcessSite
+    from deploy.run import run_deployment
+
+    path = os.pathsep.join([str(STEP_DELAY_HOOK), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    cfg = {"num-server-rounds": 2, "strategy": "fednova", "availability": "always", "dataset": "digits",
+           "model": "logreg", "local-steps": "steps:n=100", "partition": "iid", "round-timeout": 90.0,
+           "round-deadline": 20.0, "straggler-policy": "partial", "straggler-min-steps": 5,
+           "straggler-upload-s": 4.0, "checkpoint-every": 0, "device": "cpu",
+           "results-dir": str(tmp_path / "results"), "progress": False}
+    with ProcessSite(2, tmp_path / "work", node_env={1: {"PYTHONPATH": path, "FLCHURN_TEST_STEP_DELAY": "0.3"}}) as dep:
+        out = run_deployment(dep, cfg, timeout=600)
+    assert out.completed, out.status
+    rows = read_metrics(out.run_dir)
+    shown = [{k: r.get(k) for k in ("participants", "client-steps", "client-reply-time", "rejected")} for r in rows]
+    assert [r["participants"] for r in rows] == [[0, 1]] * 2, shown  # the slowed node is never late
+    assert rows[0]["client-steps"] == {"0": 100, "1": 100}, shown  # round 1 waits round-timeout: time for all
+    assert rows[1]["client-steps"]["0"] == 100, shown
+    assert 5 <= rows[1]["client-steps"]["1"] < 100, shown  # stopped at the deadline minus its upload estimate
+    assert rows[1]["client-reply-time"]["1"] <= 20.0, shown
