@@ -162,9 +162,10 @@ def stop_at_deadline(context: Context) -> Callable[[int], bool] | None:
     ``client_app.worker`` under ``straggler-policy=partial``): after k >= ``straggler-min-steps``
     steps, stop when one more step, at the mean step time so far, would end after ``train-until``."""
     until = context.node_config.get(TRAIN_UNTIL)
-    if until is None:
+    stragglers = from_run_config(StragglerConfig, context.run_config).validate()
+    if until is None or stragglers.straggler_policy != "partial":
         return None
-    min_steps = from_run_config(StragglerConfig, context.run_config).validate().straggler_min_steps
+    min_steps = stragglers.straggler_min_steps
     began = time.time()
 
     def stop(done: int) -> bool:

@@ -198,6 +198,7 @@ def test_a_deployed_partial_client_stops_at_the_deadline_minus_its_upload_estima
     assert train_until(train_message(2, 1000.0), context({**cfg, "straggler-policy": "drop"})) is None
     assert train_until(train_message(2, 1000.0), context({**cfg, "devices": "d.toml"})) is None  # the clock's budget
     assert stop_at_deadline(context(cfg)) is None  # no train-until: nothing stops
+    assert stop_at_deadline(context({**cfg, "straggler-policy": "drop"}, {TRAIN_UNTIL: 0.0})) is None
     stop = stop_at_deadline(context(cfg, {TRAIN_UNTIL: time.time() - 1.0}))  # the deadline has passed
     assert stop is not None and [stop(k) for k in (1, 2, 3, 4)] == [False, False, True, True]  # min steps first
     stop = stop_at_deadline(context(cfg, {TRAIN_UNTIL: time.time() + 60.0}))
