@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
@@ -22,7 +23,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricR
 from flwr.clientapp import ClientApp
 
 from availability import Schedule, schedule_for
-from runconfig import AvailabilityConfig, ConfigError, WorkloadConfig, from_run_config
+from runconfig import AvailabilityConfig, ConfigError, StragglerConfig, WorkloadConfig, from_run_config
 from strategies.protocol import (
     A_NORM,
     CLIENT_ID,
@@ -30,6 +31,7 @@ from strategies.protocol import (
     IGNORE_AVAILABILITY,
     LOCAL_STEPS,
     LR,
+    MAX_LOCAL_STEPS,
     NUM_EXAMPLES,
     NUM_STEPS,
     PROBE_BATCHES,
@@ -40,7 +42,7 @@ from strategies.protocol import (
 )
 
 from . import timing
-from .worker import through_worker
+from .worker import TRAIN_UNTIL, through_worker
 
 if TYPE_CHECKING:
     from workloads.solvers import LocalResult
@@ -126,6 +128,8 @@ class TrainStart:
     rule: Any
     start: dict[str, Any]  # the state dict local training starts from (the client rule's choice)
     received: float  # time.monotonic() when the message was taken up
+    steps: int  # this round's local steps: the workload's, or fewer (config max-local-steps)
+    stop: Callable[[int], bool] | None = None  # a deployed straggler's deadline (see stop_at_deadline)
 
 
 def train_start(msg: Message, context: Context) -> TrainStart | Message:
@@ -139,7 +143,40 @@ def train_start(msg: Message, context: Context) -> TrainStart | Message:
     config = msg.content["config"]
     rule = rule_of(config)
     start = rule.start(msg.content.array_records["arrays"].to_torch_state_dict(), context, pid, rnd, config)
-    return TrainStart(msg, context, wl, pid, rnd, config, rule, start, received)
+    return TrainStart(msg, context, wl, pid, rnd, config, rule, start, received,
+                      job_steps(wl.steps_for(pid, rnd), config), stop_at_deadline(context))
+
+
+def job_steps(steps: int, config: Any) -> int:
+    """This job's local steps: the rule's own count (config ``local-steps``: FedCompass's Q_i) or
+    else the workload's ``steps``, cut to config ``max-local-steps`` when fewer (the virtual
+    clock's budget for a straggler under ``straggler-policy=partial``)."""
+    for key in (LOCAL_STEPS, MAX_LOCAL_STEPS):
+        value = config.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"train config {key} = {value!r}: expected an integer >= 1")
+    own = config.get(LOCAL_STEPS)
+    steps = steps if own is None else int(own)
+    budget = config.get(MAX_LOCAL_STEPS)
+    return steps if budget is None else min(steps, int(budget))
+
+
+def stop_at_deadline(context: Context) -> Callable[[int], bool] | None:
+    """A deployed straggler's stop (node config ``train-until``, epoch seconds, set per message by
+    ``client_app.worker`` under ``straggler-policy=partial``): after k >= ``straggler-min-steps``
+    steps, stop when one more step, at the mean step time so far, would end after ``train-until``."""
+    until = context.node_config.get(TRAIN_UNTIL)
+    stragglers = from_run_config(StragglerConfig, context.run_config).validate()
+    if until is None or stragglers.straggler_policy != "partial":
+        return None
+    min_steps = stragglers.straggler_min_steps
+    began = time.time()
+
+    def stop(done: int) -> bool:
+        now = time.time()
+        return done >= min_steps and now + (now - began) / done > float(cast(float, until))
+
+    return stop
 
 
 def local_training(ts: TrainStart) -> tuple[dict[str, Any], LocalResult]:
@@ -156,8 +193,9 @@ def local_training(ts: TrainStart) -> tuple[dict[str, Any], LocalResult]:
     rounds = ts.rule.rounds(ts.context, ts.client, ts.rnd, ts.config) if hasattr(ts.rule, "rounds") else [ts.rnd]
     try:
         for rnd in rounds:  # FedPBC's catch-up: the missed rounds' steps first, then this round's
-            steps = ts.config.get(LOCAL_STEPS)  # the rule's own step count (FedCompass's Q_i)
-            result = ts.workload.train_client(model, ts.client, rnd, None if steps is None else int(steps))
+            own = rnd == ts.rnd  # a straggler's budget and stop hold this round's steps only
+            result = ts.workload.train_client(model, ts.client, rnd, ts.steps if own else None,
+                                              ts.stop if own else None)
     finally:
         if correction is not None:
             correction.detach()  # the scratch model serves the next message too

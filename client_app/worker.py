@@ -27,6 +27,11 @@ Lifetime and identity:
 - It handles one message at a time, as the SuperNode does. Only processes of the same user may
   talk to it (``SO_PEERCRED``); messages are pickled, so it trusts that user.
 
+Stragglers (run config ``straggler-policy=partial``, no ``devices``): a TRAIN message goes to
+the worker with node config ``train-until`` (:func:`train_until`, epoch seconds): the round's
+deadline minus ``straggler-upload-s``; local training stops there (after at least
+``straggler-min-steps`` steps) and the reply says how many steps it did (``num-steps``).
+
 Linux only (pidfd, abstract sockets, /proc); elsewhere the switch is an error.
 """
 
@@ -42,15 +47,18 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import cast
 
-from flwr.app import Context, Message
+from flwr.app import Context, Message, MessageType
 
 from flowerlink import task_identity
-from runconfig import ConfigError
+from runconfig import ConfigError, StragglerConfig, from_run_config
+from strategies.protocol import SERVER_ROUND
 
 log = logging.getLogger(__name__)
 
 SWITCH = "client-worker"  # node_config key: true = hand messages to this node's worker
+TRAIN_UNTIL = "train-until"  # node_config key the worker's handlers see: a straggler's stop (epoch seconds)
 APP_ROOT = Path(__file__).resolve().parent.parent  # the installed app (Flower unpacks one per FAB)
 START_TIMEOUT = 120.0  # seconds a new worker may take to listen
 _HEADER = struct.Struct("!Q")
@@ -74,6 +82,27 @@ def through_worker(msg: Message, context: Context, call_next):
     if not uses_worker(context):
         return call_next(msg, context)
     return NodeWorker.of_this_process().call(msg, context)
+
+
+def train_until(msg: Message, context: Context) -> float | None:
+    """When a deployed client under ``straggler-policy=partial`` stops local training (epoch
+    seconds): the message's ``created_at`` (the server's clock: deployments on one host or with
+    synchronised clocks) + the round's wait - ``straggler-upload-s``. The round's wait is what the
+    ServerApp waits (``server_app.experiment.train_timeout``): ``round-deadline``, except in round 1,
+    where every node also starts its worker and the server waits ``round-timeout`` (a resumed run's
+    first round waits ``round-timeout`` too; this stops at ``round-deadline`` there, early but on time).
+    None for any other message, policy or a run on the virtual clock (``devices``: the clock's budget)."""
+    run_config = context.run_config
+    stragglers = from_run_config(StragglerConfig, run_config).validate()
+    if (msg.metadata.message_type != MessageType.TRAIN or stragglers.straggler_policy != "partial"
+            or run_config.get("devices", "")):
+        return None
+    config = msg.content.config_records.get("config")
+    first = config is not None and int(cast(int, config.get(SERVER_ROUND, 0))) == 1
+    wait = float(cast(float, run_config.get("round-timeout" if first else "round-deadline", 0.0)))
+    if wait <= 0:
+        return None
+    return float(msg.metadata.created_at) + wait - stragglers.straggler_upload_s
 
 
 # ---------------------------------------------------------------------- processes (/proc)
@@ -152,9 +181,11 @@ class NodeWorker:
     def call(self, msg: Message, context: Context) -> Message:
         """The reply to ``msg``; ``context.state`` is replaced by the worker's updated state."""
         sock = self.connect()
+        node_config = {k: v for k, v in context.node_config.items() if k not in (SWITCH, TRAIN_UNTIL)}
+        if (until := train_until(msg, context)) is not None:
+            node_config[TRAIN_UNTIL] = until
         plain = Context(run_id=context.run_id, node_id=context.node_id, state=context.state,
-                        run_config=context.run_config, series_id=context.series_id,
-                        node_config={k: v for k, v in context.node_config.items() if k != SWITCH})
+                        run_config=context.run_config, series_id=context.series_id, node_config=node_config)
         identity = task_identity()
         try:
             with sock:

@@ -101,7 +101,7 @@ def write_trace_matrix(path: str | Path, matrix: np.ndarray, comment: str = "") 
 
 # what a client records per reply: seconds, peak MiB, and wall-clock times (s since the epoch) of the
 # server's message ("sent-at", its created_at) and of the reply built ("at")
-TIMED = ("train-time", "cpu-time", "receive-to-reply", "peak-rss-mb", "sent-at", "at")
+TIMED = ("train-time", "cpu-time", "num-steps", "receive-to-reply", "peak-rss-mb", "sent-at", "at")
 
 
 def write_clients_jsonl(path: str | Path, statuses: Mapping[int, Mapping[int, str]],

@@ -116,9 +116,9 @@ class CohortGrid(InProcessGrid):
             if isinstance(ts, Message):
                 replies.append(ts)  # declined by the client-side gate
                 continue
-            if (hasattr(ts.rule, "rounds") and len(ts.rule.rounds(ts.context, ts.client, ts.rnd, ts.config)) > 1
-                    or LOCAL_STEPS in ts.config):
-                replies.append(train_reply(ts, *local_training(ts)))  # FedPBC's catch-up, or the rule's own steps
+            if ts.stop is not None or LOCAL_STEPS in ts.config or (
+                    hasattr(ts.rule, "rounds") and len(ts.rule.rounds(ts.context, ts.client, ts.rnd, ts.config)) > 1):
+                replies.append(train_reply(ts, *local_training(ts)))  # FedPBC's catch-up, a rule's own steps, a deadline's stop
                 continue
             starts.append((len(replies), ts))
             replies.append(None)
@@ -128,7 +128,8 @@ class CohortGrid(InProcessGrid):
             for slot, ts in starts:
                 by_round.setdefault(ts.rnd, []).append((slot, ts))
             for rnd, group in by_round.items():
-                trained = self._trainer.train([ts.client for _, ts in group], [ts.start for _, ts in group], rnd)
+                trained = self._trainer.train([ts.client for _, ts in group], [ts.start for _, ts in group], rnd,
+                                              [ts.steps for _, ts in group])
                 for (slot, ts), (state, result) in zip(group, trained, strict=True):
                     replies[slot] = train_reply(ts, state, result)
         return [r for r in replies if r is not None]

@@ -8,6 +8,7 @@ ClientApp and the churn driver can read the run config without loading a workloa
 
 from .fields import ConfigError, as_run_config, check, from_run_config, key_of, known_keys
 from .sections import AVAILABILITY_GATES, AvailabilityConfig, WorkloadConfig
+from .stragglers import STRAGGLER_POLICIES, StragglerConfig
 
-__all__ = ["AVAILABILITY_GATES", "AvailabilityConfig", "ConfigError", "WorkloadConfig", "as_run_config",
-           "check", "from_run_config", "key_of", "known_keys"]
+__all__ = ["AVAILABILITY_GATES", "STRAGGLER_POLICIES", "AvailabilityConfig", "ConfigError", "StragglerConfig",
+           "WorkloadConfig", "as_run_config", "check", "from_run_config", "key_of", "known_keys"]

@@ -21,7 +21,16 @@ The round closes at ``close = min(T + virtual-deadline, the min-replies-th arriv
 lost client and every reply in before that, at the last arrival; with no deadline and no
 arrival at all, when the first of its addressed clients is back online (T if none ever is).
 Replies that arrive after the close are dropped: status ``late``. A late client trained, as in a
-deployment, where the server drops a reply that comes after the round closed. The replies the
+deployment, where the server drops a reply that comes after the round closed.
+
+Stragglers (run config ``straggler-policy``, :mod:`runconfig.stragglers`): ``drop`` is the above;
+``wait`` lifts the deadline (the round waits for every reply that comes); ``partial`` gives a
+client whose job would end after ``T + virtual-deadline`` the steps that fit,
+``k = floor((T + virtual-deadline - S - download - overhead - upload) / step time)``
+(:meth:`~virtualtime.VirtualClock.steps_that_fit`), at least ``straggler-min-steps``: its train
+message carries ``max-local-steps = k`` (a copy of the message's content: the strategy sends one
+content to every node), the client trains k steps and replies with ``num-steps = k``, on time
+when k fits. Sessions then judge the shorter job. The replies the
 strategy sees keep the inner grid's order (only filtered), so with no deadline and no session a
 run equals the run without ``devices`` bit for bit. Other messages (evaluate, queries, an oracle
 round's) pass unchanged and take no virtual time.
@@ -33,11 +42,11 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from flwr.app import Message, MessageType
+from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
-from runconfig import ConfigError
-from strategies.protocol import IGNORE_AVAILABILITY, server_round_of
+from runconfig import STRAGGLER_POLICIES, ConfigError
+from strategies.protocol import IGNORE_AVAILABILITY, MAX_LOCAL_STEPS, SERVER_ROUND, server_round_of
 from virtualtime import ProfileError, VirtualClock, read_profiles
 
 from .network import DelegatingGrid
@@ -52,11 +61,16 @@ class VirtualClockGrid(DelegatingGrid):
     def __init__(self, grid: Grid, clock: VirtualClock, client_of_node: dict[int, int],
                  steps_for: Callable[[int, int], int], *, deadline: float = 0.0, min_replies: int = 0,
                  start: float = 0.0, busy: Mapping[int, float] | None = None,
-                 scheduled: Callable[[int], Any] | None = None) -> None:
+                 scheduled: Callable[[int], Any] | None = None, straggler_policy: str = "drop",
+                 min_steps: int = 1) -> None:
         super().__init__(grid)
+        if straggler_policy not in STRAGGLER_POLICIES or min_steps < 1:
+            raise ValueError(f"straggler policy {straggler_policy!r} (one of {STRAGGLER_POLICIES}), "
+                             f"min steps {min_steps} (>= 1)")
         self.scheduled = scheduled  # 0-based round -> A(., t), or None: every client scheduled on
         self.clock, self.client_of_node, self.steps_for = clock, client_of_node, steps_for
-        self.deadline = deadline if deadline > 0 else math.inf
+        self.policy, self.min_steps = straggler_policy, min_steps
+        self.deadline = deadline if deadline > 0 and straggler_policy != "wait" else math.inf
         self.min_replies = min_replies
         self.now = float(start)
         self.busy_until: dict[int, float] = dict(busy or {})  # client -> when its last late job ends
@@ -104,21 +118,40 @@ class VirtualClockGrid(DelegatingGrid):
                 undelivered.add(id(m))
                 back.append(end)
                 continue
-            jt = self.clock.job_time(c, self.steps_for(c, rnd - 1))
             start = max(t0, self.busy_until.get(c, t0))
+            steps, partial = self._steps(m, c, rnd, start - t0)
+            jt = self.clock.job_time(c, steps)
+            total = min(jt.total, t0 + self.deadline - start) if partial else jt.total  # k fits, whatever the float sums
             if start + jt.trained > end:
                 lost.append(c)
                 undelivered.add(id(m))
                 back.append(self.clock.next_online(c, end))
                 continue
-            job[c] = start - t0 + jt.total
-            if start + jt.total > end:
+            job[c] = start - t0 + total
+            if start + total > end:
                 lost.append(c)  # trained; the reply is lost on the way
                 back.append(self.clock.next_online(c, end))
             else:
-                arrival[c] = start + jt.total
+                arrival[c] = start + total
         return {"undelivered": undelivered, "off": off, "lost": lost, "job": job, "arrival": arrival,
                 "back": back}
+
+    def _steps(self, m: Message, c: int, rnd: int, waited: float) -> tuple[int, bool]:
+        """(local steps of client ``c``'s job, whether the policy cut them) after it ``waited``
+        for its device; a cut job's message carries its budget (``max-local-steps``)."""
+        steps = self.steps_for(c, rnd - 1)
+        if self.policy != "partial" or not math.isfinite(self.deadline):
+            return steps, False
+        fit = self.clock.steps_that_fit(c, self.deadline - waited)
+        if fit is None or fit >= steps:
+            return steps, False
+        budget = max(fit, min(self.min_steps, steps))
+        content = RecordDict(dict(m.content.items()))  # one content per node (the strategy shares one)
+        for name, record in m.content.config_records.items():
+            if SERVER_ROUND in record:
+                content[name] = ConfigRecord({**dict(record.items()), MAX_LOCAL_STEPS: budget})
+        m.content = content
+        return budget, fit >= budget
 
     def _close(self, rnd: int, t0: float, plan: Mapping[str, Any], timed: list[Message],
                replies: list[Message]) -> list[Message]:

@@ -11,6 +11,7 @@ from typing import Any
 from runconfig import (
     AvailabilityConfig,
     ConfigError,
+    StragglerConfig,
     WorkloadConfig,
     as_run_config,
     check,
@@ -82,12 +83,15 @@ class RunConfig:
     server: ServerConfig
     workload: WorkloadConfig
     availability: AvailabilityConfig
+    stragglers: StragglerConfig = StragglerConfig()
 
     @classmethod
     def from_run_config(cls, run_config: Mapping[str, Any]) -> RunConfig:
-        parts = {"server": ServerConfig, "workload": WorkloadConfig, "availability": AvailabilityConfig}
+        parts = {"server": ServerConfig, "workload": WorkloadConfig, "availability": AvailabilityConfig,
+                 "stragglers": StragglerConfig}
         check_known_keys(run_config, set().union(*(known_keys(c) for c in parts.values())))
         built: dict[str, Any] = {name: from_run_config(c, run_config).validate() for name, c in parts.items()}
+        check_straggler_deadline(built["server"], built["stragglers"])
         return cls(**built)
 
     def to_dict(self) -> dict[str, Any]:
@@ -103,6 +107,14 @@ class RunConfig:
             "schedule-seed": self.availability.schedule_seed,
             "train-seed": self.workload.train_seed,
         }
+
+
+def check_straggler_deadline(s: ServerConfig, st: StragglerConfig) -> None:
+    """``partial`` and ``wait`` act on a deadline: ``virtual-deadline`` on the virtual clock
+    (``devices``), else ``round-deadline`` (a deployment's real seconds)."""
+    key, deadline = ("virtual-deadline", s.virtual_deadline) if s.devices else ("round-deadline", s.round_deadline)
+    check(st.straggler_policy == "drop" or deadline > 0, "straggler-policy", st.straggler_policy,
+          f"'drop' while {key} = 0 (no deadline: '{st.straggler_policy}' would change nothing; set {key})")
 
 
 def check_known_keys(run_config: Mapping[str, Any], known: set[str]) -> None:

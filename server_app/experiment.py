@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from runconfig import ConfigError
-from strategies.protocol import TRAIN_TIME
+from strategies.protocol import NUM_STEPS, TRAIN_TIME
 from strategies.registry import is_asynchronous
 from strategies.replies import brief, finite
 
@@ -72,11 +72,10 @@ def wait_round_start(s: ServerConfig, rnd: int) -> None:
         time.sleep(0.02)
 
 
-def train_timeout(s: ServerConfig, rnd: int, start_round: int) -> float:
-    """How long round ``rnd`` waits for training replies: ``round-deadline`` when set, except in
-    the run's first round, where every client also starts its worker (imports, workload): that
-    round gets ``round-timeout``."""
-    return s.round_deadline if s.round_deadline and rnd > start_round else s.round_timeout
+def train_timeout(s: ServerConfig, rnd: int, start_round: int, straggler_policy: str = "drop") -> float:
+    """How long round ``rnd`` waits for training replies: ``round-deadline`` when set, except in the run's
+    first round (every client also starts its worker) and under ``straggler-policy=wait``: ``round-timeout``."""
+    return s.round_deadline if s.round_deadline and rnd > start_round and straggler_policy != "wait" else s.round_timeout
 
 
 MAX_TRAIN_TIME = 1e7  # seconds (116 days): a longer ``train-time`` is not a measurement
@@ -103,8 +102,9 @@ class TrainTimes:
     """
 
     def __init__(self, sent: list[Message]) -> None:
-        self.answers = {m.metadata.message_id: m.metadata.dst_node_id for m in sent if m.metadata.message_id}
+        self.sent, self.answers = sent, dict[str, int]()
         self.seconds: dict[int, float | None] = {}  # node -> its first answer's train-time
+        self.steps: dict[int, int] = {}  # node -> its first answer's num-steps (an integer >= 0)
 
     def watch(self, replies: Iterable[Message]) -> Iterator[Message]:
         for msg in replies:
@@ -112,7 +112,8 @@ class TrainTimes:
             yield msg
 
     def note(self, msg: Message) -> None:
-        try:
+        try:  # message id -> node, read at the first reply (an in-process grid gives the ids as it delivers)
+            self.answers = self.answers or {m.metadata.message_id: m.metadata.dst_node_id for m in self.sent}
             node = self.answers.get(msg.metadata.reply_to_message_id)
             if node is None or node != msg.metadata.src_node_id or msg.has_error() or node in self.seconds:
                 return
@@ -121,9 +122,12 @@ class TrainTimes:
         try:
             records = list(msg.content.metric_records.values())
             seconds = finite(records[0], TRAIN_TIME) if len(records) == 1 else None
+            steps = finite(records[0], NUM_STEPS) if len(records) == 1 else None
         except Exception:  # noqa: BLE001 (ReplyRejected, or a record no reader foresaw)
-            seconds = None
+            seconds = steps = None
         self.seconds[node] = seconds if seconds is not None and 0 <= seconds <= MAX_TRAIN_TIME else None
+        if steps is not None and steps >= 0 and steps == int(steps):
+            self.steps[node] = int(steps)
 
     def record(self, participants: list[int], node_of_client: Mapping[int, int]) -> dict[str, dict[str, float]]:
         """``client-train-time``: participant -> seconds ({} when no participant's reply had one)."""
@@ -133,6 +137,11 @@ class TrainTimes:
             if seconds is not None:
                 times[str(client)] = round(seconds, 4)
         return {"client-train-time": dict(sorted(times.items(), key=lambda kv: int(kv[0])))} if times else {}
+
+    def steps_record(self, participants: list[int], node_of_client: Mapping[int, int]) -> dict[str, dict[str, int]]:
+        """``client-steps``: participant -> its reply's ``num-steps`` (a partial straggler's are fewer)."""
+        steps = {str(c): self.steps[n] for c in sorted(participants) if (n := node_of_client.get(c, -1)) in self.steps}
+        return {"client-steps": steps} if steps else {}
 
 
 def client_reply_times(arrived: Mapping[str, float], sent: list[Message], participants: list[int],
@@ -155,6 +164,8 @@ def run(grid: Grid, cfg: RunConfig, console: Console | None = None) -> Path:
     new_folder = not setup.run_dir.exists()
     try:
         if is_asynchronous(setup.strategy):
+            if (policy := cfg.stragglers.straggler_policy) != "drop":  # FedBuff, FedAsync: no round, no deadline
+                raise ConfigError(f"run config 'straggler-policy' = {policy!r}: '{cfg.server.strategy}' is asynchronous")
             return run_async(grid, setup, client_of_node, console or Console())
         return _run_rounds(grid, setup, client_of_node, console or Console())
     except BaseException:
@@ -181,7 +192,8 @@ def _run_rounds(grid: Grid, setup: Setup, client_of_node: dict[int, int], consol
     if setup.clock is not None:  # outside the gate: it times what the strategy sends
         net = VirtualClockGrid(net, setup.clock, client_of_node, setup.workload.steps_for, deadline=s.virtual_deadline,
                                min_replies=s.min_replies, start=last_virtual_time(recorder.rows),
-                               busy=busy_after(recorder.rows), scheduled=setup.schedule.available)
+                               busy=busy_after(recorder.rows), scheduled=setup.schedule.available,
+                               straggler_policy=cfg.stragglers.straggler_policy, min_steps=cfg.stragglers.straggler_min_steps)
 
     arrays, strategy, t_run = setup.arrays, setup.strategy, time.monotonic()
     strategy.scored_evaluation = True  # evaluate_models shows the rule's scored models
@@ -194,7 +206,8 @@ def _run_rounds(grid: Grid, setup: Setup, client_of_node: dict[int, int], consol
             t0 = time.monotonic()
             sent = list(strategy.configure_train(rnd, arrays, ConfigRecord(), net))
             times = TrainTimes(sent)  # the replies pass through once: a streaming rule holds none
-            pulled = net.send_and_receive(sent, timeout=train_timeout(s, rnd, setup.start_round))
+            wait = train_timeout(s, rnd, setup.start_round, cfg.stragglers.straggler_policy)
+            pulled = net.send_and_receive(sent, timeout=wait)
             arrived = reply_seconds(net)  # a deployment (its grid pulls eagerly): when each reply came
             replies = times.watch(pulled)
             new_arrays, metrics = strategy.aggregate_train(rnd, replies)
@@ -209,6 +222,7 @@ def _run_rounds(grid: Grid, setup: Setup, client_of_node: dict[int, int], consol
                 "rejected": [[node, brief(why)] for node, why in rlog.rejected],
                 **(dict(metrics) if metrics else {}),
                 **times.record(rlog.participants, strategy.node_of_client),
+                **times.steps_record(rlog.participants, strategy.node_of_client),
                 **client_reply_times(arrived, sent, rlog.participants, strategy.node_of_client),
                 **(net.round_record(rnd) if isinstance(net, VirtualClockGrid) else {}),
             }

@@ -14,6 +14,8 @@ CLIENT_RULE = "client-rule"  # which client-side behaviour to run (see client_ap
 PLAIN_RULE = "plain"  # the client rule of every strategy but FedAWE: train from the received model
 PROBE_BATCHES = "probe-batches"  # evaluate on this many mini-batches only (0 = all data)
 LOCAL_STEPS = "local-steps"  # train exactly this many local steps this job (FedCompass's Q_i; else the workload's)
+MAX_LOCAL_STEPS = "max-local-steps"  # train: run at most this many local steps in this job (the straggler
+#   policy ``partial`` on the virtual clock: the steps that fit the deadline); the reply's num-steps says how many
 UNAVAILABLE = 1000  # Error code of a client that declines work (the client-side availability gate)
 
 # message type of the round-end broadcast (FedAWE's postponed broadcast)

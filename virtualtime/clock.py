@@ -107,6 +107,16 @@ class VirtualClock:
         down, up, step, overhead = self._net[self._class_index[client]]
         return JobTime(down, num_steps * step, up, overhead)
 
+    def steps_that_fit(self, client: int, seconds: float) -> int | None:
+        """The local steps of ``client`` whose job (download, overhead, the steps, upload) takes at
+        most ``seconds``: floor((seconds - download - overhead - upload) / step time), 0 when not
+        even the transfers fit; None when a step takes no time (every step fits). A quotient within
+        1e-9 of an integer counts as that integer (0.1 s steps in 1.5 s: 15, not 14.999...)."""
+        down, up, step, overhead = self._net[self._class_index[client]]
+        if step <= 0:
+            return None
+        return max(0, math.floor((seconds - down - overhead - up) / step + 1e-9))
+
     def job_times(self, clients: np.ndarray, num_steps: np.ndarray) -> np.ndarray:
         """Total job seconds of many clients at once (vectorised :meth:`job_time`)."""
         table = np.asarray(self._net, dtype=np.float64)

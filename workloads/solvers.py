@@ -14,7 +14,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -146,20 +146,25 @@ def local_train(
     steps: int,
     solver: SolverConfig,
     device: torch.device | str = "cpu",
+    stop: Callable[[int], bool] | None = None,
 ) -> LocalResult:
-    """Run exactly ``steps`` optimizer steps (:func:`solver_step`) on batches pulled from ``batches``.
+    """Run ``steps`` optimizer steps (:func:`solver_step`) on batches pulled from ``batches``;
+    fewer when ``stop(k)``, asked before step k + 1 for k >= 1, says True (a deployed straggler's
+    deadline): the result's ``num_steps`` and ``a_norm`` are those of the steps done.
 
     Loss: :func:`batch_loss`. The model is put in train mode and moved to ``device``; it is
     updated in place.
     """
-    norm = a_norm(solver.kind, steps, solver.lr, solver.momentum, solver.mu)
     model.to(device).train()
     params = [p for p in model.parameters() if p.requires_grad]
     rows = [p.detach().unsqueeze(0) for p in params]  # views: the update writes the parameters
     bufs, x0 = solver_memory(rows, solver)
     regression = bool(getattr(model, "is_regression", False))
     total = torch.zeros((), device=device)
+    done = 0
     for k in range(steps):
+        if k and stop is not None and stop(k):
+            break
         try:
             x, y = next(batches)
         except StopIteration:
@@ -170,9 +175,9 @@ def local_train(
         grads = torch.autograd.grad(loss, params, allow_unused=True, materialize_grads=True)
         solver_step(rows, [g.unsqueeze(0) for g in grads], solver, bufs, x0)
         total += loss.detach()
-    return LocalResult(
-        num_steps=int(steps), a_norm=norm, train_loss=float(total) / steps
-    )
+        done = k + 1
+    norm = a_norm(solver.kind, done, solver.lr, solver.momentum, solver.mu)
+    return LocalResult(num_steps=done, a_norm=norm, train_loss=float(total) / max(done, 1))
 
 
 def lr_at(spec: str, base_lr: float, t: int) -> float:

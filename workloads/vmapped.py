@@ -182,8 +182,11 @@ class CohortTrainer:
         return max(1, min(CPU_MAX_CHUNK, int(CPU_BUDGET // per_client)))
 
     # -- one round ----------------------------------------------------------------------------
-    def train(self, clients: list[int], starts: list[StateDict], rnd: int) -> list[tuple[StateDict, LocalResult]]:
-        """Every client's local steps of 0-based round ``rnd`` from its start state dict."""
+    def train(self, clients: list[int], starts: list[StateDict], rnd: int,
+              steps: list[int] | None = None) -> list[tuple[StateDict, LocalResult]]:
+        """Every client's local steps of 0-based round ``rnd`` from its start state dict (``steps``:
+        each client's step count, a straggler's budget; default the workload's ``steps_for``)."""
+        steps = list(steps) if steps is not None else [self.wl.steps_for(c, rnd) for c in clients]
         wl = self.wl
         solver = SolverConfig(**{**wl.solver.__dict__, "lr": wl.lr_at(rnd)})
         out: dict[int, tuple[StateDict, LocalResult]] = {}
@@ -197,16 +200,15 @@ class CohortTrainer:
             for lo in range(0, len(members), size):
                 chunk = members[lo:lo + size]
                 results = self._train_chunk([clients[i] for i in chunk], [starts[i] for i in chunk],
-                                            rnd, batch, solver)
+                                            rnd, batch, solver, [steps[i] for i in chunk])
                 out.update(zip(chunk, results, strict=True))
         return [out[i] for i in range(len(clients))]
 
     def _train_chunk(self, clients: list[int], starts: list[StateDict], rnd: int, batch: int,
-                     solver: SolverConfig) -> list[tuple[StateDict, LocalResult]]:
+                     solver: SolverConfig, steps: list[int]) -> list[tuple[StateDict, LocalResult]]:
         wl, dev, n = self.wl, self.wl.device, len(clients)
         params = {k: torch.stack([s[k] for s in starts]).to(dev, torch.float32) for k in self.param_names}
         others = {k: torch.stack([s[k] for s in starts]).to(dev) for k in starts[0] if k not in params}
-        steps = [wl.steps_for(c, rnd) for c in clients]
         longest, shortest = max(steps), min(steps)
         active_at = torch.tensor([[k < s for s in steps] for k in range(longest)], device=dev)
         batches = [wl.batch_indices(c, rnd) for c in clients]

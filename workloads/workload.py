@@ -10,7 +10,7 @@ worker, a SuperNode or in-process gives the same update.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import cast
 
 import numpy as np
@@ -146,16 +146,17 @@ class Workload:
             num_examples=self.num_examples(client), batch_size=self.cfg.batch_size,
         )
 
-    def train_client(self, model: nn.Module, client: int, rnd: int, num_steps: int | None = None) -> LocalResult:
-        """Run ``client``'s local steps of round ``rnd`` (0-based; ``num_steps`` of them when given) on
-        ``model`` in place."""
+    def train_client(self, model: nn.Module, client: int, rnd: int, steps: int | None = None,
+                     stop: Callable[[int], bool] | None = None) -> LocalResult:
+        """Run ``client``'s local steps of round ``rnd`` (0-based) on ``model`` in place: ``steps``
+        of them when given (a straggler's budget), else :meth:`steps_for`; ``stop``: see
+        :func:`~workloads.solvers.local_train`."""
         solver = SolverConfig(**{**self.solver.__dict__, "lr": self.lr_at(rnd)})
         with torch.random.fork_rng(devices=[]):
             torch.default_generator.manual_seed(self.dropout_seed(client, rnd))
             return local_train(
                 model.to(self.device), self.batches(client, rnd),
-                self.steps_for(client, rnd) if num_steps is None else num_steps,
-                solver, device=self.device,
+                self.steps_for(client, rnd) if steps is None else steps, solver, device=self.device, stop=stop,
             )
 
     @torch.no_grad()
