@@ -1,15 +1,16 @@
 """The cohort engine: an in-process Grid that trains a round's whole cohort at once.
 
 Run config ``engine``: ``per-client`` (every train message through the ClientApp, one after the
-other), ``cohort`` (this grid) or ``auto`` (:func:`auto_engine`: by the model, never the machine). :class:`CohortGrid` receives a
-round's train messages together; for each it runs the ClientApp's own *start*
-(:func:`client_app.app.train_start`: decode, the availability gate, the client rule's start model
-such as FedAWE's own copy) and *reply* (:func:`client_app.app.train_reply`: metrics, FedAWE's
-echo, FedNova's a-norm), and replaces only the local training in between by
-:class:`workloads.vmapped.CohortTrainer` (vmapped over the stacked parameters). Every other message
-(identity queries, evaluation, FedAWE's adoption) goes through the ClientApp as in
-:class:`~experiments.inprocess.InProcessGrid`. Replies come back in the messages' order, so the
-strategy, the schedule, the checkpoints and the results folder cannot tell the engines apart.
+other), ``cohort`` (this grid) or ``auto`` (:func:`auto_engine`: by the model, never the
+machine). :class:`CohortGrid` receives a round's train messages together; for each it runs the
+ClientApp's own *start* (:func:`client_app.app.train_start`: decode, the availability gate, the
+client rule's start model such as FedAWE's own copy) and *reply*
+(:func:`client_app.app.train_reply`: metrics, FedAWE's echo, FedNova's a-norm), and replaces only
+the local training in between by :class:`workloads.vmapped.CohortTrainer` (vmapped over the
+stacked parameters). Every other message (identity queries, evaluation, FedAWE's adoption) goes
+through the ClientApp as in :class:`~experiments.inprocess.InProcessGrid`. Replies come back in
+the messages' order, so the strategy, the schedule, the checkpoints and the results folder cannot
+tell the engines apart.
 
 A workload the cohort engine cannot batch (see :func:`workloads.vmapped.cohort_unsupported`), and a
 rule whose client corrects every local step (SCAFFOLD, Amplified SCAFFOLD), runs per client; the

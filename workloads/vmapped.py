@@ -77,7 +77,7 @@ def prefers_cohort(model: nn.Module) -> tuple[bool, str]:
     A model may declare it (attribute ``prefers_cohort = True/False``); otherwise the cohort. On a
     GPU batching the clients is the lever; on a CPU vmapped dense layers are as fast or faster than
     one client after the other and vmapped convolutions slower (``benchmarks/engine_speed.py``),
-    which :class:`~experiments.cohort_grid.CohortGrid` logs. Whether the cohort engine *can* train
+    which ``experiments.cohort_grid.auto_engine`` logs. Whether the cohort engine *can* train
     it is decided afterwards by :class:`CohortTrainer`'s dry vmapped step.
     """
     declared = getattr(model, "prefers_cohort", None)
