@@ -17,7 +17,7 @@ per-client engine differs from itself, no more. Derandomized: CI sees the same d
 ``test_round_one_agrees_within_ten_times_the_configs_own_sensitivity`` (issue 37) goes where
 training is chaotic on purpose: label-skewed partitions (Dirichlet 0.1, one or two label shards a
 client), convolutions (the ``cnn``, and a small conv net with GroupNorm), learning rates up to 0.3,
-up to 40 steps or two epochs, momentum and prox. It trains round 1 directly (the engines' own
+up to 40 steps or three epochs, momentum and prox. It trains round 1 directly (the engines' own
 training, no Flower: ``Workload.train_client`` against ``CohortTrainer``) and compares the round's
 FedAvg model; the config's own sensitivity is the per-client engine's change under a 1e-7 move of
 its start, the larger of two directions (one direction can miss a ReLU that flips, and the engines
