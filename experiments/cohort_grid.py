@@ -1,15 +1,16 @@
 """The cohort engine: an in-process Grid that trains a round's whole cohort at once.
 
 Run config ``engine``: ``per-client`` (every train message through the ClientApp, one after the
-other), ``cohort`` (this grid) or ``auto`` (:func:`auto_engine`). :class:`CohortGrid` receives a
-round's train messages together; for each it runs the ClientApp's own *start*
-(:func:`client_app.app.train_start`: decode, the availability gate, the client rule's start model
-such as FedAWE's own copy) and *reply* (:func:`client_app.app.train_reply`: metrics, FedAWE's
-echo, FedNova's a-norm), and replaces only the local training in between by
-:class:`workloads.vmapped.CohortTrainer` (vmapped over the stacked parameters). Every other message
-(identity queries, evaluation, FedAWE's adoption) goes through the ClientApp as in
-:class:`~experiments.inprocess.InProcessGrid`. Replies come back in the messages' order, so the
-strategy, the schedule, the checkpoints and the results folder cannot tell the engines apart.
+other), ``cohort`` (this grid) or ``auto`` (:func:`auto_engine`: by the model, never the
+machine). :class:`CohortGrid` receives a round's train messages together; for each it runs the
+ClientApp's own *start* (:func:`client_app.app.train_start`: decode, the availability gate, the
+client rule's start model such as FedAWE's own copy) and *reply*
+(:func:`client_app.app.train_reply`: metrics, FedAWE's echo, FedNova's a-norm), and replaces only
+the local training in between by :class:`workloads.vmapped.CohortTrainer` (vmapped over the
+stacked parameters). Every other message (identity queries, evaluation, FedAWE's adoption) goes
+through the ClientApp as in :class:`~experiments.inprocess.InProcessGrid`. Replies come back in
+the messages' order, so the strategy, the schedule, the checkpoints and the results folder cannot
+tell the engines apart.
 
 A workload the cohort engine cannot batch (see :func:`workloads.vmapped.cohort_unsupported`), and a
 rule whose client corrects every local step (SCAFFOLD, Amplified SCAFFOLD), runs per client; the
@@ -30,7 +31,7 @@ from client_app.app import TrainStart, local_training, train_reply, train_start
 from runconfig import WorkloadConfig, from_run_config
 from server_app.config import ENGINES
 from strategies.protocol import CORRECTED_RULES, LOCAL_STEPS
-from workloads.vmapped import CohortTrainer, prefers_cohort
+from workloads.vmapped import CohortTrainer, has_convolution, prefers_cohort
 from workloads.workload import Workload, get_workload
 
 from .grid import InProcessGrid, default_client_app
@@ -41,9 +42,15 @@ COHORT_PULL = 1024  # training messages started and trained together when their 
 
 def auto_engine(wl: Workload) -> tuple[str, str]:
     """(engine, why) for ``engine = auto``: :func:`workloads.vmapped.prefers_cohort` on the
-    workload's actual model and device. Auto never changes the numbers (the engines agree:
-    ``tests/test_engine_property.py``), only the time a run takes."""
-    cohort, why = prefers_cohort(wl.new_model(), wl.device)
+    workload's actual model, never its device, so a CPU and a GPU run of one config choose the same
+    engine (``config.json`` records it: ``engine-used``, ``engine-reason``). The engines agree
+    within the config's own sensitivity (``tests/test_engine_property.py``), so auto changes the
+    time a run takes, not its numbers."""
+    model = wl.new_model()
+    cohort, why = prefers_cohort(model)
+    if cohort and wl.device.type == "cpu" and (conv := has_convolution(model)) is not None:
+        log.info("engine=auto trains as a cohort on every machine (the same engine on a CPU and a GPU); "
+                 "with the convolution %s, engine=per-client is faster on a CPU", conv)
     return ("cohort" if cohort else "per-client"), f"auto: {why}"
 
 

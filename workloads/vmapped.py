@@ -15,7 +15,8 @@ gives the per-client engine itself; see ``benchmarks/engine_agreement.py``.
 
 :func:`cohort_unsupported` says why a workload cannot be batched (then the engine trains it per
 client and says so); a dry vmapped step catches what it does not know. :func:`prefers_cohort`
-is ``engine = auto``'s choice, from what the model is (or declares), never from its name.
+is ``engine = auto``'s choice, from what the model is (or declares), never from its name or the
+machine. Both engines train in exact float32 on a GPU (:func:`workloads.precision.exact_float32`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
+from .precision import exact_float32
 from .solvers import LocalResult, SolverConfig, a_norm, batch_loss, solver_memory, solver_step
 
 if TYPE_CHECKING:
@@ -67,26 +69,29 @@ def cohort_unsupported(model: nn.Module) -> str | None:
     return None
 
 
-def prefers_cohort(model: nn.Module, device: torch.device) -> tuple[bool, str]:
-    """Whether ``engine = auto`` should train ``model`` on ``device`` as a cohort, and why.
+def prefers_cohort(model: nn.Module) -> tuple[bool, str]:
+    """Whether ``engine = auto`` should train ``model`` as a cohort, and why: by what the model is,
+    never by its name, and never by the machine (a CPU and a GPU run of one config choose the same
+    engine, so they train the same way).
 
-    By what the model is, never by its name: a model may declare it (attribute
-    ``prefers_cohort = True/False``); otherwise the cohort on a GPU (batching the clients is the
-    lever there) and, on a CPU, per client when the model has a convolution (vmapped convolutions
-    measured slower there than one client after the other, ``benchmarks/engine_speed.py``) and as
-    a cohort when it has none (vmapped dense layers measured as fast or faster). Whether the cohort
-    engine *can* train it is decided afterwards by :class:`CohortTrainer`'s dry vmapped step.
+    A model may declare it (attribute ``prefers_cohort = True/False``); otherwise the cohort. On a
+    GPU batching the clients is the lever; on a CPU vmapped dense layers are as fast or faster than
+    one client after the other and vmapped convolutions slower (``benchmarks/engine_speed.py``),
+    which ``experiments.cohort_grid.auto_engine`` logs. Whether the cohort engine *can* train
+    it is decided afterwards by :class:`CohortTrainer`'s dry vmapped step.
     """
     declared = getattr(model, "prefers_cohort", None)
     if declared is not None:
         return bool(declared), f"the model declares prefers_cohort={bool(declared)}"
-    if device.type == "cuda":
-        return True, f"a GPU ({device}): batching the clients is the lever there"
+    return True, "the cohort wherever it can train the run, on every machine"
+
+
+def has_convolution(model: nn.Module) -> str | None:
+    """The name of ``model``'s first convolution, or None (the CPU speed note of ``engine = auto``)."""
     for name, m in model.named_modules():
         if isinstance(m, nn.modules.conv._ConvNd):
-            return False, (f"layer '{name}' ({type(m).__name__}) on the CPU: vmapped convolutions are slower there "
-                           "than one client after the other")
-    return True, "no convolution, on the CPU: vmapped dense layers are as fast or faster there"
+            return f"{name} ({type(m).__name__})"
+    return None
 
 
 class CohortTrainer:
@@ -199,8 +204,9 @@ class CohortTrainer:
             size = self.chunk_size(batch, momentum, prox)
             for lo in range(0, len(members), size):
                 chunk = members[lo:lo + size]
-                results = self._train_chunk([clients[i] for i in chunk], [starts[i] for i in chunk],
-                                            rnd, batch, solver, [steps[i] for i in chunk])
+                with exact_float32(wl.device):  # the per-client engine's arithmetic (no TF32 on a GPU)
+                    results = self._train_chunk([clients[i] for i in chunk], [starts[i] for i in chunk],
+                                                rnd, batch, solver, [steps[i] for i in chunk])
                 out.update(zip(chunk, results, strict=True))
         return [out[i] for i in range(len(clients))]
 

@@ -22,6 +22,7 @@ from runconfig import ConfigError, WorkloadConfig
 from .data import DATASETS, TensorData, dataset_name, dataset_reference, load_dataset
 from .models import build_model, model_params
 from .partition import cluster_of, label_distributions, partition, partitioner_reference
+from .precision import exact_float32
 from .solvers import LocalResult, SolverConfig, local_steps, local_train, lr_at
 
 
@@ -152,7 +153,7 @@ class Workload:
         of them when given (a straggler's budget), else :meth:`steps_for`; ``stop``: see
         :func:`~workloads.solvers.local_train`."""
         solver = SolverConfig(**{**self.solver.__dict__, "lr": self.lr_at(rnd)})
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]), exact_float32(self.device):  # as the cohort engine
             torch.default_generator.manual_seed(self.dropout_seed(client, rnd))
             return local_train(
                 model.to(self.device), self.batches(client, rnd),
