@@ -6,7 +6,7 @@
 - ``SUPERNODE`` is the command that starts a SuperNode in place of ``flower-supernode`` (same
   arguments): Flower's own, with the idle sleep between two pulls cut to ``IDLE_SLEEP``.
 
-Where a deployed round waits in Flower 1.41 (``site-packages/flwr``) and what can be set:
+Where a deployed round waits in Flower 1.42 (``site-packages/flwr``) and what can be set:
 
 | wait | where | default | settable |
 |---|---|---|---|
@@ -15,11 +15,19 @@ Where a deployed round waits in Flower 1.41 (``site-packages/flwr``) and what ca
 | SuperExec looks for a task to launch | ``supercore/superexec/run_superexec.py`` | 1 s | ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` (0.01-60 s) |
 | ServerApp looks for replies | ``superlink/grid/http_grid.py`` ``send_and_receive`` | 3 s | no: ``server_app.network.fast_pull`` (0.1 s) |
 | a fresh ``flwr-clientapp`` process per message | ``supernode/runtime/run_clientapp.py`` | imports + workload, ~6 s | ``client-worker`` below |
+| a claimed task's first heartbeat, then between two | ``supercore/corestate/*_corestate.py`` | 30 s, then 60 s | no (hard-coded): ``SUPERNODE``, ``SUPERLINK`` |
 
 A node that has just replied looks for the next message at once, finds none (the server is still
 collecting the round), then sleeps 3 s: with ``flower-supernode`` that sleep is the floor of every
 round after the first. ``SUPERNODE`` caps both hard-coded sleeps of that loop at ``IDLE_SLEEP``
 (more pulls: 4 nodes x 5 small HTTP requests a second to the SuperLink).
+
+A claimed task (a message's ``flwr-clientapp``, a run's ``flwr-serverapp``) whose process has not
+sent its first heartbeat within 30 s loses its token: on a busy machine a ``flwr-clientapp`` that
+takes longer to import is answered ``401 Runtime task-token authentication failed`` and its reply
+is lost (the cause of the lost replies of issue 40). ``SUPERNODE`` and ``SUPERLINK`` replace both
+waits by the task patience of :mod:`deploy.waits` (``FLCHURN_TASK_PATIENCE``; default scaled to
+the host).
 """
 
 from __future__ import annotations
@@ -75,6 +83,7 @@ def host_share(num_nodes: int) -> int:
 
 IDLE_SLEEP = 0.2  # seconds: what SUPERNODE sleeps when it has nothing to pull (flower-supernode: 3)
 SUPERNODE: list[str] = [sys.executable, "-m", "deploy.tuning", "supernode"]
+SUPERLINK: list[str] = [sys.executable, "-m", "deploy.tuning", "superlink"]
 
 
 class _CappedSleep:
@@ -90,17 +99,46 @@ class _CappedSleep:
         time.sleep(min(seconds, self.cap))
 
 
+def patch_task_patience(seconds: float) -> None:
+    """Flower's claimed tasks (this process's Runtime API state) keep their token ``seconds`` until
+    the task's first heartbeat and ``seconds`` between two heartbeats (Flower: 30 s and 2 x 30 s)."""
+    from flwr.supercore.corestate import in_memory_corestate, sql_corestate
+
+    for state in (in_memory_corestate, sql_corestate):
+        state.HEARTBEAT_DEFAULT_INTERVAL = seconds  # type: ignore[attr-defined]  # the claim's first window
+        state.HEARTBEAT_PATIENCE = 1  # type: ignore[attr-defined]  # then: seconds between heartbeats
+
+
+def task_patience() -> float:
+    """The task patience this process was given (``FLCHURN_TASK_PATIENCE``), else scaled to the host."""
+    from .waits import for_host, task_patience_from_env
+
+    return task_patience_from_env(for_host().task_patience)
+
+
 def run_supernode(argv: list[str]) -> None:
-    """``flower-supernode ARGV`` (Flower 1.41's own) with its pull loop's sleeps capped at IDLE_SLEEP."""
+    """``flower-supernode ARGV`` (Flower 1.42's own) with its pull loop's sleeps capped at IDLE_SLEEP
+    and its ClientApps' task patience lengthened (:func:`patch_task_patience`)."""
     from flwr.supernode import start_client_internal as pull_loop
     from flwr.supernode.cli import flower_supernode
 
+    patch_task_patience(task_patience())
     pull_loop.time = _CappedSleep(IDLE_SLEEP)  # type: ignore[assignment]  # the loop calls time.sleep(3) / (0.5)
     sys.argv = ["flower-supernode", *argv]
     flower_supernode()
 
 
+def run_superlink(argv: list[str]) -> None:
+    """``flower-superlink ARGV`` (Flower 1.42's own) with its ServerApps' task patience lengthened."""
+    from flwr.superlink.cli import flower_superlink
+
+    patch_task_patience(task_patience())
+    sys.argv = ["flower-superlink", *argv]
+    flower_superlink()
+
+
 if __name__ == "__main__":
-    if sys.argv[1:2] != ["supernode"]:
-        sys.exit("usage: python -m deploy.tuning supernode [flower-supernode arguments]")
-    run_supernode(sys.argv[2:])
+    commands = {"supernode": run_supernode, "superlink": run_superlink}
+    if sys.argv[1:2] == [] or sys.argv[1] not in commands:
+        sys.exit("usage: python -m deploy.tuning supernode|superlink [flower-supernode|flower-superlink arguments]")
+    commands[sys.argv[1]](sys.argv[2:])
