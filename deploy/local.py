@@ -31,7 +31,6 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import time
 import uuid
 import weakref
 from collections.abc import Callable, Mapping
@@ -54,7 +53,7 @@ from .tuning import (  # round-latency settings: env, node config, the SuperNode
     compute_threads_env,
     host_share,
 )
-from .waits import CHECK_EVERY, Waits, for_host, ran_out, slowest_cap
+from .waits import Waits, for_host, slowest_cap, wait_for
 
 if TYPE_CHECKING:  # edge emulation is imported only when a site has device classes
     from .edge.devices import DevicePlan
@@ -167,20 +166,11 @@ class ProcessSite:
             home, home, self.server_env,
         )
         timeout = self.waits.superlink if timeout is None else timeout
-        t0 = time.monotonic()
-        next_note = t0 + CHECK_EVERY
-        while not port_open(self.superlink_port):
-            if not self.superlink.alive:
-                raise DeployError(f"flower-superlink exited ({self.superlink.popen.returncode}); "
-                                  f"see {self.superlink.log}")
-            now = time.monotonic()
-            if now - t0 > timeout:
-                raise ran_out(f"flower-superlink did not listen on 127.0.0.1:{self.superlink_port}", timeout,
-                              "--superlink-timeout", self.superlink.log)
-            if now >= next_note:
-                self.log(f"waiting for the SuperLink to listen ({now - t0:.0f} s of {timeout:.0f} s)")
-                next_note = now + CHECK_EVERY
-            time.sleep(0.1)
+        superlink = self.superlink
+        wait_for(lambda: True if port_open(self.superlink_port) else None, timeout,
+                 what=f"flower-superlink listens on 127.0.0.1:{self.superlink_port}", flag="--superlink-timeout",
+                 see=superlink.log, log=self.log,
+                 gone=lambda: None if superlink.alive else f"flower-superlink exited ({superlink.popen.returncode})")
         if self.edge is not None:  # nodes with rtt_ms/loss and no netem: their relays, to this port
             self.edge.start_relays(lambda name, argv: self.spawner.spawn(name, argv, self.work_dir),
                                    self.superlink_port)
@@ -249,21 +239,10 @@ class ProcessSite:
         """Node ``i``'s Flower node id once it has registered; waits at most ``timeout`` (default
         the site's ``waits.register``), with a progress line every 10 s."""
         timeout = self.waits.register if timeout is None else timeout
-        t0 = time.monotonic()
-        next_note = t0 + CHECK_EVERY
-        while (nid := self.registered_id(i)) is None:
-            node = self.nodes[i]
-            log = node.proc.log if node.proc is not None else self.logs
-            if not node.running:
-                raise DeployError(f"SuperNode {i} exited before registering; see {log}")
-            now = time.monotonic()
-            if now - t0 > timeout:
-                raise ran_out(f"SuperNode {i} did not register", timeout, "--register-timeout", log)
-            if now >= next_note:
-                self.log(f"waiting for SuperNode {i} to register ({now - t0:.0f} s of {timeout:.0f} s)")
-                next_note = now + CHECK_EVERY
-            time.sleep(0.1)
-        return nid
+        node = self.nodes[i]
+        return wait_for(lambda: self.registered_id(i), timeout, what=f"SuperNode {i} registers",
+                        flag="--register-timeout", see=node.proc.log if node.proc is not None else self.logs,
+                        log=self.log, gone=lambda: None if node.running else f"SuperNode {i} exited before registering")
 
     def auth_failures(self) -> dict[str, int]:
         """Process -> its tasks' calls answered ``401 task-token authentication failed`` since the

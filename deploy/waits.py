@@ -25,14 +25,17 @@ SuperLink commands replace those 30 / 60 s by the patience given in :data:`PATIE
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from .errors import DeployError
 
 PATIENCE_VAR = "FLCHURN_TASK_PATIENCE"  # seconds; read by deploy.tuning's SuperNode and SuperLink
 FLOWER_TASK_PATIENCE = 30.0  # Flower 1.42: a claimed task's first heartbeat (HEARTBEAT_DEFAULT_INTERVAL)
 CHECK_EVERY = 10.0  # seconds between two progress lines of a wait
+T = TypeVar("T")
 FLAGS = {"superlink": "--superlink-timeout", "register": "--register-timeout", "task_patience": "--task-patience"}
 
 
@@ -91,9 +94,10 @@ def for_host(cpu_cap: float = 1.0) -> Waits:
 
 
 def ran_out(what: str, seconds: float, flag: str, see: object = None) -> DeployError:
-    """The error of a wait that ran out: which wait, how long, and the flag that lengthens it."""
+    """The error of a wait that ran out: which wait (``what``: "SuperNode 0 registers"), how long,
+    and the flag that lengthens it."""
     where = f"; see {see}" if see is not None else ""
-    return DeployError(f"{what} within {seconds:.0f} s (lengthen this wait with {flag} SECONDS; its default "
+    return DeployError(f"gave up waiting until {what} after {seconds:.0f} s (lengthen this wait with {flag} SECONDS; its default "
                        f"scales with the host's load and the nodes' CPU caps: docs/deployment.md){where}")
 
 
@@ -107,3 +111,24 @@ def task_patience_from_env(default: float) -> float:
     if not value > 0:
         raise SystemExit(f"{PATIENCE_VAR}={text!r}: must be positive")
     return value
+
+
+def wait_for(done: Callable[[], T | None], timeout: float, *, what: str, flag: str, see: object,
+             log: Callable[[str], None], gone: Callable[[], str | None] = lambda: None) -> T:
+    """Poll ``done()`` until it answers (not None) and return that; a progress line every
+    :data:`CHECK_EVERY` s (``waiting until <what> (12 s of 60 s)``); :func:`ran_out` naming ``what``
+    and ``flag`` after ``timeout`` s; a DeployError with ``gone()``'s reason once that gives one (the
+    awaited process exited)."""
+    t0 = time.monotonic()
+    next_note = t0 + CHECK_EVERY
+    while (answer := done()) is None:
+        if (reason := gone()) is not None:
+            raise DeployError(f"{reason}; see {see}")
+        now = time.monotonic()
+        if now - t0 > timeout:
+            raise ran_out(what, timeout, flag, see)
+        if now >= next_note:
+            log(f"waiting until {what} ({now - t0:.0f} s of {timeout:.0f} s)")
+            next_note = now + CHECK_EVERY
+        time.sleep(0.1)
+    return answer
