@@ -53,7 +53,7 @@ def launch_main(args: argparse.Namespace) -> int:
             console.print(f"{key} {user[key]:.0f} s: {merged[key]} s scaled to this host (x{waits.round_factor:.1f}; "
                           f"set it with --run-config \"{key}=...\")")
     dep = ProcessSite(args.num_nodes, work, data_dir=args.data_dir, keep_workdir=args.keep_workdir, devices=plan,
-                     waits=waits,
+                     waits=waits, warm_workers=args.warm_workers,
                      log=lambda s: (console if not progress.live.is_started else progress.console).log(escape(s)))
     columns = (TextColumn(f"[bold]{unit}s"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[status]}"), TimeElapsedColumn())

@@ -1,9 +1,8 @@
 """A real Flower deployment on loopback, as processes: one SuperLink and N SuperNodes
 (:class:`ProcessSite`, a :class:`deploy.nodes.Site`).
 
-- ``flower-superlink --insecure`` (through ``deploy.tuning.SUPERLINK``) on a reserved 127.0.0.1
-  port (:class:`deploy.procs.PortReservation`: no other process can take it), its own
-  ``FLWR_HOME`` and cwd under the work dir, runtime dependency installation and telemetry off;
+- ``flower-superlink --insecure`` (``deploy.tuning.SUPERLINK``) on a reserved 127.0.0.1 port (a
+  ``deploy.procs.PortReservation``), its own ``FLWR_HOME`` and cwd, no dependency install, no telemetry;
 - N SuperNodes (``flower-supernode`` through ``deploy.tuning.SUPERNODE``) ``--insecure --superlink
   127.0.0.1:PORT --port P_i`` (a reserved port) ``--node-config "partition-id=i num-partitions=N state-dir=...
   [data-dir=...]"``, each with its own ``FLWR_HOME``; a node can be stopped (SIGTERM, graceful) or
@@ -11,10 +10,8 @@
   node id;
 - a ``flwr`` CLI (:class:`deploy.flwr_cli.FlwrCli`) connected to the SuperLink.
 
-Every wait (the SuperLink listening, a node registering, the ClientApps' task patience) comes from
-:mod:`deploy.waits`: scaled to the host, settable, with progress lines while it lasts and an error
-that names it and its flag. A ClientApp answered ``401 task-token authentication failed`` (a lost
-reply) is named from the node logs as it happens (:meth:`ProcessSite.auth_failures`).
+Every wait comes from :mod:`deploy.waits` (scaled to the host, settable, named when it runs out);
+401s to ClientApps (lost replies) are named from the logs as they happen (:meth:`ProcessSite.auth_failures`).
 
 No process outlives the deployment (:mod:`deploy.procs`): :meth:`ProcessSite.close`
 (context-manager exit, ``atexit``, the CLI's SIGINT/SIGTERM handlers) kills every process it
@@ -27,6 +24,7 @@ helper thread ended.
 from __future__ import annotations
 
 import atexit
+import json
 import shutil
 import signal
 import subprocess
@@ -39,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from client_app.timing import SWITCH as TIMING  # clients time their training (client_app/timing.py)
-from runconfig.defaults import ROOT
+from runconfig.defaults import ROOT, default_run_config
 
 from .errors import DeployError
 from .flwr_cli import FLOWER_ENV, FlwrCli, toml_value
@@ -50,8 +48,10 @@ from .tuning import (  # round-latency settings: env, node config, the SuperNode
     NODE_CONFIG as TUNING_NODE_CONFIG,
     SUPERLINK as TUNING_SUPERLINK,
     SUPERNODE as TUNING_SUPERNODE,
+    WARM_VAR,
     compute_threads_env,
     host_share,
+    share_installed_app,
 )
 from .waits import Waits, for_host, slowest_cap, wait_for
 
@@ -97,6 +97,7 @@ class ProcessSite:
         devices: DevicePlan | None = None,
         server_env: Mapping[str, str] | None = None,
         waits: Waits | None = None,
+        warm_workers: bool = False,
     ) -> None:
         if num_nodes < 1:
             raise DeployError("num_nodes must be >= 1")
@@ -117,6 +118,8 @@ class ProcessSite:
         self.tag = uuid.uuid4().hex
         self.superlink_reservation: PortReservation | None = None
         self.auth_seen: dict[str, int] = {}  # node log -> 401 lines already reported
+        self.warm = warm_workers  # returning nodes start their client worker at once (warm_workers)
+        self.warm_env: dict[str, str] = {}  # set by warm_workers
         self.superlink: Proc | None = None
         self.superlink_port = 0
         self.nodes = {i: Node(i, 0) for i in range(num_nodes)}
@@ -127,8 +130,7 @@ class ProcessSite:
             d.mkdir(parents=True, exist_ok=True)
         if devices is not None and devices.num_nodes != num_nodes:
             raise DeployError(f"the device plan is for {devices.num_nodes} nodes, not {num_nodes}")
-        # device limits (root): made with the SuperLink, removed by close()
-        self.edge: EdgeLimits | None = None
+        self.edge: EdgeLimits | None = None  # device limits (root): made with the SuperLink, removed by close()
         if devices is not None:
             from .edge.limits import EdgeLimits
 
@@ -200,6 +202,8 @@ class ProcessSite:
         node.reservation = PortReservation()  # held while the node runs: nobody else gets its port
         node.port = node.reservation.port
         home = self.work_dir / f"node-{i}"
+        if self.warm_env:  # its worker starts warm: from the app its siblings installed, if it has none
+            share_installed_app(home, [self.work_dir / f"node-{j}" for j in self.nodes if j != i])
         link = (self.edge.superlink_address(i, self.superlink_port) if self.edge is not None
                 else f"127.0.0.1:{self.superlink_port}")
         node.proc = self._spawn(
@@ -207,13 +211,25 @@ class ProcessSite:
             [*TUNING_SUPERNODE, "--insecure", "--superlink", link,
              "--host", "127.0.0.1", "--port", str(node.port), "--node-config", self.node_config(i)],
             home, home, {**(self.edge.env(i) if self.edge is not None else self.threads_env),
-                         **self.node_env.get(i, {})},
+                         **self.warm_env, **self.node_env.get(i, {})},
             self.edge.preexec(i) if self.edge is not None else None,
         )
         self.log(f"node {i}: started (incarnation {node.incarnations}, pid {node.proc.popen.pid})")
         if wait:
             self.wait_registered(i, timeout)
         return node
+
+    def warm_workers(self, run_config: Mapping[str, Any]) -> None:
+        """With ``warm_workers``: from now on a node (re)started into the run of ``run_config`` starts
+        its client worker at once, the run's workload built (``deploy.tuning.start_warm_worker``)."""
+        if not self.warm:
+            return
+        cfg = {**default_run_config(self.project), **run_config}
+        if self.data_dir:
+            cfg["data-dir"] = str(self.data_dir)
+        path = self.work_dir / "warm-run-config.json"
+        path.write_text(json.dumps(cfg))
+        self.warm_env = {WARM_VAR: str(path)}
 
     def incarnation(self, i: int) -> int:
         return self.nodes[i].incarnations

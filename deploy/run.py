@@ -197,6 +197,8 @@ def _run(site: Site, cfg: dict[str, Any], *, churn: str | None, churn_mode: str,
         raise ValueError(f"churn must be None, 'rounds' or 'wallclock', not {churn!r}")
     if driver is not None and app is None:  # the project's ServerApp waits for them before round 1
         cfg["min-nodes"] = driver.min_nodes
+    if app is None and hasattr(site, "warm_workers"):  # returning nodes: their worker ready for their round
+        site.warm_workers(cfg)
     site.ensure_superlink(fresh=start_round > 1)
     if driver is not None:
         driver.prepare()
