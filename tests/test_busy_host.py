@@ -174,3 +174,67 @@ def test_the_flwr_run_wrapper_starts_beside_a_busy_neighbour_without_the_venv_on
     started = [line for line in out.splitlines() if line.startswith("local SuperLink up in")]
     assert started and "finished:completed" in out and "flower-superexec" not in proc.stderr
     print(f"{started[0]} beside a busy loop (load {os.getloadavg()[0]:.1f})")
+
+
+RAY_TIMEOUT_LOG = ("Exception: The current node timed out during startup. This could happen because some of "
+                   "the raylet failed to startup or the GCS has become overloaded.\n")
+
+
+class FakeFlower:
+    """experiments.run.FlowerRun without Flower: each submission's (status, log) from ``outcomes``."""
+
+    outcomes: list[tuple[str, str]] = []
+    submitted = 0
+
+    def __init__(self, flwr_home):
+        from deploy.waits import Waits
+
+        self.waits = Waits()
+
+    def start_superlink(self, timeout):
+        return 0.5
+
+    def submit(self, run_config, federation):
+        FakeFlower.submitted += 1
+        return FakeFlower.submitted
+
+    def stream(self, run_id, timeout):
+        return FakeFlower.outcomes[run_id - 1][1]
+
+    def status(self, run_id):
+        return FakeFlower.outcomes[run_id - 1][0], ""
+
+    def stop_superlink(self):
+        pass
+
+
+@pytest.mark.parametrize("second", ["finished:completed", "finished:failed"])
+def test_a_ray_start_up_timeout_is_retried_once_then_named_in_one_paragraph(tmp_path, monkeypatch, capsys, second):
+    import experiments.run as wrapper
+
+    FakeFlower.submitted = 0
+    FakeFlower.outcomes = [("finished:failed", RAY_TIMEOUT_LOG),
+                           (second, "results: /r\n" if second.endswith("completed") else RAY_TIMEOUT_LOG)]
+    monkeypatch.setattr(wrapper, "FlowerRun", FakeFlower)
+    code = wrapper.main(["--skip-checks", "--flwr-home", str(tmp_path / "home"), "--run-config",
+                         f"num-clients=2 num-server-rounds=1 results-dir='{tmp_path}'"])
+    out = capsys.readouterr()
+    assert FakeFlower.submitted == 2 and "Ray did not start within its 30 s start-up wait" in out.err
+    if second.endswith("completed"):
+        assert code == 0 and "results: /r" in out.out
+    else:
+        assert code == 1
+        paragraph = out.err.strip().splitlines()[-1]
+        assert paragraph.startswith("error: Ray did not start, twice") and "python -m experiments.once" in paragraph
+
+
+def test_a_run_that_failed_for_another_reason_is_not_submitted_again(tmp_path, monkeypatch, capsys):
+    import experiments.run as wrapper
+
+    FakeFlower.submitted = 0
+    FakeFlower.outcomes = [("finished:failed", "ValueError: the model diverged\n")]
+    monkeypatch.setattr(wrapper, "FlowerRun", FakeFlower)
+    code = wrapper.main(["--skip-checks", "--flwr-home", str(tmp_path / "home"), "--run-config",
+                         f"num-clients=2 num-server-rounds=1 results-dir='{tmp_path}'"])
+    assert (code, FakeFlower.submitted) == (1, 1)
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "error: ValueError: the model diverged"
