@@ -20,6 +20,9 @@ What is measured:
 
     python benchmarks/deploy_latency.py [--nodes 4] [--rounds 6] [--ray] [--no-churn]
         [--variants tuned defaults]
+    python benchmarks/deploy_latency.py --returning [--nodes 4] [--rounds 6]
+        (the README's churn launch: rounds where a group returns vs continuing rounds, the
+        returning node's worker cold and warm)
 
 The ServerApp pulls replies every 0.1 s (``server_app.network.fast_pull``); ``defaults`` sets
 ``FLCHURN_PULL_INTERVAL=3`` on the SuperLink, Flower's own 3 s.
@@ -185,6 +188,42 @@ def cold_client(n: int, tmp: Path) -> dict:
             "torch+workload-module": torch_s, "workload-build": build_s, "train": train_s}
 
 
+def returning_rounds(n: int, rounds: int, tmp: Path, warm: bool) -> dict:
+    """The README's churn launch (``group-cyclic:groups=2,window=2``): round times of the rounds in
+    which a group returns against the continuing ones; ``warm`` (``--warm-workers``): the look-ahead
+    start also readies the returning node's client worker (deploy.tuning.start_warm_worker), else
+    the worker starts at the node's first message (the default)."""
+    from deploy.local import ProcessSite
+    from deploy.run import run_deployment
+
+    spec = "group-cyclic:groups=2,window=2"
+    name = f"returning-{'warm' if warm else 'cold'}"
+    cfg = {**workload(n, rounds, tmp, name), "availability": spec}
+    with ProcessSite(n, tmp / name, warm_workers=warm) as dep:
+        out = run_deployment(dep, cfg, churn="rounds")
+    rs = rows(out.run_dir)
+    back, going = [], []
+    for prev, row in zip(rs, rs[1:], strict=False):
+        (back if set(row["participants"]) - set(prev["participants"]) else going).append(row)
+    return {"status": out.status, "median": statistics.median(r["round-time"] for r in rs),
+            "returning": [r["round-time"] for r in back], "continuing": [r["round-time"] for r in going],
+            "returning-reply": [max(r.get("client-reply-time", {"-": 0.0}).values()) for r in back]}
+
+
+def main_returning(a: argparse.Namespace) -> None:
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="deploy-bench-") as d:
+        res = {w: returning_rounds(a.nodes, a.rounds, Path(d), w) for w in (False, True)}
+    print(f"\n{a.nodes} nodes, group-cyclic:groups=2,window=2, {a.rounds} rounds, digits/logreg; "
+          f"{os.cpu_count()} CPUs; load before {load_before[0]:.1f}, after {os.getloadavg()[0]:.1f}")
+    print("| returning node's worker | median round | rounds a group returns (slowest reply) | continuing rounds |")
+    print("|---|---|---|---|")
+    for w, r in res.items():
+        back = ", ".join(f"{t:.1f} ({s:.1f})" for t, s in zip(r["returning"], r["returning-reply"], strict=True))
+        print(f"| {'warm (look-ahead start)' if w else 'cold (first message)'} | {r['median']:.2f} | {back} | "
+              f"{', '.join(f'{t:.1f}' for t in r['continuing'])} | ({r['status']})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--nodes", type=int, default=4)
@@ -192,7 +231,11 @@ def main() -> None:
     ap.add_argument("--ray", action="store_true", help="also time a Ray simulation through flwr run")
     ap.add_argument("--no-churn", action="store_true", help="skip the restart, SIGTERM and SIGKILL measurements")
     ap.add_argument("--variants", nargs="+", default=["tuned", "defaults"], help="deployment variants to time")
+    ap.add_argument("--returning", action="store_true",
+                    help="only: returning vs continuing rounds under churn, the returning worker cold and warm")
     a = ap.parse_args()
+    if a.returning:
+        return main_returning(a)
     from deploy import tuning
 
     load_before = os.getloadavg()

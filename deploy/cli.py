@@ -37,6 +37,17 @@ def add_launch_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=3600.0, help="give up (and stop the run) after this many seconds")
     p.add_argument("--devices", default=None,
                    help="device classes (TOML): CPU, memory and bandwidth limits per SuperNode (root; see docs/edge.md)")
+    p.add_argument("--superlink-timeout", type=float, default=None,
+                   help="seconds the SuperLink may take to listen (default 60 s x the host's load per CPU)")
+    p.add_argument("--register-timeout", type=float, default=None,
+                   help="seconds a SuperNode may take to register (default 60 s x the host's load per CPU / the "
+                        "slowest device's CPU cap)")
+    p.add_argument("--task-patience", type=float, default=None,
+                   help="seconds a ClientApp may take to start before its SuperNode revokes its task (a lost reply, "
+                        "'401 task-token authentication failed'; Flower: 30 s; default 120 s x load per CPU / CPU cap)")
+    p.add_argument("--warm-workers", action="store_true",
+                   help="a node started early for its return also starts its client worker with the run's workload "
+                        "built (it helps where the CPUs idle between rounds; measured slower on a busy 2-core host)")
     p.add_argument("--app", default=None,
                    help="deploy this Flower app directory instead of the project's (its ServerApp wraps its grid "
                         "with server_app.dropin.with_availability: docs/dropin.md)")

@@ -16,6 +16,7 @@ from pathlib import Path
 from .errors import DeployError
 from .flwr_cli import FlwrCli
 from .nodes import NODE_ID_RE
+from .waits import Waits, host_slowdown
 
 
 class _UnixConnection(http.client.HTTPConnection):
@@ -134,7 +135,11 @@ class DockerNodes:
             self.node_ids[i].append(nid)
         return nid
 
-    def wait_registered(self, i: int, timeout: float = 90.0) -> int:
+    def wait_registered(self, i: int, timeout: float | None = None) -> int:
+        """Node ``i``'s id once registered; by default waits 90 s scaled to the host's load (a
+        container starts slower than a process: deploy.waits)."""
+        if timeout is None:
+            timeout = Waits(register=90.0).scaled(host_slowdown()).register
         deadline = time.monotonic() + timeout
         while (nid := self.registered_id(i)) is None:
             if time.monotonic() > deadline:

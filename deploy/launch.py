@@ -20,8 +20,9 @@ from .errors import DeployError
 from .local import ProcessSite
 from .procs import exit_on_signals
 from .record import run_recorded, summary
-from .run import run_deployment
+from .run import auth_failure_text, run_deployment
 from .submission import latest_checkpoint, parse_run_config
+from .waits import Waits, for_host, slowest_cap
 
 
 def launch_main(args: argparse.Namespace) -> int:
@@ -42,10 +43,17 @@ def launch_main(args: argparse.Namespace) -> int:
             from .edge.devices import load_devices
 
             plan = load_devices(args.devices, args.num_nodes)
+        waits = launch_waits(args, slowest_cap(dc.cpus for dc in plan.classes) if plan else 1.0)
     except DeployError as err:
         console.print(f"[red]error:[/] {escape(str(err))}")
         return 2
+    for key in ("round-timeout", "wait-for-nodes"):  # a busy host: replies and nodes come later
+        if key not in user and waits.round_factor > 1.0:
+            user[key] = float(round(float(merged[key]) * waits.round_factor))
+            console.print(f"{key} {user[key]:.0f} s: {merged[key]} s scaled to this host (x{waits.round_factor:.1f}; "
+                          f"set it with --run-config \"{key}=...\")")
     dep = ProcessSite(args.num_nodes, work, data_dir=args.data_dir, keep_workdir=args.keep_workdir, devices=plan,
+                     waits=waits, warm_workers=args.warm_workers,
                      log=lambda s: (console if not progress.live.is_started else progress.console).log(escape(s)))
     columns = (TextColumn(f"[bold]{unit}s"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[status]}"), TimeElapsedColumn())
@@ -77,6 +85,8 @@ def launch_main(args: argparse.Namespace) -> int:
         if counts:
             console.print("clients per class (clients.jsonl, realised-trace.csv"
                           + (", devices.csv" if plan else "") + "):\n" + escape(summary(counts)), soft_wrap=True)
+        if out.auth_failures:
+            console.print(f"[red]{escape(auth_failure_text(dep, out.auth_failures))}[/]", soft_wrap=True)
         if out.off_arrivals is not None:
             console.print(off_arrivals_text(out.off_arrivals), soft_wrap=True)
         code = 0 if out.ok else 1
@@ -93,6 +103,12 @@ def launch_main(args: argparse.Namespace) -> int:
     finally:
         dep.close()
     return code
+
+
+def launch_waits(args: argparse.Namespace, cpu_cap: float = 1.0) -> Waits:
+    """The launch's waits: scaled to this host (deploy.waits), the ones given by flag as given."""
+    return for_host(cpu_cap).override(superlink=args.superlink_timeout, register=args.register_timeout,
+                                      task_patience=args.task_patience)
 
 
 def off_arrivals_text(off: dict[int, list[int]]) -> str:
@@ -117,11 +133,13 @@ def launch_app(args: argparse.Namespace, user: dict[str, Any], console: Console)
         seed = args.schedule_seed if args.schedule_seed is not None else int(config.get("schedule-seed", 0))
         if args.wall_clock or args.resume_from or args.devices:
             raise DeployError("--app runs round churn only (no --wall-clock, --resume-from or --devices)")
+        waits = launch_waits(args)
     except (DeployError, ValueError) as err:
         console.print(f"[red]error:[/] {escape(str(err))}")
         return 2
     dep = ProcessSite(args.num_nodes, Path(args.work_dir).resolve() if args.work_dir else None, project=app,
-                      data_dir=args.data_dir, keep_workdir=args.keep_workdir, log=lambda s: console.log(escape(s)))
+                      data_dir=args.data_dir, keep_workdir=args.keep_workdir, waits=waits,
+                      log=lambda s: console.log(escape(s)))
     code = 1
     try:
         plan = app_run(app, user, args.num_nodes, str(spec), seed, dep.work_dir,

@@ -1,14 +1,17 @@
 """A real Flower deployment on loopback, as processes: one SuperLink and N SuperNodes
 (:class:`ProcessSite`, a :class:`deploy.nodes.Site`).
 
-- ``flower-superlink --insecure`` on a free 127.0.0.1 port, its own ``FLWR_HOME`` and cwd under the
-  work dir, runtime dependency installation and telemetry off;
+- ``flower-superlink --insecure`` (``deploy.tuning.SUPERLINK``) on a reserved 127.0.0.1 port (a
+  ``deploy.procs.PortReservation``), its own ``FLWR_HOME`` and cwd, no dependency install, no telemetry;
 - N SuperNodes (``flower-supernode`` through ``deploy.tuning.SUPERNODE``) ``--insecure --superlink
-  127.0.0.1:PORT --port P_i --node-config "partition-id=i num-partitions=N state-dir=...
+  127.0.0.1:PORT --port P_i`` (a reserved port) ``--node-config "partition-id=i num-partitions=N state-dir=...
   [data-dir=...]"``, each with its own ``FLWR_HOME``; a node can be stopped (SIGTERM, graceful) or
   crashed (SIGKILL of its whole process tree) and started again, which gives it a new Flower
   node id;
 - a ``flwr`` CLI (:class:`deploy.flwr_cli.FlwrCli`) connected to the SuperLink.
+
+Every wait comes from :mod:`deploy.waits` (scaled to the host, settable, named when it runs out);
+401s to ClientApps (lost replies) are named from the logs as they happen (:meth:`ProcessSite.auth_failures`).
 
 No process outlives the deployment (:mod:`deploy.procs`): :meth:`ProcessSite.close`
 (context-manager exit, ``atexit``, the CLI's SIGINT/SIGTERM handlers) kills every process it
@@ -21,11 +24,11 @@ helper thread ended.
 from __future__ import annotations
 
 import atexit
+import json
 import shutil
 import signal
 import subprocess
 import tempfile
-import time
 import uuid
 import weakref
 from collections.abc import Callable, Mapping
@@ -34,19 +37,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from client_app.timing import SWITCH as TIMING  # clients time their training (client_app/timing.py)
-from runconfig.defaults import ROOT
+from runconfig.defaults import ROOT, default_run_config
 
 from .errors import DeployError
 from .flwr_cli import FLOWER_ENV, FlwrCli, toml_value
 from .nodes import MODES, NODE_ID_RE
-from .procs import Proc, Spawner, free_port, hold_signals, port_open, release_signals
-from .tuning import (  # round-latency settings: env, node config, the SuperNode command
+from .procs import PortReservation, Proc, Spawner, hold_signals, port_open, release_signals
+from .tuning import (  # round-latency settings: env, node config, the SuperNode and SuperLink commands
     ENV as TUNING_ENV,
     NODE_CONFIG as TUNING_NODE_CONFIG,
+    SUPERLINK as TUNING_SUPERLINK,
     SUPERNODE as TUNING_SUPERNODE,
+    WARM_VAR,
     compute_threads_env,
     host_share,
+    share_installed_app,
 )
+from .waits import Waits, for_host, slowest_cap, wait_for
 
 if TYPE_CHECKING:  # edge emulation is imported only when a site has device classes
     from .edge.devices import DevicePlan
@@ -54,6 +61,7 @@ if TYPE_CHECKING:  # edge emulation is imported only when a site has device clas
 
 _LIVE: weakref.WeakSet[ProcessSite] = weakref.WeakSet()
 BASE_ENV = {**TUNING_ENV, **FLOWER_ENV}
+AUTH_FAILED = "task-token authentication failed"  # Flower's 401 to a ClientApp whose token it revoked
 
 
 @dataclass
@@ -61,6 +69,7 @@ class Node:
     partition: int
     port: int
     proc: Proc | None = None
+    reservation: PortReservation | None = None  # its Runtime API port, held until it stops
     node_ids: list[int] = field(default_factory=list)  # one per incarnation, once registered
     incarnations: int = 0
 
@@ -87,6 +96,8 @@ class ProcessSite:
         keep_workdir: bool = False,
         devices: DevicePlan | None = None,
         server_env: Mapping[str, str] | None = None,
+        waits: Waits | None = None,
+        warm_workers: bool = False,
     ) -> None:
         if num_nodes < 1:
             raise DeployError("num_nodes must be >= 1")
@@ -102,7 +113,13 @@ class ProcessSite:
         self.server_env = dict(server_env or {})  # the SuperLink's, so its ServerApps' (deploy.app)
         self.node_config_extra = {int(k): dict(v) for k, v in (node_config_extra or {}).items()}
         self.log = log or (lambda line: None)
+        # how long each wait lasts: scaled to this host now (and the slowest device's CPU cap)
+        self.waits = waits or for_host(slowest_cap(dc.cpus for dc in devices.classes) if devices else 1.0)
         self.tag = uuid.uuid4().hex
+        self.superlink_reservation: PortReservation | None = None
+        self.auth_seen: dict[str, int] = {}  # node log -> 401 lines already reported
+        self.warm = warm_workers  # returning nodes start their client worker at once (warm_workers)
+        self.warm_env: dict[str, str] = {}  # set by warm_workers
         self.superlink: Proc | None = None
         self.superlink_port = 0
         self.nodes = {i: Node(i, 0) for i in range(num_nodes)}
@@ -113,13 +130,12 @@ class ProcessSite:
             d.mkdir(parents=True, exist_ok=True)
         if devices is not None and devices.num_nodes != num_nodes:
             raise DeployError(f"the device plan is for {devices.num_nodes} nodes, not {num_nodes}")
-        # device limits (root): made with the SuperLink, removed by close()
-        self.edge: EdgeLimits | None = None
+        self.edge: EdgeLimits | None = None  # device limits (root): made with the SuperLink, removed by close()
         if devices is not None:
             from .edge.limits import EdgeLimits
 
             self.edge = EdgeLimits(devices, self.tag, self.log)
-        self.spawner = Spawner(self.tag, self.logs, BASE_ENV)
+        self.spawner = Spawner(self.tag, self.logs, {**BASE_ENV, **self.waits.env()})
         self.cli: FlwrCli | None = None  # once the SuperLink listens
         _LIVE.add(self)
 
@@ -133,28 +149,30 @@ class ProcessSite:
         flwr_home.mkdir(parents=True, exist_ok=True)
         return self.spawner.spawn(name, argv, cwd, {"FLWR_HOME": str(flwr_home), **(extra_env or {})}, preexec)
 
-    def start_superlink(self, timeout: float = 60.0) -> None:
+    def start_superlink(self, timeout: float | None = None) -> None:
+        """Start the SuperLink on a reserved port; wait until it listens (``timeout``, default
+        the site's ``waits.superlink``)."""
         if self.edge is not None and not self.edge.cgroups:
             self.edge.setup()  # before any process: all limits in place, or none and an error
         # nodes in their own network namespace reach the SuperLink through their veth pair
         host = "0.0.0.0" if self.edge is not None and self.edge.shaped else "127.0.0.1"
-        self.superlink_port = free_port()
+        if self.superlink_reservation is not None:
+            self.superlink_reservation.release()
+        self.superlink_reservation = PortReservation()
+        self.superlink_port = self.superlink_reservation.port
         home = self.work_dir / "superlink"
         self.superlink = self._spawn(
             "superlink",
-            ["flower-superlink", "--insecure", "--disable-runtime-dependency-installation",
+            [*TUNING_SUPERLINK, "--insecure", "--disable-runtime-dependency-installation",
              "--host", host, "--port", str(self.superlink_port)],
             home, home, self.server_env,
         )
-        deadline = time.monotonic() + timeout
-        while not port_open(self.superlink_port):
-            if not self.superlink.alive:
-                raise DeployError(f"flower-superlink exited ({self.superlink.popen.returncode}); "
-                                  f"see {self.superlink.log}")
-            if time.monotonic() > deadline:
-                raise DeployError(f"flower-superlink did not listen on 127.0.0.1:{self.superlink_port} "
-                                  f"within {timeout:.0f} s; see {self.superlink.log}")
-            time.sleep(0.1)
+        timeout = self.waits.superlink if timeout is None else timeout
+        superlink = self.superlink
+        wait_for(lambda: True if port_open(self.superlink_port) else None, timeout,
+                 what=f"flower-superlink listens on 127.0.0.1:{self.superlink_port}", flag="--superlink-timeout",
+                 see=superlink.log, log=self.log,
+                 gone=lambda: None if superlink.alive else f"flower-superlink exited ({superlink.popen.returncode})")
         if self.edge is not None:  # nodes with rtt_ms/loss and no netem: their relays, to this port
             self.edge.start_relays(lambda name, argv: self.spawner.spawn(name, argv, self.work_dir),
                                    self.superlink_port)
@@ -171,7 +189,7 @@ class ProcessSite:
         cfg.update(self.node_config_extra.get(i, {}))
         return " ".join(f"{k}={toml_value(v)}" for k, v in cfg.items())
 
-    def start_node(self, i: int, wait: bool = False, timeout: float = 60.0) -> Node:
+    def start_node(self, i: int, wait: bool = False, timeout: float | None = None) -> Node:
         """Start SuperNode ``i`` (no-op if running); ``wait`` until it has registered."""
         node = self.nodes[i]
         if node.running:
@@ -179,8 +197,13 @@ class ProcessSite:
         if self.superlink is None:
             raise DeployError("start the SuperLink first")
         node.incarnations += 1
-        node.port = free_port()
+        if node.reservation is not None:
+            node.reservation.release()
+        node.reservation = PortReservation()  # held while the node runs: nobody else gets its port
+        node.port = node.reservation.port
         home = self.work_dir / f"node-{i}"
+        if self.warm_env:  # its worker starts warm: from the app its siblings installed, if it has none
+            share_installed_app(home, [self.work_dir / f"node-{j}" for j in self.nodes if j != i])
         link = (self.edge.superlink_address(i, self.superlink_port) if self.edge is not None
                 else f"127.0.0.1:{self.superlink_port}")
         node.proc = self._spawn(
@@ -188,13 +211,25 @@ class ProcessSite:
             [*TUNING_SUPERNODE, "--insecure", "--superlink", link,
              "--host", "127.0.0.1", "--port", str(node.port), "--node-config", self.node_config(i)],
             home, home, {**(self.edge.env(i) if self.edge is not None else self.threads_env),
-                         **self.node_env.get(i, {})},
+                         **self.warm_env, **self.node_env.get(i, {})},
             self.edge.preexec(i) if self.edge is not None else None,
         )
         self.log(f"node {i}: started (incarnation {node.incarnations}, pid {node.proc.popen.pid})")
         if wait:
             self.wait_registered(i, timeout)
         return node
+
+    def warm_workers(self, run_config: Mapping[str, Any]) -> None:
+        """With ``warm_workers``: from now on a node (re)started into the run of ``run_config`` starts
+        its client worker at once, the run's workload built (``deploy.tuning.start_warm_worker``)."""
+        if not self.warm:
+            return
+        cfg = {**default_run_config(self.project), **run_config}
+        if self.data_dir:
+            cfg["data-dir"] = str(self.data_dir)
+        path = self.work_dir / "warm-run-config.json"
+        path.write_text(json.dumps(cfg))
+        self.warm_env = {WARM_VAR: str(path)}
 
     def incarnation(self, i: int) -> int:
         return self.nodes[i].incarnations
@@ -216,17 +251,32 @@ class ProcessSite:
             node.node_ids.append(nid)
         return nid
 
-    def wait_registered(self, i: int, timeout: float = 60.0) -> int:
-        deadline = time.monotonic() + timeout
-        while (nid := self.registered_id(i)) is None:
-            node = self.nodes[i]
-            log = node.proc.log if node.proc is not None else self.logs
-            if not node.running:
-                raise DeployError(f"SuperNode {i} exited before registering; see {log}")
-            if time.monotonic() > deadline:
-                raise DeployError(f"SuperNode {i} did not register within {timeout:.0f} s; see {log}")
-            time.sleep(0.1)
-        return nid
+    def wait_registered(self, i: int, timeout: float | None = None) -> int:
+        """Node ``i``'s Flower node id once it has registered; waits at most ``timeout`` (default
+        the site's ``waits.register``), with a progress line every 10 s."""
+        timeout = self.waits.register if timeout is None else timeout
+        node = self.nodes[i]
+        return wait_for(lambda: self.registered_id(i), timeout, what=f"SuperNode {i} registers",
+                        flag="--register-timeout", see=node.proc.log if node.proc is not None else self.logs,
+                        log=self.log, gone=lambda: None if node.running else f"SuperNode {i} exited before registering")
+
+    def auth_failures(self) -> dict[str, int]:
+        """Process -> its tasks' calls answered ``401 task-token authentication failed`` since the
+        last call: ``node i`` (its ClientApps, each a lost reply) or ``SuperLink`` (its ServerApp).
+        Each is a task whose process took longer to start than the task patience."""
+        out: dict[str, int] = {}
+        logs = [("SuperLink", self.logs / "superlink.log")]
+        logs += [(f"node {i}", path) for i in self.nodes for path in sorted(self.logs.glob(f"node-{i}.*.log"))]
+        for name, path in logs:
+            try:
+                count = path.read_text(errors="replace").count(AUTH_FAILED)
+            except OSError:
+                continue
+            new = count - self.auth_seen.get(str(path), 0)
+            if new > 0:
+                self.auth_seen[str(path)] = count
+                out[name] = out.get(name, 0) + new
+        return out
 
     def client_of_node(self) -> dict[int, int]:
         for i in self.nodes:
@@ -251,6 +301,9 @@ class ProcessSite:
             except subprocess.TimeoutExpired:
                 self.log(f"node {i}: no exit {timeout:.0f} s after SIGTERM; killing it")
         node.proc.kill_tree()
+        if node.reservation is not None:
+            node.reservation.release()
+            node.reservation = None
         self.log(f"node {i}: stopped ({mode})")
 
     def signal_node(self, i: int, sig: int = signal.SIGTERM) -> None:
@@ -313,6 +366,9 @@ class ProcessSite:
             if self.edge is not None:
                 procs += self.edge.relay_procs()
             self.spawner.close(procs)
+            for reservation in [self.superlink_reservation, *(n.reservation for n in self.nodes.values())]:
+                if reservation is not None:
+                    reservation.release()
             if self.edge is not None:
                 self.edge.close()  # the processes are gone: cgroups can be removed
         finally:

@@ -46,8 +46,9 @@ class Nodes(Protocol):
     def registered_id(self, i: int) -> int | None:
         """The Flower node id of node ``i``'s current incarnation, once it has registered."""
 
-    def wait_registered(self, i: int, timeout: float = 60.0) -> int:
-        """Wait until node ``i`` has registered (DeployError after ``timeout``)."""
+    def wait_registered(self, i: int, timeout: float | None = None) -> int:
+        """Wait until node ``i`` has registered (DeployError after ``timeout``; None: the
+        implementation's registration wait)."""
 
     def client_of_node(self) -> dict[int, int]:
         """Flower node id -> client, for every incarnation seen so far."""

@@ -1,4 +1,4 @@
-"""Processes on Linux, without leftovers: free ports, tagged processes, children, kill.
+"""Processes on Linux, without leftovers: reserved ports, tagged processes, children, kill.
 
 Every process the launcher starts carries a tag in its environment (``FLCHURN_DEPLOY_TAG``,
 inherited by flower-superexec, flwr-serverapp and flwr-clientapp), starts in its own session
@@ -35,10 +35,51 @@ LINUX = sys.platform.startswith("linux")
 
 
 def free_port() -> int:
-    """A TCP port that is free on 127.0.0.1 right now."""
+    """A TCP port that is free on 127.0.0.1 right now, and may be taken by anyone a moment later:
+    for a port that a process we start binds, hold a :class:`PortReservation` instead."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+class PortReservation:
+    """A TCP port on 127.0.0.1 that no other process can take until :meth:`release`: a socket bound
+    to it with ``SO_REUSEADDR`` that never listens. The kernel hands the port to nobody else (no
+    other ``bind(port 0)`` nor outgoing connection gets it; a plain ``bind`` to it fails), while the
+    Flower process we start binds and listens on it (uvicorn and asyncio set ``SO_REUSEADDR``:
+    Linux lets such a socket listen beside a bound, non-listening one). A port chosen "free right
+    now" and bound later by a child could be taken in between by any process on the machine,
+    another deployment's SuperNode or ClientApp included. Not inherited by children (CLOEXEC)."""
+
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self._sock: socket.socket | None = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind((host, 0))
+        self.port = int(self._sock.getsockname()[1])
+
+    @property
+    def held(self) -> bool:
+        return self._sock is not None
+
+    def release(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def __enter__(self) -> PortReservation:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def venv_path(env: Mapping[str, str]) -> str:
+    """``PATH`` with this Python's folder (the venv's bin) first: Flower starts its helpers
+    (``flower-superexec``, ``flwr-serverapp``, ``flwr-clientapp``) by name from ``PATH``, and they
+    must be the ones installed beside the Python that runs us, activated venv or not."""
+    here = str(Path(sys.executable).parent)
+    rest = [p for p in env.get("PATH", os.defpath).split(os.pathsep) if p and p != here]
+    return os.pathsep.join([here, *rest])
 
 
 def port_open(port: int, host: str = "127.0.0.1") -> bool:
@@ -209,6 +250,7 @@ class Spawner:
 
     def env(self, node_tag: str | None, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         env = {**os.environ, **self.base_env, TAG_VAR: self.tag}
+        env["PATH"] = venv_path(env)
         if node_tag is not None:
             env[NODE_TAG_VAR] = node_tag
         else:

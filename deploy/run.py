@@ -15,7 +15,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +60,8 @@ class Outcome:
     report: ParticipationReport | None = None  # realised participation vs the schedule
     # an asynchronous run under churn: row -> clients that arrived although their node was down
     off_arrivals: dict[int, list[int]] | None = None
+    # "node i" / "SuperLink" -> its tasks' calls answered 401 (task-token authentication failed)
+    auth_failures: dict[str, int] = field(default_factory=dict)
 
     @property
     def completed(self) -> bool:
@@ -77,6 +79,25 @@ def churn_grace(grace: float | None, signal: bool = False) -> float:
     """``round-start-delay`` under churn: ``grace``, by default :data:`DEFAULT_BOUND` with the
     round-start signal (the most a round waits), else :data:`DEFAULT_GRACE` (a fixed wait)."""
     return (DEFAULT_BOUND if signal else DEFAULT_GRACE) if grace is None else float(grace)
+
+
+def auth_failure_text(site: Site, found: Mapping[str, int]) -> str:
+    """What a 401 to a ClientApp (or the ServerApp) means, and the flag that prevents it."""
+    waits = getattr(site, "waits", None)
+    patience = f" ({waits.task_patience:.0f} s)" if waits is not None else ""
+    where = ", ".join(f"{name}: {n}" for name, n in sorted(found.items()))
+    return (f"calls answered 401 'task-token authentication failed' ({where}): Flower revoked the task of a "
+            f"ClientApp (a SuperNode's; its reply is lost) or ServerApp (the SuperLink's) that did not start "
+            f"within the task patience{patience} on this busy machine; lengthen it with --task-patience SECONDS")
+
+
+def note_auth_failures(site: Site, out: Outcome) -> None:
+    """Name the 401s the site's processes logged since the last look (a site that cannot tell: none)."""
+    found: Mapping[str, int] = getattr(site, "auth_failures", dict)()
+    if found:
+        for name, n in found.items():
+            out.auth_failures[name] = out.auth_failures.get(name, 0) + n
+        site.log(auth_failure_text(site, found))
 
 
 def run_deployment(
@@ -176,6 +197,8 @@ def _run(site: Site, cfg: dict[str, Any], *, churn: str | None, churn_mode: str,
         raise ValueError(f"churn must be None, 'rounds' or 'wallclock', not {churn!r}")
     if driver is not None and app is None:  # the project's ServerApp waits for them before round 1
         cfg["min-nodes"] = driver.min_nodes
+    if app is None and hasattr(site, "warm_workers"):  # returning nodes: their worker ready for their round
+        site.warm_workers(cfg)
     site.ensure_superlink(fresh=start_round > 1)
     if driver is not None:
         driver.prepare()
@@ -198,8 +221,10 @@ def _run(site: Site, cfg: dict[str, Any], *, churn: str | None, churn_mode: str,
         for event in follow.events():
             if driver is not None:
                 driver.on_event(event)
-            if on_row and isinstance(event, RoundFinished):
-                on_row(event.row)
+            if isinstance(event, RoundFinished):
+                note_auth_failures(site, out)
+                if on_row:
+                    on_row(event.row)
         if not site.superlink_alive():
             out.status = "superlink-died"
             break
@@ -220,6 +245,7 @@ def _run(site: Site, cfg: dict[str, Any], *, churn: str | None, churn_mode: str,
         time.sleep(0.1)
     cli.close()
     follow.poll()
+    note_auth_failures(site, out)
     if driver is not None:
         driver.on_event(RunDone(time.monotonic()))
     out.wall = time.monotonic() - t0

@@ -6,7 +6,7 @@
 - ``SUPERNODE`` is the command that starts a SuperNode in place of ``flower-supernode`` (same
   arguments): Flower's own, with the idle sleep between two pulls cut to ``IDLE_SLEEP``.
 
-Where a deployed round waits in Flower 1.41 (``site-packages/flwr``) and what can be set:
+Where a deployed round waits in Flower 1.42 (``site-packages/flwr``) and what can be set:
 
 | wait | where | default | settable |
 |---|---|---|---|
@@ -15,17 +15,27 @@ Where a deployed round waits in Flower 1.41 (``site-packages/flwr``) and what ca
 | SuperExec looks for a task to launch | ``supercore/superexec/run_superexec.py`` | 1 s | ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` (0.01-60 s) |
 | ServerApp looks for replies | ``superlink/grid/http_grid.py`` ``send_and_receive`` | 3 s | no: ``server_app.network.fast_pull`` (0.1 s) |
 | a fresh ``flwr-clientapp`` process per message | ``supernode/runtime/run_clientapp.py`` | imports + workload, ~6 s | ``client-worker`` below |
+| a claimed task's first heartbeat, then between two | ``supercore/corestate/*_corestate.py`` | 30 s, then 60 s | no (hard-coded): ``SUPERNODE``, ``SUPERLINK`` |
 
 A node that has just replied looks for the next message at once, finds none (the server is still
 collecting the round), then sleeps 3 s: with ``flower-supernode`` that sleep is the floor of every
 round after the first. ``SUPERNODE`` caps both hard-coded sleeps of that loop at ``IDLE_SLEEP``
 (more pulls: 4 nodes x 5 small HTTP requests a second to the SuperLink).
+
+A claimed task (a message's ``flwr-clientapp``, a run's ``flwr-serverapp``) whose process has not
+sent its first heartbeat within 30 s loses its token: on a busy machine a ``flwr-clientapp`` that
+takes longer to import is answered ``401 Runtime task-token authentication failed`` and its reply
+is lost (the cause of the lost replies of issue 40). ``SUPERNODE`` and ``SUPERLINK`` replace both
+waits by the task patience of :mod:`deploy.waits` (``FLCHURN_TASK_PATIENCE``; default scaled to
+the host).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -75,6 +85,7 @@ def host_share(num_nodes: int) -> int:
 
 IDLE_SLEEP = 0.2  # seconds: what SUPERNODE sleeps when it has nothing to pull (flower-supernode: 3)
 SUPERNODE: list[str] = [sys.executable, "-m", "deploy.tuning", "supernode"]
+SUPERLINK: list[str] = [sys.executable, "-m", "deploy.tuning", "superlink"]
 
 
 class _CappedSleep:
@@ -90,15 +101,81 @@ class _CappedSleep:
         time.sleep(min(seconds, self.cap))
 
 
+def patch_task_patience(seconds: float) -> None:
+    """Flower's claimed tasks (this process's Runtime API state) keep their token ``seconds`` until
+    the task's first heartbeat and ``seconds`` between two heartbeats (Flower: 30 s and 2 x 30 s)."""
+    from flowerlink import set_task_heartbeat_window
+
+    set_task_heartbeat_window(seconds)
+
+
+def task_patience() -> float:
+    """The task patience this process was given (``FLCHURN_TASK_PATIENCE``), else scaled to the host."""
+    from .waits import for_host, task_patience_from_env
+
+    return task_patience_from_env(for_host().task_patience)
+
+
+WARM_VAR = "FLCHURN_WARM_WORKER"  # a run config (JSON) whose workload a returning node's worker builds at once
+
+
+def installed_apps(flwr_home: Path) -> list[Path]:
+    """The Flower apps installed in ``flwr_home`` (one folder per FAB), oldest first."""
+    return sorted((d for d in (flwr_home / "apps").glob("*") if d.is_dir()), key=lambda d: d.stat().st_mtime)
+
+
+def share_installed_app(flwr_home: Path, others: list[Path]) -> None:
+    """A node that has not taken part in the run yet gets the app its siblings installed (the
+    newest in ``others``' homes; the same FAB, byte for byte, at the folder Flower would install
+    it in, which it then uses as it is): so its worker can start warm too."""
+    if installed_apps(flwr_home):
+        return
+    found = [app for home in others for app in installed_apps(home)]
+    if found:
+        newest = max(found, key=lambda d: d.stat().st_mtime)
+        shutil.copytree(newest, flwr_home / "apps" / newest.name, dirs_exist_ok=True)
+
+
+def start_warm_worker(run_config_file: str) -> subprocess.Popen | None:
+    """This SuperNode's client worker, started now instead of at its first message: what makes a
+    returning node warm when its round starts (the look-ahead starts it a round early). It runs the
+    app this node installed when it first took part, or its siblings' (:func:`share_installed_app`;
+    the newest under ``$FLWR_HOME/apps``), so the ClientApp finds it at the address it computes
+    (``client_app.worker.address``); with no app installed yet (round 1) it starts none. Dies with
+    this process (pidfd)."""
+    apps = installed_apps(Path(os.environ.get("FLWR_HOME", "")))
+    if not apps or not (apps[-1] / "client_app" / "worker_process.py").is_file():
+        return None
+    from client_app.worker import start_time
+
+    path = os.pathsep.join(filter(None, [str(apps[-1]), os.environ.get("PYTHONPATH")]))
+    return subprocess.Popen([sys.executable, "-m", "client_app.worker_process", "--supernode", str(os.getpid()),
+                             "--started", str(start_time(os.getpid())), "--warm-config", run_config_file],
+                            cwd=apps[-1], stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": path})
+
+
 def run_supernode(argv: list[str]) -> None:
-    """``flower-supernode ARGV`` (Flower 1.41's own) with its pull loop's sleeps capped at IDLE_SLEEP."""
+    """``flower-supernode ARGV`` (Flower 1.42's own) with its pull loop's sleeps capped at IDLE_SLEEP
+    and its ClientApps' task patience lengthened (:func:`patch_task_patience`)."""
     from flowerlink import cap_supernode_sleeps, run_flower_supernode
 
+    patch_task_patience(task_patience())
+    if os.environ.get(WARM_VAR):
+        start_warm_worker(os.environ[WARM_VAR])
     cap_supernode_sleeps(_CappedSleep(IDLE_SLEEP))  # the loop calls time.sleep(3) / (0.5)
     run_flower_supernode(argv)
 
 
+def run_superlink(argv: list[str]) -> None:
+    """``flower-superlink ARGV`` (Flower 1.42's own) with its ServerApps' task patience lengthened."""
+    from flowerlink import run_flower_superlink
+
+    patch_task_patience(task_patience())
+    run_flower_superlink(argv)
+
+
 if __name__ == "__main__":
-    if sys.argv[1:2] != ["supernode"]:
-        sys.exit("usage: python -m deploy.tuning supernode [flower-supernode arguments]")
-    run_supernode(sys.argv[2:])
+    commands = {"supernode": run_supernode, "superlink": run_superlink}
+    if sys.argv[1:2] == [] or sys.argv[1] not in commands:
+        sys.exit("usage: python -m deploy.tuning supernode|superlink [flower-supernode|flower-superlink arguments]")
+    commands[sys.argv[1]](sys.argv[2:])

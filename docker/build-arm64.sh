@@ -6,7 +6,7 @@
 #   2. natively on the host, uv resolves docker/client-requirements.txt for aarch64 with
 #      torch==2.10.0 (PyPI's last CPU-only aarch64 wheel) and pip downloads those wheels; the
 #      root's pip (under emulation) only installs them: offline, --no-deps, no byte-compiling; the
-#      project's client packages (what docker/Dockerfile.client copies) go to /app, on the venv's
+#      project's packages (docker/sources.py: pyproject.toml's, as every image) go to /app, on the venv's
 #      path through a .pth file;
 #   3. a tarball of the root, and `docker import --platform linux/arm64` as flchurn-client:arm64
 #      (relabelled through docker save/load where the engine ignores --platform)
@@ -95,10 +95,10 @@ else
 fi
 t1=$(date +%s)
 
-echo "== the project's client packages -> $ROOT/app"
+echo "== the project's packages (docker/sources.py) -> $ROOT/app"
 rm -rf "$ROOT/app" && mkdir -p "$ROOT/app" "$ROOT/state" "$ROOT/data"
-tar -c --exclude=__pycache__ --exclude='*.pyc' pyproject.toml README.md runconfig availability workloads \
-  strategies client_app server_app experiments deploy | tar -x -C "$ROOT/app"
+# the project's sources: pyproject.toml's hatch packages (docker/sources.py, the one list of every image)
+python3 docker/sources.py --copy . "$ROOT/app"
 # a .pth line, not `pip install .`: a build under emulation would fetch setuptools and compile
 echo /app > "$ROOT/opt/venv/lib/python3.11/site-packages/flchurn-app.pth"
 in_root python -c 'import torch, flwr, client_app.app; print("aarch64 root:", torch.__version__, flwr.__version__)'

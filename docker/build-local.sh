@@ -74,8 +74,10 @@ if [[ "${TARGET:-}" == client ]]; then
   DOCKERFILE=docker/Dockerfile.client
   IMAGE="${FLCHURN_CLIENT_IMAGE:-flchurn-client:latest}"
 fi
-sources=(pyproject.toml README.md "$DOCKERFILE" docker/client-requirements.txt runconfig availability workloads
-         strategies client_app server_app experiments deploy)
+# the project's sources: pyproject.toml's hatch packages (docker/sources.py, the one list of every image)
+listed="$(python3 docker/sources.py)" || fail "docker/sources.py could not read pyproject.toml"
+mapfile -t project <<< "$listed"
+sources=("${project[@]}" docker/sources.py "$DOCKERFILE" docker/client-requirements.txt)
 wheel=()  # the client image without the CPU index: a local CPU torch wheel (LOCAL_TORCH_WHEEL)
 if [[ "${TARGET:-}" == client && "$TORCH_INDEX_URL" != "$CPU_TORCH_INDEX" ]]; then
   LOCAL_TORCH_WHEEL="${LOCAL_TORCH_WHEEL:-$(ls /opt/wheels/torch-*+cpu-cp311-*.whl 2>/dev/null | tail -1)}"

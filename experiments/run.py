@@ -13,8 +13,16 @@ What ``flwr run . --stream`` does not do, this does:
   holds a run;
 - runs Flower with telemetry, runtime dependency installation and Ray's accelerator
   FutureWarning off, in a temporary ``FLWR_HOME`` (or ``--flwr-home``), on its own local SuperLink
-  ports (``FLWR_LOCAL_SUPERLINK_HTTP_API_PORT``/``FLWR_LOCAL_CONTROL_API_PORT``), so it never
-  reuses nor stops anybody else's local SuperLink;
+  ports (``FLWR_LOCAL_SUPERLINK_HTTP_API_PORT``/``FLWR_LOCAL_CONTROL_API_PORT``, reserved so that
+  no other process takes them), so it never reuses nor stops anybody else's local SuperLink;
+- starts that local SuperLink itself (Flower's own command line, as ``flwr run`` would) and waits
+  for it as long as the machine needs, with a progress line every 10 s, up to
+  ``--superlink-timeout`` (default 60 s x the host's load per CPU; ``flwr run`` gives it 15 s),
+  with the task patience of :mod:`deploy.waits` (a slow ``flwr-simulation`` keeps its task);
+- finds Flower's executables beside this Python (the venv's ``bin``, first on the ``PATH`` of
+  every Flower process), activated venv or not;
+- retries a run whose Ray did not start (Ray's own 30 s start-up wait ran out on a busy machine)
+  once, and otherwise says so in one paragraph;
 - streams the run's log, then reads the run's real status (``flwr ls --run-id``): it prints the
   results folder and exits 0 when the run is ``finished:completed``, otherwise prints the
   ServerApp's one-paragraph error and exits 1 (``flwr run --stream`` exits 0 either way);
@@ -44,8 +52,10 @@ from typing import Any
 
 from deploy.errors import DeployError
 from deploy.flwr_cli import COMPLETED, FINISHED, FLOWER_ENV, FlwrCli
-from deploy.procs import find_exe, free_port, kill_pids, tagged_pids
+from deploy.procs import PortReservation, child_setup, find_exe, kill_pids, tagged_pids, venv_path
 from deploy.submission import parse_run_config
+from deploy.tuning import SUPERLINK
+from deploy.waits import CHECK_EVERY, for_host, host_slowdown
 from runconfig import ConfigError
 from runconfig.defaults import ROOT, default_run_config
 from server_app.config import RunConfig
@@ -53,6 +63,8 @@ from server_app.results import METRICS, default_run_name
 
 TAG_VAR = "FLCHURN_RUN_TAG"  # inherited by the detached SuperLink and everything it starts
 PATH_KEYS = ("results-dir", "data-dir", "state-dir", "resume-from", "devices")
+# what Ray says when its raylet did not register within Ray's own (hard-coded) 30 s start-up wait
+RAY_STARTUP = ("node timed out during startup", "GCS has become overloaded", "Failed to connect to GCS")
 
 
 class RunnerError(RuntimeError):
@@ -125,21 +137,78 @@ def failure_paragraph(log_text: str, details: str) -> str:
     return exc[-1] if exc else "no error message in the run's log"
 
 
+def ray_did_not_start(text: str) -> bool:
+    """Whether a run's log or status says that Ray timed out while it started."""
+    return any(s in text for s in RAY_STARTUP)
+
+
+def ray_paragraph() -> str:
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return (f"Ray did not start, twice: its raylet did not register within Ray's own 30 s start-up wait "
+            f"(hard-coded in Ray), on a machine with a 1-minute load of {os.getloadavg()[0]:.1f} on {cpus} CPUs "
+            f"(x{host_slowdown():.1f} slower than idle); the simulation never began. Rerun when the machine is "
+            f"less busy, or run the same config in process without Ray: python -m experiments.once "
+            f"--run-config \"...\"")
+
+
 class FlowerRun:
     """``flwr`` commands (:class:`deploy.flwr_cli.FlwrCli`, the app's default federation) against
-    one private local SuperLink (its own FLWR_HOME, ports and tag)."""
+    one private local SuperLink (its own FLWR_HOME, reserved ports and tag), started here."""
 
     def __init__(self, flwr_home: Path) -> None:
         self.flwr_home = flwr_home
         self.tag = uuid.uuid4().hex
-        env = {**os.environ, **FLOWER_ENV, TAG_VAR: self.tag,
-               "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_port()),
-               "FLWR_LOCAL_CONTROL_API_PORT": str(free_port())}
+        # held until the SuperLink stops: no other process can take them in between (deploy.procs)
+        self.http, self.control = PortReservation(), PortReservation()
+        self.waits = for_host()
+        env = {**os.environ, **FLOWER_ENV, **self.waits.env(), TAG_VAR: self.tag,
+               "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(self.http.port),
+               "FLWR_LOCAL_CONTROL_API_PORT": str(self.control.port)}
+        env["PATH"] = venv_path(env)  # flwr, flower-superlink and their helpers: this venv's
         try:
             find_exe("flwr")
         except DeployError:
-            raise RunnerError("the flwr CLI is not on PATH: activate the venv (pip install -e .)") from None
+            raise RunnerError(f"the flwr CLI is not installed beside {sys.executable}: pip install -e . "
+                              "in this venv") from None
         self.cli = FlwrCli(flwr_home, None, env=env, cwd=Path.cwd())
+
+    def healthy(self) -> bool:
+        """What ``flwr run`` asks before it starts a local SuperLink of its own: is one serving?"""
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.http.port}/health", timeout=1) as res:
+                return bool(res.status == 200)
+        except OSError:
+            return False
+
+    def start_superlink(self, timeout: float) -> float:
+        """The local SuperLink ``flwr run`` would start (Flower's command line), started here and
+        waited for up to ``timeout`` s (progress every 10 s); returns the seconds it took."""
+        folder = self.flwr_home / "local-superlink"
+        folder.mkdir(parents=True, exist_ok=True)
+        log = folder / "superlink.log"
+        argv = [*SUPERLINK, "--insecure", "--simulation", "--isolation", "subprocess",
+                "--control-api-address", f"127.0.0.1:{self.control.port}", "--host", "127.0.0.1",
+                "--port", str(self.http.port), "--log-file", str(log), "--database", str(folder / "state.db")]
+        with (folder / "superlink.out").open("ab") as out:
+            proc = subprocess.Popen(argv, env=self.cli.env, cwd=self.cli.cwd, stdin=subprocess.DEVNULL, stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=child_setup(None))
+        t0 = time.monotonic()
+        next_note = t0 + CHECK_EVERY
+        while not self.healthy():
+            now = time.monotonic()
+            if proc.poll() is not None:
+                raise RunnerError(f"the local SuperLink exited ({proc.returncode}) while starting; see {log} and "
+                                  f"{folder / 'superlink.out'}")
+            if now - t0 > timeout:
+                raise RunnerError(f"the local SuperLink did not start within {timeout:.0f} s (lengthen this wait with "
+                                  f"--superlink-timeout SECONDS; its default scales with the host's load); see {log}")
+            if now >= next_note:
+                print(f"waiting for the local SuperLink ({now - t0:.0f} s of {timeout:.0f} s)", flush=True)
+                next_note = now + CHECK_EVERY
+            time.sleep(0.2)
+        return time.monotonic() - t0
 
     def submit(self, run_config: Mapping[str, Any], federation_config: str) -> int:
         try:
@@ -187,15 +256,18 @@ class FlowerRun:
             time.sleep(1.0)
 
     def stop_superlink(self) -> None:
-        """SIGTERM, then SIGKILL, every process carrying this runner's tag (the SuperLink it started)."""
+        """SIGTERM, then SIGKILL, every process carrying this runner's tag (the SuperLink it started);
+        then its ports are free again."""
         for sig in (signal.SIGTERM, signal.SIGKILL):
             pids = tagged_pids(self.tag, TAG_VAR)
             if not pids:
-                return
+                break
             kill_pids(pids, sig)
             deadline = time.monotonic() + 5
             while tagged_pids(self.tag, TAG_VAR) and time.monotonic() < deadline:
                 time.sleep(0.2)
+        self.http.release()
+        self.control.release()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -209,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-checks", action="store_true",
                    help="submit without the checks made here first (the ServerApp makes them anyway)")
     p.add_argument("--timeout", type=float, default=24 * 3600.0, help="stop the run after this many seconds")
+    p.add_argument("--superlink-timeout", type=float, default=None,
+                   help="seconds the local SuperLink may take to start (default 60 s x the host's load per CPU)")
     args = p.parse_args(argv)
 
     try:
@@ -220,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
             nodes = check(run_config, args.num_supernodes)
         if args.num_cpus < 1:
             raise ConfigError(f"--num-cpus {args.num_cpus}: client-resources-num-cpus must be an integer >= 1")
+        if args.superlink_timeout is not None and not args.superlink_timeout > 0:
+            raise ConfigError(f"--superlink-timeout {args.superlink_timeout:g}: must be a positive number of seconds")
     except (ValueError, RunnerError) as err:  # ConfigError, SpecError, DatasetError, a TOML mistake
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -234,11 +310,18 @@ def main(argv: list[str] | None = None) -> int:
     flower = None
     try:
         flower = FlowerRun(home)
-        run_id = flower.submit(run_config, federation)
-        print(f"run {run_id}: {run_config['strategy']} on {run_config['dataset']}, {nodes} SuperNodes, "
-              f"{run_config['num-server-rounds']} rounds (FLWR_HOME={home})", flush=True)
-        log_text = flower.stream(run_id, args.timeout)
-        status, details = flower.status(run_id)
+        took = flower.start_superlink(args.superlink_timeout or flower.waits.superlink)
+        print(f"local SuperLink up in {took:.1f} s", flush=True)
+        for attempt in (1, 2):
+            run_id = flower.submit(run_config, federation)
+            print(f"run {run_id}: {run_config['strategy']} on {run_config['dataset']}, {nodes} SuperNodes, "
+                  f"{run_config['num-server-rounds']} rounds (FLWR_HOME={home})", flush=True)
+            log_text = flower.stream(run_id, args.timeout)
+            status, details = flower.status(run_id)
+            if status == COMPLETED or attempt == 2 or not ray_did_not_start(log_text + details):
+                break
+            print(f"run {run_id}: Ray did not start within its 30 s start-up wait (a busy machine): "
+                  "submitting the run once more", file=sys.stderr, flush=True)
     except RunTimeout as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
@@ -256,8 +339,8 @@ def main(argv: list[str] | None = None) -> int:
     if status == COMPLETED:
         print(f"run {run_id}: {status}; results: {results_folder(log_text)}")
         return 0
-    print(f"run {run_id}: {status or 'unknown status'}\nerror: {failure_paragraph(log_text, details)}",
-          file=sys.stderr)
+    paragraph = ray_paragraph() if ray_did_not_start(log_text + details) else failure_paragraph(log_text, details)
+    print(f"run {run_id}: {status or 'unknown status'}\nerror: {paragraph}", file=sys.stderr)
     return 1
 
 

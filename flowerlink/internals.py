@@ -32,6 +32,14 @@ TOUCHES: dict[str, tuple[str, str]] = {
         "flwr.supernode.cli.flower_supernode, flwr.supernode.start_client_internal.time",
         "a SuperNode's idle sleeps (3 s, 0.5 s) capped so churned nodes pick up their task at once "
         "(deploy.tuning)"),
+    "set_task_heartbeat_window": (
+        "flwr.supercore.corestate.in_memory_corestate / sql_corestate: HEARTBEAT_DEFAULT_INTERVAL, "
+        "HEARTBEAT_PATIENCE",
+        "Flower revokes a claimed task's token when its app sends no heartbeat within 30 s: a ClientApp that "
+        "imports slowly on a busy machine lost its reply (401); deploy.tuning lengthens the window"),
+    "run_flower_superlink": (
+        "flwr.superlink.cli.flower_superlink",
+        "the tuned SuperLink runs Flower's own entry point (deploy.tuning superlink)"),
     "recorddict_to_bytes / recorddict_from_bytes": (
         "flwr.common.serde.recorddict_to_proto / recorddict_from_proto, flwr.proto.recorddict_pb2",
         "an asynchronous run's checkpoint holds the replies of jobs in flight (server_app.async_resume)"),
@@ -92,6 +100,26 @@ def run_flower_supernode(argv: list[str]) -> None:
 
     sys.argv = ["flower-supernode", *argv]
     flower_supernode()
+
+
+def set_task_heartbeat_window(seconds: float) -> None:
+    """Claimed tasks of this process's SuperLink or SuperNode keep their token ``seconds`` until
+    their first heartbeat and ``seconds`` between heartbeats (Flower: 30 s, then 2 x 30 s)."""
+    from flwr.supercore.corestate import in_memory_corestate, sql_corestate
+
+    for state in (in_memory_corestate, sql_corestate):
+        state.HEARTBEAT_DEFAULT_INTERVAL = seconds  # type: ignore[attr-defined]  # the claim's first window
+        state.HEARTBEAT_PATIENCE = 1  # type: ignore[attr-defined]  # then: seconds between heartbeats
+
+
+def run_flower_superlink(argv: list[str]) -> None:
+    """``flower-superlink ARGV`` in this process (Flower's own entry point)."""
+    import sys
+
+    from flwr.superlink.cli import flower_superlink
+
+    sys.argv = ["flower-superlink", *argv]
+    flower_superlink()
 
 
 def recorddict_to_bytes(record: Any) -> bytes:

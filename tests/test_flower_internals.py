@@ -35,7 +35,8 @@ def test_no_module_of_ours_reaches_flowers_private_objects_outside_flowerlink():
 
     root = Path(__file__).resolve().parent.parent
     private = ('"_message_id"', "TaskIdentity", "grid.http_grid", "import start_client_internal",
-               "flwr.supernode.cli", "flwr.common.serde", "recorddict_pb2")
+               "flwr.supernode.cli", "flwr.superlink.cli", "flwr.supercore.corestate", "flwr.common.serde",
+               "recorddict_pb2")
     found = [f"{p.relative_to(root)}: {name}" for p in root.glob("*/**/*.py")
              if p.parts[len(root.parts)] not in {"flowerlink", "tests", ".venv", "examples", "benchmarks"}
              for name in private if name in p.read_text()]
@@ -112,6 +113,25 @@ def test_run_flower_supernode():
     from flwr.supernode import cli
 
     assert callable(cli.flower_supernode), "flwr.supernode.cli.flower_supernode is gone (deploy.tuning runs it)"
+
+
+def test_set_task_heartbeat_window(monkeypatch):
+    from flwr.supercore.corestate import in_memory_corestate, sql_corestate
+
+    for state in (in_memory_corestate, sql_corestate):
+        for name in ("HEARTBEAT_DEFAULT_INTERVAL", "HEARTBEAT_PATIENCE"):
+            assert hasattr(state, name), f"{state.__name__}.{name} is gone (deploy.tuning's task patience)"
+            monkeypatch.setattr(state, name, getattr(state, name))
+    internals.set_task_heartbeat_window(77.0)
+    assert in_memory_corestate.HEARTBEAT_DEFAULT_INTERVAL == sql_corestate.HEARTBEAT_DEFAULT_INTERVAL == 77.0
+    assert in_memory_corestate.HEARTBEAT_PATIENCE == 1
+    assert "HEARTBEAT_DEFAULT_INTERVAL" in inspect.getsource(in_memory_corestate)  # read where tokens expire
+
+
+def test_run_flower_superlink():
+    from flwr.superlink import cli
+
+    assert callable(cli.flower_superlink), "flwr.superlink.cli.flower_superlink is gone (deploy.tuning runs it)"
 
 
 @pytest.mark.parametrize("kind", ["arrays", "metrics"])

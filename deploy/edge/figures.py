@@ -24,8 +24,32 @@ from typing import Any
 import numpy as np
 
 from ..procs import child_setup
+from ..waits import Waits, host_slowdown, slowest_cap
 from .devices import LIMITS
 from .limits import EdgeLimits
+
+
+def separation(calibration: Mapping[str, Mapping[str, Any]], caps: Mapping[str, float | None]) -> str | None:
+    """Why these calibration figures cannot tell the classes apart, or None when they can (or
+    there is nothing to tell apart). A CPU-bound local step under a cap of ``c`` CPUs takes about
+    ``1 / min(c, 1)`` times its uncapped time, so the most and least capped classes should differ
+    by the ratio of their caps; a measured ratio under half way there (e.g. 1.1 where 5 was due)
+    means something else set the pace: the host's load slowed every class alike."""
+    timed = {name: float(c["seconds-per-step"]) for name, c in calibration.items() if "seconds-per-step" in c}
+    share = {name: min(1.0, float(caps.get(name) or 1.0)) for name in timed}
+    if len(timed) < 2:
+        return None
+    low, high = min(share, key=share.__getitem__), max(share, key=share.__getitem__)
+    due = share[high] / share[low]
+    if due < 1.5 or timed[high] <= 0:
+        return None
+    measured = timed[low] / timed[high]
+    if measured >= 1 + (due - 1) / 2:
+        return None
+    return (f"calibration cannot separate the classes: [{low}] ({share[low]:g} CPU) {timed[low]:g} s/step against "
+            f"[{high}] ({share[high]:g} CPU) {timed[high]:g} s/step, x{measured:.2f} where the caps give "
+            f"x{due:.1f}; the host's load (1-minute {os.getloadavg()[0]:.1f}) sets the pace of every class: "
+            "calibrate on a quieter host for figures that tell the classes apart")
 
 
 class DeviceFigures:
@@ -43,8 +67,13 @@ class DeviceFigures:
     def classes(self) -> dict[int, str]:
         return {i: self.edge.plan.of(i).name for i in range(self.num_nodes)}
 
-    def calibrate(self, run_config: Mapping[str, Any], timeout: float = 600.0) -> dict[str, dict[str, Any]]:
-        """Seconds per local step of each class, measured under its limits (all classes at once)."""
+    def calibrate(self, run_config: Mapping[str, Any], timeout: float | None = None) -> dict[str, dict[str, Any]]:
+        """Seconds per local step of each class, measured under its limits (all classes at once);
+        each may take ``timeout`` s (default 600 s scaled to the host and the slowest cap:
+        deploy.waits). Says so when the figures cannot separate the classes (:func:`separation`)."""
+        if timeout is None:
+            timeout = 600.0 * Waits().scaled(host_slowdown(), slowest_cap(dc.cpus for dc in self.edge.plan.classes)
+                                             ).round_factor
         cfg = json.dumps({**run_config, "num-clients": self.num_nodes})
         procs: dict[str, subprocess.Popen] = {}
         try:
@@ -73,6 +102,9 @@ class DeviceFigures:
                     p.kill()
                     p.wait()
         self.samples[0] = self._measure()  # after calibration: the run's figures are differences
+        warning = separation(self.calibration, {dc.name: dc.cpus for dc in self.edge.plan.classes})
+        if warning:
+            self.log(warning)
         return self.calibration
 
     def _measure(self) -> dict[int, dict[str, Any]]:
