@@ -53,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # the run failed: say why in one line, after the traceback-free summary
         print(f"flchurn run failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    print(f"results: {folder}")
+    if args.quiet:  # otherwise the run's console has printed it, as its last line
+        print(f"results: {folder}")
     return 0
 
 

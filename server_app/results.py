@@ -23,12 +23,25 @@ from typing import Any, Literal
 
 import numpy as np
 
+from runconfig.extensions import ExtensionError, split_reference
+
 METRICS = "metrics.jsonl"
 PARTICIPATION = "participation.csv"
 
 
 def default_run_name(strategy: str, dataset: str, seed: int) -> str:
-    return f"{time.strftime('%Y%m%d-%H%M%S')}-{strategy}-{dataset}-s{seed}"
+    """``<time>-<strategy>-<dataset>-s<seed>``; a user's object named ``module:attr[:k=v]`` by its
+    ``attr`` (``mypkg.rules:MomentumAvg:beta=0.5`` -> ``MomentumAvg``): a folder name without the
+    module path."""
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{_short(strategy)}-{_short(dataset)}-s{seed}"
+
+
+def _short(spec: str) -> str:
+    try:
+        reference = split_reference(spec)
+    except ExtensionError:
+        return spec
+    return spec if reference is None else reference[0].rpartition(":")[2].rsplit(".", 1)[-1]
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
@@ -55,8 +68,7 @@ class RunRecorder:
     def __init__(self, run_dir: Path, num_clients: int) -> None:
         self.dir = run_dir
         self.num_clients = num_clients
-        self.dir.mkdir(parents=True, exist_ok=True)
-        (self.dir / "checkpoints").mkdir(exist_ok=True)
+        self.dir.mkdir(parents=True, exist_ok=True)  # checkpoints/ only with a checkpoint (server_app.checkpoint.save)
         self.rows: list[dict[str, Any]] = []
 
     def write_config(self, config: dict[str, Any]) -> None:
