@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from availability.registry import SCHEDULES
 from runconfig import (
     AvailabilityConfig,
     ConfigError,
@@ -17,6 +18,8 @@ from runconfig import (
     from_run_config,
     known_keys,
 )
+from runconfig.extensions import entry_points
+from strategies import STRATEGIES
 from strategies.weighting import WEIGHTINGS
 
 #: the run config's ``engine`` (in-process runs; see experiments.cohort_grid)
@@ -103,6 +106,13 @@ class RunConfig:
             "schedule-seed": self.availability.schedule_seed,
             "train-seed": self.workload.train_seed,
         }
+
+
+def known_names(key: str) -> list[str]:
+    """The names spec key ``key`` (``availability``, ``strategy``) knows, built-in and installed (entry
+    points): a misspelling's candidates."""
+    builtin = {"availability": SCHEDULES, "strategy": STRATEGIES}[key]
+    return [*builtin, *entry_points(key)]
 
 
 def check_known_keys(run_config: Mapping[str, Any], known: set[str]) -> None:

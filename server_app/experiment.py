@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from availability import Schedule, parse_spec, schedule_for
-from runconfig import ConfigError
+from runconfig import ConfigError, config_key
 from runconfig.extensions import split_reference
 from strategies import AvailabilityStrategy, build_strategy, named_arrays
 from strategies.protocol import TRAIN_TIME
@@ -34,7 +34,7 @@ from workloads.workload import Workload, get_workload
 from . import checkpoint
 from .asynchronous import Hooks, check_resume, is_asynchronous, is_asynchronous_spec, run_async
 from .clockgrid import VirtualClock, VirtualClockGrid, build_clock, busy_after, last_virtual_time
-from .config import RunConfig, ServerConfig
+from .config import RunConfig, ServerConfig, known_names
 from .network import AvailabilityGrid, discover_clients, fast_pull, reply_seconds, wait_for_nodes
 from .results import METRICS, RunRecorder, default_run_name
 
@@ -59,13 +59,15 @@ def prepare(cfg: RunConfig) -> Setup:
     """Build workload, schedule and strategy; load a checkpoint. Raises before any training."""
     n = cfg.workload.num_clients
     workload = get_workload(cfg.workload)
-    schedule = schedule_for(cfg.to_dict(), workload)
     s = cfg.server
-    strategy = build_strategy(
-        strategy_spec(s), num_clients=n, server_lr=s.server_lr, weighting=s.weighting,
-        seed=cfg.workload.train_seed, fraction_evaluate=float(s.federated_evaluation), probabilities=schedule.prob,
-        min_available_nodes=0,  # run() waits for min-nodes itself (wait-for-nodes); churn leaves rounds short
-    )
+    with config_key("availability", cfg.availability.availability, known_names("availability")):
+        schedule = schedule_for(cfg.to_dict(), workload)
+    with config_key("strategy", s.strategy, known_names("strategy")):
+        strategy = build_strategy(
+            strategy_spec(s), num_clients=n, server_lr=s.server_lr, weighting=s.weighting,
+            seed=cfg.workload.train_seed, fraction_evaluate=float(s.federated_evaluation), probabilities=schedule.prob,
+            min_available_nodes=0,  # run() waits for min-nodes itself (wait-for-nodes); churn leaves rounds short
+        )
     arrays = ArrayRecord(workload.new_model().state_dict())
     start_round = 1
     if s.resume_from:
