@@ -78,8 +78,8 @@ class Workload:
             num_clients=cfg.num_clients,
         )
         labels = self.train.y.numpy()
-        features = self.train.x.numpy() if partitioner_reference(cfg.partition) is not None else None
         with config_key("partition", cfg.partition, [*PARTITIONERS, *entry_points("partitioner")]):
+            features = self.train.x.numpy() if partitioner_reference(cfg.partition) is not None else None
             self.parts = partition(cfg.partition, labels, cfg.num_clients, cfg.data_seed, groups=self.train.groups,
                                    features=features)
         empty = [i for i, p in enumerate(self.parts) if len(p) == 0]
