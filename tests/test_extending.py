@@ -286,7 +286,8 @@ def rows_of(run):
 def test_a_user_solver_runs_in_both_engines(myext, tmp_path, monkeypatch):
     """A one-client-at-a-time SGD of the user's equals solver=sgd bit for bit in the cohort engine;
     Adam by module:attr and by entry point gives the same numbers, and the per-client and cohort
-    engines agree on it to float rounding (the cohort engine ran it: config.json)."""
+    engines agree on it to float rounding, with unequal local steps (the cohort engine ran it:
+    config.json)."""
     (tmp_path / "usersgd.py").write_text(USER_SGD)
     monkeypatch.syspath_prepend(str(tmp_path))
     base = {**SMALL, **MODULE_SPECS, "availability": "bernoulli:p=0.7", "results-dir": str(tmp_path),
@@ -296,16 +297,17 @@ def test_a_user_solver_runs_in_both_engines(myext, tmp_path, monkeypatch):
         return run_inprocess({**base, "run-name": tag, **over})
 
     assert rows_of(run("sgd", solver="sgd")) == rows_of(run("user-sgd", solver="usersgd:PlainSGD"))
-    cohort = run("adam-cohort", solver="myext.solvers:Adam", lr=0.01)
+    adam = {"solver": "myext.solvers:Adam", "lr": 0.01, "local-steps": "epochs:min=1,max=2"}  # unequal steps
+    cohort = run("adam-cohort", **adam)
     assert json.loads((cohort / "config.json").read_text())["engine-used"] == "cohort"
-    entry = run("adam-entry", solver="adam", lr=0.01)
-    per_client = run("adam-pc", solver="myext.solvers:Adam", lr=0.01, engine="per-client")
+    entry = run("adam-entry", **{**adam, "solver": "adam"})
+    per_client = run("adam-pc", **adam, engine="per-client")
     assert rows_of(cohort) == rows_of(entry)
     for a, b in zip(rows_of(cohort), rows_of(per_client), strict=True):
         assert a["participants"] == b["participants"]
         assert a["train-loss"] == pytest.approx(b["train-loss"], rel=1e-4)
     assert rows_of(cohort)[-1]["test-loss"] == pytest.approx(rows_of(per_client)[-1]["test-loss"], rel=1e-4)
-    assert rows_of(cohort) != rows_of(run("sgd-lr", solver="sgd", lr=0.01))  # Adam is not SGD
+    assert rows_of(cohort) != rows_of(run("sgd-lr", **{**adam, "solver": "sgd"}))  # Adam is not SGD
 
 
 def test_lr_schedule_recipe_and_cosine(myext, tmp_path):
