@@ -100,7 +100,8 @@ def a_norm(
         raise ValueError(f"steps must be an integer >= 1; got {steps}")
     tau = int(steps)
     if (user := user_solver(kind, SOLVERS) if kind not in SOLVERS else None) is not None:
-        return float(user.a_norm(tau, lr))
+        norm = getattr(user, "a_norm", None)  # a duck-typed solver may leave it out: plain SGD's tau
+        return float(norm(tau, lr)) if norm is not None else float(tau)
     if kind == "momentum" and momentum > 0:
         rho = momentum
         return (tau - rho * (1 - rho**tau) / (1 - rho)) / (1 - rho)
@@ -154,7 +155,7 @@ def _user_step(user: LocalSolver | None, params: list[torch.Tensor], grads: list
     if solver.weight_decay:
         for p, g in zip(params, grads, strict=True):
             g.add_(p, alpha=solver.weight_decay)
-    if user.batched or params[0].shape[0] == 1:
+    if getattr(user, "batched", True) or params[0].shape[0] == 1:
         user.step(params, grads, state, solver.lr)
         return
     for c in range(params[0].shape[0]):  # one client at a time, on views of the stacks
@@ -170,7 +171,7 @@ def solver_memory(params: list[torch.Tensor], solver: SolverConfig) -> tuple[lis
         user = user_solver(solver.kind, SOLVERS)
         assert user is not None
         with torch.no_grad():
-            state = list(user.init([p.detach() for p in params]))
+            state = list(user.init([p.detach() for p in params])) if hasattr(user, "init") else []
         bad = [i for i, t in enumerate(state) if not isinstance(t, torch.Tensor) or t.dim() < 1
                or t.shape[0] != params[0].shape[0]]
         if bad:
