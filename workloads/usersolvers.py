@@ -4,12 +4,11 @@
 :class:`LocalSolver`; ``lr-schedule = "mypkg.lr:warmup:rounds=5"`` (or ``flchurn.lr_schedules``) a
 function ``schedule(t, base_lr, **params) -> float`` of the 0-based round t. Built-in names
 (``workloads.solvers``) win over modules and entry points of the same name. Both are resolved once
-per process and spec (cached): a solver holds no per-run state of its own.
+per process and spec (:data:`RESOLVED`): a solver holds no per-run state of its own.
 """
 
 from __future__ import annotations
 
-import functools
 import inspect
 from collections.abc import Callable
 from typing import Any, ClassVar, cast
@@ -56,10 +55,23 @@ class LocalSolver:
         return float(steps)
 
 
-@functools.lru_cache(maxsize=32)
+#: (point, spec) -> what it resolved to, once per process (a test that installs a package swaps it)
+RESOLVED: dict[tuple[str, str], Any] = {}
+
+
+def _once(point: str, spec: str, build: Callable[[], Any]) -> Any:
+    if (point, spec) not in RESOLVED:
+        RESOLVED[point, spec] = build()
+    return RESOLVED[point, spec]
+
+
 def user_solver(spec: str, builtins: tuple[str, ...]) -> LocalSolver | None:
     """The user's solver a ``solver`` spec names (``module:Class[:k=v]`` or an entry point of
     ``flchurn.solvers``), built with its parameters; None for a built-in (or unknown) name."""
+    return cast("LocalSolver | None", _once("solver", spec, lambda: _solver(spec, builtins)))
+
+
+def _solver(spec: str, builtins: tuple[str, ...]) -> LocalSolver | None:
     ref = resolve(spec, "solver", builtin=lambda name: name in builtins)
     if ref is None:
         return None
@@ -74,11 +86,14 @@ def user_solver(spec: str, builtins: tuple[str, ...]) -> LocalSolver | None:
     return cast(LocalSolver, obj)
 
 
-@functools.lru_cache(maxsize=32)
 def user_schedule(spec: str, builtins: tuple[str, ...]) -> Callable[[int, float], float] | None:
     """The user's schedule an ``lr-schedule`` spec names, as ``f(t, base_lr)``: a function
     ``schedule(t, base_lr, **params)`` or a class whose instance (built with the spec's
     parameters) is called so; None for a built-in (or unknown) name."""
+    return cast("Callable[[int, float], float] | None", _once("lr-schedule", spec, lambda: _schedule(spec, builtins)))
+
+
+def _schedule(spec: str, builtins: tuple[str, ...]) -> Callable[[int, float], float] | None:
     ref = resolve(spec, "lr-schedule", builtin=lambda name: name in builtins)
     if ref is None:
         return None
