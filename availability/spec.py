@@ -1,7 +1,9 @@
 """The spec grammar shared by every pluggable choice: ``name:key=value,key=value``.
 
 Examples: ``always``, ``bernoulli:p=0.5``, ``sine:gamma=0.3,period=20``,
-``dirichlet:alpha=0.1``. Values are parsed as int, float or bool when they look like one,
+``dirichlet:alpha=0.1``. A user's object is named ``module:attr[:key=value,...]``
+(``mypkg.lr:warmup:rounds=5``, :mod:`runconfig.extensions`): the grammar reads it as a Spec whose
+name is ``module:attr`` (case kept); the caller imports it. Values are parsed as int, float or bool when they look like one,
 and stay strings otherwise (paths, names). Keys are documented in kebab-case
 (``min-size``); the snake_case spelling (``min_size``) names the same key. Numpy- and Flower-free on purpose: the
 availability models, the partitioners and the run config all read the same grammar.
@@ -12,6 +14,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from typing import Any
+
+from runconfig.extensions import ExtensionError, split_reference
 
 _NAME = re.compile(r"^[a-z][a-z0-9_\-]*$")
 _KEY = re.compile(r"^[a-z][a-z0-9_\-]*$")
@@ -112,7 +116,14 @@ def parse_spec(text: str) -> Spec:
     name, sep, rest = text.strip().partition(":")
     name = name.strip().lower()
     if not _NAME.match(name):
-        raise SpecError(f"spec {text!r}: bad name {name!r}; expected letters, digits, '-', '_'")
+        try:
+            reference = split_reference(text)
+        except ExtensionError as err:
+            raise SpecError(str(err)) from err
+        if reference is None:
+            raise SpecError(f"spec {text!r}: bad name {name!r}; expected letters, digits, '-', '_', or a "
+                            "Python object as 'module:attr[:key=value,...]'")
+        return Spec(reference[0], parse_params(reference[1], what=f"spec {text!r}"))
     params: dict[str, Any] = {}
     if sep:
         if not rest.strip():

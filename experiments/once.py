@@ -4,8 +4,9 @@
     python -m experiments.once --run-config "model='myext.nets:tiny_mlp:width=16' num-clients=10" --quiet
 
 Keys and values as in ``pyproject.toml``'s run config (every key is checked before any work: a
-mistake exits 2 naming the key); values are read as int, float, bool or string. Prints
-``results: <folder>`` and exits 0 when the run finished, 1 when it failed.
+mistake exits 2 naming the key, as do data files that data-dir lacks); values are read as int,
+float, bool or string. Prints ``results: <folder>`` once and exits 0 when the run finished, 1 when
+it failed.
 """
 
 from __future__ import annotations
@@ -43,17 +44,19 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
 
     from experiments.inprocess import run_inprocess
+    from workloads.tensordata import DatasetError
 
     try:
         overrides = parse_assignments([*shlex.split(args.run_config), *args.items])
         folder = run_inprocess(overrides, console=Console(quiet=args.quiet))
-    except ConfigError as exc:
+    except (ConfigError, DatasetError) as exc:  # a key's value, or data files the keys point at
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:  # the run failed: say why in one line, after the traceback-free summary
         print(f"flchurn run failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    print(f"results: {folder}")
+    if args.quiet:  # otherwise the run's console has printed it, as its last line
+        print(f"results: {folder}")
     return 0
 
 

@@ -95,7 +95,8 @@ def render(sweep: Sweep, s: dict[str, Any], curves_name: str, extra: list[str]) 
               + (", ".join(f"`{k}` ({' / '.join(v)})" for k, v in s["setup-varying"].items()) or "none") + ".", "",
               "Run config keys shared by all runs:", "", "| key | value |", "|---|---|",
               *[f"| `{k}` | `{v}` |" for k, v in s["setup"].items()], "",
-              "Regenerate (from the repository root):", "", "```", *s["regenerate"], "```"]
+              f"Regenerate ({s.get('regenerate-from', 'from the repository root')}):", "", "```", *s["regenerate"],
+              "```"]
     return "\n".join(lines) + "\n"
 
 
@@ -233,6 +234,24 @@ def report_command(study: str, results: Path, out: Path, metric: str, window: Wi
     return shlex.join(args)
 
 
+def regenerate_from(study: str) -> str:
+    """Where the Regenerate commands run: the repository root for a preset or a study file inside
+    the repository; otherwise the folder the sweep was started in (the study file and the
+    folders as that command gave them), with flchurn installed."""
+    from runconfig.defaults import ROOT
+
+    path = Path(study).expanduser()
+    if not path.is_file():
+        return "from the repository root" if ":" not in study or study.startswith("experiments.") else (
+            "from the folder the sweep was started in, with flchurn installed and the study's module importable")
+    try:
+        path.resolve().relative_to(ROOT)
+        return "from the repository root"
+    except ValueError:
+        return (f"from the folder the sweep was started in (the study file {study!r} is outside the "
+                "repository; its paths below are as that command gave them), with flchurn installed")
+
+
 def write_report(sweep: Sweep, results: Path, out: Path, metric: str = "test-accuracy",
                  window: Window | None = None, study: str | None = None) -> Path:
     """Write ``out``.md/.json/-curves.png; ``study`` is how the study was named (for Regenerate)."""
@@ -242,6 +261,7 @@ def write_report(sweep: Sweep, results: Path, out: Path, metric: str = "test-acc
     summary["regenerate"] = [*(summary["sweep-commands"] or [shlex.join(
         ["python", "-m", "experiments.sweep", "--study", ref, "--out", str(results)])]),
         report_command(ref, results, out, metric, window)]
+    summary["regenerate-from"] = regenerate_from(ref)
     out.parent.mkdir(parents=True, exist_ok=True)
     curves = out.with_name(out.name + "-curves.png")
     table = collect(sweep, results, metric, window, summary["scale"])

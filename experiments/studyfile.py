@@ -6,7 +6,7 @@ A study file (TOML) holds what :class:`~experiments.study.Sweep` holds::
 
     name = "my-compare"                 # default: the file's stem
     notes = "What is compared, and why."
-    seeds = [0, 1]
+    seeds = [0, 1]                      # each seed s: data-seed = schedule-seed = train-seed = s
     python-path = ["."]                 # folders (relative to the file) the runs import from
     [base]                              # run config shared by every run
     dataset = "mypkg.data:load:n=500"
@@ -35,6 +35,8 @@ from runconfig.extensions import ExtensionError, resolve
 
 KEYS = {"name", "notes", "seeds", "base", "axes", "claims", "paper", "paper-setup", "figures", "python-path"}
 CLAIM_KEYS = {"text", "rule", "others", "columns", "within", "why"}
+#: what a study's ``seeds`` sets, all three to the seed (experiments.study.Sweep.runs)
+SEED_KEYS = {"data-seed", "schedule-seed", "train-seed"}
 
 
 class StudyError(ValueError):
@@ -58,6 +60,10 @@ def check_run_config_keys(sweep: Sweep) -> None:
                                      for label, over in values.items()]
     for where, overrides in sets:
         _check_keys(f"study '{sweep.name}', {where}", overrides, known)
+        if seeded := sorted(set(overrides) & SEED_KEYS):
+            raise StudyError(f"study '{sweep.name}', {where}: sets {seeded}, which the study's seeds set: each "
+                             "seed s of `seeds` runs with data-seed = schedule-seed = train-seed = s; list the "
+                             "seeds in `seeds` instead")
 
 
 def from_mapping(data: Mapping[str, Any], name: str, folder: Path | None = None) -> Sweep:

@@ -6,9 +6,20 @@ one place that knows how, and it imports nothing of the project (no torch, no Fl
 ClientApp and the churn driver can read the run config without loading a workload.
 """
 
-from .fields import ConfigError, as_run_config, check, from_run_config, key_of, known_keys
+from .fields import (
+           ConfigError,
+           as_run_config,
+           check,
+           closest,
+           config_key,
+           from_run_config,
+           key_error,
+           key_of,
+           known_keys,
+)
 from .sections import AVAILABILITY_GATES, AvailabilityConfig, WorkloadConfig
 from .stragglers import STRAGGLER_POLICIES, StragglerConfig
 
 __all__ = ["AVAILABILITY_GATES", "STRAGGLER_POLICIES", "AvailabilityConfig", "ConfigError", "StragglerConfig",
-           "WorkloadConfig", "as_run_config", "check", "from_run_config", "key_of", "known_keys"]
+           "WorkloadConfig", "as_run_config", "check", "closest", "config_key", "from_run_config", "key_error",
+           "key_of", "known_keys"]

@@ -1,6 +1,7 @@
 """The user's own objects, named in the run config: a ``module:attr`` spec or an entry point.
 
-Every extension point (model, dataset, partitioner, availability model, study, rule) reads a spec
+Every extension point (model, dataset, partitioner, availability model, study, rule, local solver,
+learning-rate schedule, central evaluation) reads a spec
 string. Three forms reach an object:
 
 * a built-in name with its parameters: ``dirichlet:alpha=0.3`` (the caller's own table);
@@ -32,6 +33,9 @@ GROUPS: dict[str, str] = {
     "availability": "flchurn.availability",
     "study": "flchurn.studies",
     "strategy": "flchurn.strategies",
+    "solver": "flchurn.solvers",
+    "lr-schedule": "flchurn.lr_schedules",
+    "evaluation": "flchurn.evaluations",
 }
 
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")

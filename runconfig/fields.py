@@ -8,7 +8,9 @@ default, and leaves unknown keys to the caller (the ServerApp rejects keys nobod
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import difflib
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -60,3 +62,33 @@ def as_run_config(obj: Any) -> dict[str, Any]:
 def check(condition: bool, key: str, value: Any, allowed: str) -> None:
     if not condition:
         raise ConfigError(f"run config '{key}' = {value!r} is out of range: {allowed}")
+
+
+def closest(name: str, known: Iterable[str]) -> str | None:
+    """The known name closest to ``name`` (a misspelling's likely target), or None."""
+    names = sorted(set(known))
+    if name in names:
+        return None
+    found = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+    return found[0] if found else None
+
+
+def key_error(key: str, value: Any, err: Exception, known: Iterable[str] = ()) -> ConfigError:
+    """A ConfigError naming the run-config ``key`` whose ``value`` ``err`` is about, with the
+    closest of the ``known`` names when the value's name is none of them."""
+    name = str(value).strip().partition(":")[0].strip().lower()
+    near = closest(name, known) if name else None
+    hint = f" (did you mean '{near}'?)" if near else ""
+    return ConfigError(f"run config '{key}' = {value!r}: {err}{hint}")
+
+
+@contextmanager
+def config_key(key: str, value: Any, known: Iterable[str] = ()) -> Iterator[None]:
+    """Turn a ValueError raised while building what ``key`` names (a SpecError, an ExtensionError, a
+    ScheduleError, ...) into a ConfigError naming the key (:func:`key_error`); a ConfigError passes."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except ValueError as err:
+        raise key_error(key, value, err, known) from err

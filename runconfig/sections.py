@@ -25,13 +25,14 @@ class WorkloadConfig:
     local_steps: str = "steps:n=10"  # or "epochs:min=2,max=5"
     batch_size: int = 32
     lr: float = 0.05
-    lr_schedule: str = "constant"  # "inv-sqrt", "step:gamma=0.1,every=100", "exp:gamma=0.998"
-    solver: str = "sgd"  # "momentum", "prox"
+    lr_schedule: str = "constant"  # "inv-sqrt", "step:gamma=0.1,every=100", "exp:gamma=0.998", "cosine:rounds=T"
+    solver: str = "sgd"  # "momentum", "prox", or the user's "module:Class[:k=v]"
     momentum: float = 0.0
     prox_mu: float = 0.0
     weight_decay: float = 0.0
     device: str = "auto"  # "auto" (CUDA when present), "cpu", "cuda", "cuda:1", "mps"
     state_dir: str = ""  # where clients keep their own state across restarts ("" = in memory)
+    evaluation: str = ""  # the server's own metrics besides loss and accuracy: "module:function[:k=v]"
 
     def validate(self) -> WorkloadConfig:
         check(self.num_clients >= 1, "num-clients", self.num_clients, ">= 1")

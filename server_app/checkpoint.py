@@ -51,6 +51,7 @@ def save(run_dir: str | Path, rnd: int, arrays: Mapping[str, np.ndarray], strate
     state, ``{"kind": ...}``; None: the round loop); never leaves a truncated file (written to
     ``.pt.partial``, then renamed)."""
     path = path_of(run_dir, rnd)
+    path.parent.mkdir(parents=True, exist_ok=True)  # made by the first checkpoint: none with checkpoint-every=0
     partial = path.with_suffix(".pt.partial")
     torch.save({
         "round": rnd,

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from availability.registry import SCHEDULES
 from runconfig import (
     AvailabilityConfig,
     ConfigError,
@@ -18,6 +19,8 @@ from runconfig import (
     from_run_config,
     known_keys,
 )
+from runconfig.extensions import entry_points
+from strategies import STRATEGIES
 from strategies.weighting import WEIGHTINGS
 
 #: the run config's ``engine`` (in-process runs; see experiments.cohort_grid)
@@ -115,6 +118,13 @@ def check_straggler_deadline(s: ServerConfig, st: StragglerConfig) -> None:
     key, deadline = ("virtual-deadline", s.virtual_deadline) if s.devices else ("round-deadline", s.round_deadline)
     check(st.straggler_policy == "drop" or deadline > 0, "straggler-policy", st.straggler_policy,
           f"'drop' while {key} = 0 (no deadline: '{st.straggler_policy}' would change nothing; set {key})")
+
+
+def known_names(key: str) -> list[str]:
+    """The names spec key ``key`` (``availability``, ``strategy``) knows, built-in and installed (entry
+    points): a misspelling's candidates."""
+    builtin = {"availability": SCHEDULES, "strategy": STRATEGIES}[key]
+    return [*builtin, *entry_points(key)]
 
 
 def check_known_keys(run_config: Mapping[str, Any], known: set[str]) -> None:

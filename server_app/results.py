@@ -11,7 +11,9 @@ Layout of ``<results-dir>/<run-name>/``:
 - ``availability.csv``: the schedule's A(i, t) over the same rounds, for comparison;
 - ``final_model.pt``: the final global model (a torch state dict);
 - ``accuracy.png`` (test metric and participants per round) and ``participation.png`` (the
-  schedule's A(i, t) next to who replied); ``checkpoints/round-XXXX.pt``.
+  schedule's A(i, t) next to who replied); ``evaluation.png`` (the other ``test-*`` metrics, such as
+  a run config ``evaluation``'s, when there are any); ``checkpoints/round-XXXX.pt`` (only with
+  ``checkpoint-every`` >= 1).
 """
 
 from __future__ import annotations
@@ -23,12 +25,25 @@ from typing import Any, Literal
 
 import numpy as np
 
+from runconfig.extensions import ExtensionError, split_reference
+
 METRICS = "metrics.jsonl"
 PARTICIPATION = "participation.csv"
 
 
 def default_run_name(strategy: str, dataset: str, seed: int) -> str:
-    return f"{time.strftime('%Y%m%d-%H%M%S')}-{strategy}-{dataset}-s{seed}"
+    """``<time>-<strategy>-<dataset>-s<seed>``; a user's object named ``module:attr[:k=v]`` by its
+    ``attr`` (``mypkg.rules:MomentumAvg:beta=0.5`` -> ``MomentumAvg``): a folder name without the
+    module path."""
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{_short(strategy)}-{_short(dataset)}-s{seed}"
+
+
+def _short(spec: str) -> str:
+    try:
+        reference = split_reference(spec)
+    except ExtensionError:
+        return spec
+    return spec if reference is None else reference[0].rpartition(":")[2].rsplit(".", 1)[-1]
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
@@ -55,8 +70,7 @@ class RunRecorder:
     def __init__(self, run_dir: Path, num_clients: int) -> None:
         self.dir = run_dir
         self.num_clients = num_clients
-        self.dir.mkdir(parents=True, exist_ok=True)
-        (self.dir / "checkpoints").mkdir(exist_ok=True)
+        self.dir.mkdir(parents=True, exist_ok=True)  # checkpoints/ only with a checkpoint (server_app.checkpoint.save)
         self.rows: list[dict[str, Any]] = []
 
     def write_config(self, config: dict[str, Any]) -> None:
@@ -99,11 +113,39 @@ def plot_run(run_dir: Path, rows: list[dict[str, Any]], participation: np.ndarra
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    for name, fig in (("accuracy.png", accuracy_figure(rows, participation.shape[1], title=run_dir.name)),
-                      ("participation.png", participation_figure(participation, schedule,
-                                                                 clock_statuses(rows, participation.shape[1])))):
+    figures = [("accuracy.png", accuracy_figure(rows, participation.shape[1], title=run_dir.name)),
+               ("participation.png", participation_figure(participation, schedule,
+                                                          clock_statuses(rows, participation.shape[1])))]
+    if extra := evaluation_metrics(rows):
+        figures.append(("evaluation.png", evaluation_figure(rows, extra, title=run_dir.name)))
+    for name, fig in figures:
         fig.savefig(run_dir / name, dpi=120)
         plt.close(fig)
+
+
+def evaluation_metrics(rows: list[dict[str, Any]]) -> list[str]:
+    """The ``test-*`` metrics that accuracy.png does not draw (a run config ``evaluation``'s, the
+    quadratic's distance to the optimum), sorted."""
+    drawn = "test-accuracy" if any("test-accuracy" in r for r in rows) else "test-loss"
+    return sorted({k for r in rows for k, v in r.items() if k.startswith("test-")
+                   and not k.startswith(("test-loss", drawn)) and isinstance(v, (int, float)) and not isinstance(v, bool)})
+
+
+def evaluation_figure(rows: list[dict[str, Any]], metrics: list[str], title: str = ""):
+    """The server's other metrics over rounds, one line each (evaluation.png)."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for key in metrics:
+        pts = [(r["round"], r[key]) for r in rows if key in r]
+        ax.plot(*zip(*pts, strict=True), marker="o" if len(pts) <= 60 else None, markersize=3, label=key)
+    ax.set_xlabel("round")
+    ax.set_title(title, fontsize=8)
+    ax.legend(fontsize=6, ncol=2 if len(metrics) > 8 else 1)
+    ax.grid(alpha=0.3)
+    integer_ticks(ax.xaxis)
+    fig.tight_layout()
+    return fig
 
 
 def integer_ticks(*axes: Any, nbins: int | Literal["auto"] = "auto") -> None:

@@ -21,7 +21,7 @@ from flwr.app import ArrayRecord
 from flwr.serverapp import Grid
 
 from availability import Schedule, parse_spec, schedule_for
-from runconfig import ConfigError
+from runconfig import ConfigError, config_key
 from runconfig.extensions import split_reference
 from strategies import AvailabilityStrategy, build_strategy, named_arrays
 from strategies.registry import is_asynchronous, is_asynchronous_spec
@@ -29,7 +29,7 @@ from workloads.workload import Workload, get_workload
 
 from . import checkpoint
 from .clockgrid import VirtualClock, build_clock
-from .config import RunConfig, ServerConfig
+from .config import RunConfig, ServerConfig, known_names
 from .results import default_run_name
 
 log = logging.getLogger(__name__)
@@ -53,13 +53,15 @@ def prepare(cfg: RunConfig) -> Setup:
     """Build workload, schedule and strategy; load a checkpoint. Raises before any training."""
     n = cfg.workload.num_clients
     workload = get_workload(cfg.workload)
-    schedule = schedule_for(cfg.to_dict(), workload)
     s = cfg.server
-    strategy = build_strategy(
-        strategy_spec(s), num_clients=n, server_lr=s.server_lr, weighting=s.weighting,
-        seed=cfg.workload.train_seed, fraction_evaluate=float(s.federated_evaluation), probabilities=schedule.prob,
-        min_available_nodes=0,  # run() waits for min-nodes itself (wait-for-nodes); churn leaves rounds short
-    )
+    with config_key("availability", cfg.availability.availability, known_names("availability")):
+        schedule = schedule_for(cfg.to_dict(), workload)
+    with config_key("strategy", s.strategy, known_names("strategy")):
+        strategy = build_strategy(
+            strategy_spec(s), num_clients=n, server_lr=s.server_lr, weighting=s.weighting,
+            seed=cfg.workload.train_seed, fraction_evaluate=float(s.federated_evaluation), probabilities=schedule.prob,
+            min_available_nodes=0,  # run() waits for min-nodes itself (wait-for-nodes); churn leaves rounds short
+        )
     arrays = ArrayRecord(workload.new_model().state_dict())
     start_round = 1
     if s.resume_from:

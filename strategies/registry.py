@@ -10,7 +10,8 @@ defaults.
 A rule that lives outside the project is named like any user object (:mod:`runconfig.extensions`):
 ``mypkg.rules:MyRule:k=v`` or an entry point of group ``flchurn.strategies``; it must subclass
 :class:`AvailabilityStrategy` (any rule class of this package), and its spec parameters are its own
-keyword arguments, as for a built-in rule.
+keyword arguments, as for a built-in rule. It runs under its own name (:func:`own_name`: declared,
+or from its class name), not its parent's.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import pkgutil
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import fields
 from pathlib import Path
@@ -112,8 +114,29 @@ def _rule_class(spec: str) -> tuple[type[AvailabilityStrategy], str, str]:
     if not (isinstance(cls, type) and issubclass(cls, AvailabilityStrategy)):
         raise ExtensionError(f"strategy {ref.name!r} is {cls!r}, not a rule class: subclass one of the "
                              "rules in strategies (for example strategies.FedAvgActive)")
-    label = cls.name or "rule"
+    label = own_name(cls, ref.name)
     return cls, f"{ref.name} ({label})", f"{label}:{ref.params}" if ref.params else label
+
+
+def own_name(cls: type[AvailabilityStrategy], reference: str) -> str:
+    """A user's rule class's own name, set as its ``name``: the one its class body declares, else
+    its class name in kebab-case (``MomentumAvg`` -> ``momentum-avg``), never its parent's, so
+    logs, errors, checkpoints and results say which rule ran. A built-in rule's name is refused
+    for another class (a checkpoint of one would load into the other)."""
+    declared = vars(cls).get("name")
+    name = declared if isinstance(declared, str) and declared else kebab(cls.__name__)
+    if not re.fullmatch(r"[a-z][a-z0-9_\-]*", name):
+        raise ExtensionError(f"strategy {reference!r}: name {name!r} must be lower-case letters, digits, '-', '_'")
+    if STRATEGIES.get(name, cls) is not cls:
+        raise ExtensionError(f"strategy {reference!r} is named {name!r}, the name of the built-in rule "
+                             f"{STRATEGIES[name].__name__}: declare another ``name = ...`` in its class body")
+    cls.name = name
+    return name
+
+
+def kebab(class_name: str) -> str:
+    """``MomentumAvg`` -> ``momentum-avg``, ``FedAvgM`` -> ``fed-avg-m``, ``ABCRule`` -> ``abc-rule``."""
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "-", class_name).lower()
 
 
 def _rule_and_params(spec: str) -> tuple[type[AvailabilityStrategy], str, dict[str, Any]]:

@@ -33,7 +33,11 @@ def install(site: Path, name: str, version: str, entry_points: str) -> Path:
 
 
 def use_myext(monkeypatch, tmp_path: Path, installed: bool = True) -> None:
-    """examples/flchurn-myext importable (and, with ``installed``, its entry points registered)."""
+    """examples/flchurn-myext importable (and, with ``installed``, its entry points registered); the
+    solvers and schedules resolved meanwhile are forgotten afterwards (``adam`` is unknown again)."""
+    from workloads import usersolvers
+
+    monkeypatch.setattr(usersolvers, "RESOLVED", {})
     monkeypatch.syspath_prepend(str(MYEXT))
     if installed:
         site = tmp_path / "site"

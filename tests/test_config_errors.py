@@ -146,3 +146,50 @@ def test_a_norm_limit_set_in_the_spec_and_the_run_config_must_agree(tmp_path):
                                           **{"max-update-norm": 50.0}))
     with pytest.raises(ConfigError, match="max-update-norm.*set it in one place"):
         prepare(cfg)
+
+
+SPEC_KEYS = [  # every run-config key that names an object by a spec: a misspelt name, and its closest
+    ("availability", "sinee:gamma=0.3", "sine"),
+    ("partition", "dirichlett:alpha=0.1", "dirichlet"),
+    ("strategy", "fedaw", "fedawe"),
+    ("solver", "momentun", "momentum"),
+    ("lr-schedule", "cosinee:rounds=5", "cosine"),
+    ("local-steps", "epoch:min=2", "epochs"),
+    ("model", "mpl", "mlp"),
+    ("dataset", "digitz", "digits"),
+    ("evaluation", "per-grop", "per-group"),  # an installed entry point's name (examples/flchurn-myext)
+]
+
+
+@pytest.mark.parametrize(("key", "value", "closest"), SPEC_KEYS, ids=[k for k, _, _ in SPEC_KEYS])
+def test_every_spec_key_exits_2_naming_the_key_and_the_closest_name(tmp_path, monkeypatch, capsys, key, value, closest):
+    from extension_fixtures import use_myext
+
+    from experiments import once
+
+    use_myext(monkeypatch, tmp_path)
+    args = ["num-clients=4", "num-server-rounds=1", "local-steps=steps:n=1", f"results-dir={tmp_path / 'results'}",
+            f"{key}={value}", "--quiet"]
+    assert once.main(args) == 2
+    err = capsys.readouterr().err
+    assert f"run config '{key}' = {value!r}" in err and f"did you mean '{closest}'?" in err
+    assert no_run_folder(tmp_path)
+
+
+@pytest.mark.parametrize("key", [k for k, _, _ in SPEC_KEYS if k not in ("local-steps",)])
+def test_a_module_attr_that_does_not_import_says_so_under_its_key(tmp_path, key):
+    """Not "bad name": ``tzfl.local:thing`` is read as a module:attr reference, and the error says
+    the module does not import (local-steps takes no objects of the user's)."""
+    with pytest.raises(ConfigError) as err:
+        run_inprocess(small(tmp_path, **{key: "tzfl.local:thing"}))
+    message = str(err.value)
+    assert message.startswith(f"run config '{key}' = 'tzfl.local:thing'") and "bad name" not in message
+    assert "cannot import module 'tzfl.local'" in message
+    assert no_run_folder(tmp_path)
+
+
+def test_missing_data_files_exit_2(tmp_path, capsys):
+    from experiments import once
+
+    assert once.main(["dataset=mnist", f"data-dir={tmp_path}", "--quiet"]) == 2
+    assert "data-dir" in capsys.readouterr().err

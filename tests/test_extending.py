@@ -3,7 +3,9 @@ examples/flchurn-myext, reached by ``module:attr`` specs and by its entry points
 
 from __future__ import annotations
 
+import copy
 import json
+import math
 
 import numpy as np
 import pytest
@@ -236,3 +238,128 @@ def test_rule_recipe_by_module_and_by_entry_point(myext, tmp_path):
     # fedavg-active on the same path bit for bit (streamed fedavg-active: within float rounding)
     assert final("participation-scaled", "always", "mine-always") == final("fedavg-active:stream=false", "always",
                                                                            "fedavg-always")
+
+
+# ------------------------------------------------------------------ solver, lr schedule, evaluation
+
+def test_solver_recipe_is_adam_for_one_client(myext):
+    """myext.solvers:Adam through the per-client engine's local_train equals torch.optim.Adam on the
+    same batches; by entry point it is the same object."""
+    from workloads.solvers import SolverConfig, local_train, user_solver
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 4), nn.ReLU(), nn.Linear(4, 3))
+    reference = copy.deepcopy(model)
+    data = [(torch.randn(8, 5), torch.randint(0, 3, (8,))) for _ in range(6)]
+    result = local_train(model, iter(data), 6, SolverConfig(kind="myext.solvers:Adam:beta2=0.99", lr=0.01))
+    opt = torch.optim.Adam(reference.parameters(), lr=0.01, betas=(0.9, 0.99), foreach=False)
+    for x, y in data:
+        opt.zero_grad()
+        nn.functional.cross_entropy(reference(x), y).backward()
+        opt.step()
+    for a, b in zip(model.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert result.num_steps == 6 and result.a_norm == 6.0  # LocalSolver's default: plain SGD's tau
+    assert type(user_solver("adam:beta2=0.99", ("sgd",))).__name__ == "Adam"
+    with pytest.raises(SpecError, match="unknown parameter"):
+        SolverConfig(kind="myext.solvers:Adam:beta3=0.5")
+
+
+USER_SGD = '''
+from workloads.solvers import LocalSolver
+
+
+class PlainSGD(LocalSolver):
+    batched = False  # one client at a time: the cohort engine calls it per client
+
+    def step(self, params, grads, state, lr):
+        assert params[0].shape[0] == 1
+        for p, g in zip(params, grads):
+            p.add_(g, alpha=-lr)
+'''
+
+
+def rows_of(run):
+    return [{k: v for k, v in r.items() if k not in ("round-time", "wall-time")} for r in read_metrics(run)]
+
+
+def test_a_user_solver_runs_in_both_engines(myext, tmp_path, monkeypatch):
+    """A one-client-at-a-time SGD of the user's equals solver=sgd bit for bit in the cohort engine;
+    Adam by module:attr and by entry point gives the same numbers, and the per-client and cohort
+    engines agree on it to float rounding, with unequal local steps (the cohort engine ran it:
+    config.json)."""
+    (tmp_path / "usersgd.py").write_text(USER_SGD)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    base = {**SMALL, **MODULE_SPECS, "availability": "bernoulli:p=0.7", "results-dir": str(tmp_path),
+            "engine": "cohort", "num-server-rounds": 2}
+
+    def run(tag, **over):
+        return run_inprocess({**base, "run-name": tag, **over})
+
+    assert rows_of(run("sgd", solver="sgd")) == rows_of(run("user-sgd", solver="usersgd:PlainSGD"))
+    adam = {"solver": "myext.solvers:Adam", "lr": 0.01, "local-steps": "epochs:min=1,max=2"}  # unequal steps
+    cohort = run("adam-cohort", **adam)
+    assert json.loads((cohort / "config.json").read_text())["engine-used"] == "cohort"
+    entry = run("adam-entry", **{**adam, "solver": "adam"})
+    per_client = run("adam-pc", **adam, engine="per-client")
+    assert rows_of(cohort) == rows_of(entry)
+    for a, b in zip(rows_of(cohort), rows_of(per_client), strict=True):
+        assert a["participants"] == b["participants"]
+        assert a["train-loss"] == pytest.approx(b["train-loss"], rel=1e-4)
+    assert rows_of(cohort)[-1]["test-loss"] == pytest.approx(rows_of(per_client)[-1]["test-loss"], rel=1e-4)
+    assert rows_of(cohort) != rows_of(run("sgd-lr", **{**adam, "solver": "sgd"}))  # Adam is not SGD
+
+
+def test_lr_schedule_recipe_and_cosine(myext, tmp_path):
+    """The schedule is a function of the round: by module:attr, by entry point and in a run (the lr
+    the clients train with); the built-in cosine by its formula; a module that does not import says so."""
+    from workloads.solvers import lr_at
+
+    spec = "myext.lr:warmup_cosine:warmup=2,rounds=6,floor=0.1"
+    decay = [(1 + math.cos(math.pi * k / 4)) / 2 for k in range(5)]  # (t - warmup) / (rounds - warmup)
+    want = [0.05, 0.1, *(0.1 * (0.1 + 0.9 * d) for d in decay), 0.01]  # warm-up (t 0-1), decay (t 2-6), floor
+    assert [lr_at(spec, 0.1, t) for t in range(8)] == pytest.approx(want)
+    assert [lr_at("warmup-cosine:warmup=2,rounds=6,floor=0.1", 0.1, t) for t in range(8)] == pytest.approx(want)
+    assert [lr_at("cosine:rounds=4", 0.2, t) for t in range(4)] == pytest.approx(
+        [0.2, 0.1 * (1 + math.cos(math.pi / 4)), 0.1, 0.1 * (1 + math.cos(3 * math.pi / 4))])
+    assert lr_at("cosine:rounds=4,floor=0.5", 0.2, 9) == pytest.approx(0.1)
+    with pytest.raises(SpecError, match="unknown parameter"):
+        lr_at("myext.lr:warmup_cosine:warm=2", 0.1, 0)
+    with pytest.raises(ExtensionError, match="cannot import module 'tzfl.local'"):
+        lr_at("tzfl.local:cosine", 0.1, 0)
+
+    def first_round(tag, **over):  # round 1 trains with the schedule's lr 0.05 (half of lr = 0.1)
+        return rows_of(run_inprocess({**SMALL, **MODULE_SPECS, "availability": "always", "num-server-rounds": 1,
+                                      "results-dir": str(tmp_path), "run-name": tag, **over}))
+
+    scheduled = first_round("scheduled", **{"lr-schedule": spec})
+    assert scheduled == first_round("half", lr=0.05) != first_round("full")
+
+
+def test_evaluation_recipe_is_recorded_per_round_and_drawn(myext, tmp_path):
+    """myext.evaluation:per_group runs on the server's global model every evaluated round: its
+    metrics land in metrics.jsonl as test-<name> (recomputed here from the final model), in
+    evaluation.png, and by entry point give the same numbers."""
+    from myext.evaluation import per_group
+
+    from runconfig import WorkloadConfig, from_run_config
+    from workloads.tensordata import TensorData
+    from workloads.workload import Workload, get_workload
+
+    over = {**SMALL, **MODULE_SPECS, "num-server-rounds": 3, "eval-every": 1, "results-dir": str(tmp_path)}
+    run = run_inprocess({**over, "evaluation": "myext.evaluation:per_group:worst=0.5", "run-name": "eval"})
+    rows = read_metrics(run)
+    names = {"test-client-accuracy-mean", "test-client-accuracy-worst", "test-client-accuracy-std",
+             *(f"test-class-accuracy-{c}" for c in range(3))}
+    assert all(names <= set(r) for r in rows) and "test-accuracy" in rows[-1]
+    assert (run / "evaluation.png").is_file()
+    config = json.loads((run / "config.json").read_text())
+    wl: Workload = get_workload(from_run_config(WorkloadConfig, config))
+    model = wl.new_model()
+    model.load_state_dict(torch.load(run / "final_model.pt"))
+    model.eval()
+    again = per_group(model, wl.test, wl.train, wl.parts, "cpu", worst=0.5)
+    assert {f"test-{k}": v for k, v in again.items()} == pytest.approx({k: rows[-1][k] for k in names})
+    assert isinstance(wl.test, TensorData) and again["client-accuracy-worst"] <= again["client-accuracy-mean"]
+    entry = run_inprocess({**over, "evaluation": "per-group:worst=0.5", "run-name": "eval-entry"})
+    assert rows_of(entry) == rows_of(run)

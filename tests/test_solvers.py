@@ -224,7 +224,10 @@ def test_lr_schedules():
 @pytest.mark.parametrize(
     ("spec", "match"),
     [
-        ("cosine", "unknown lr schedule"),
+        ("linear", "unknown lr schedule"),
+        ("cosine", "needs rounds=T"),
+        ("cosine:rounds=3", "reaches lr 0 at round 4"),
+        ("cosine:rounds=5,floor=1.0", r"floor .* must be in \[0, 1\)"),
         ("constant:gamma=0.5", "unknown parameter"),
         ("exp:gamma=1.5", "gamma must be in"),
         ("step:every=0", "every must be"),

@@ -149,3 +149,75 @@ def test_rule_spec_names_bad_specs():
         rule_spec("fedau:cutof=3")
     with pytest.raises(ValueError, match="oracle"):
         rule_spec("fedavg-known-p")
+
+
+MOMENTUM = '''
+import numpy as np
+from dataclasses import dataclass
+from strategies import FedAvgActive
+
+
+class MomentumAvg(FedAvgActive):
+    """Server momentum on FedAvg's step (a user's rule, no name declared)."""
+
+    @dataclass
+    class State:
+        velocity: object = None
+
+    def __init__(self, *, beta: float = 0.9, **kwargs):
+        super().__init__(**kwargs)
+        self.beta, self.velocity = beta, None
+
+    def aggregate(self, t, x, reports):
+        moved, metrics = super().aggregate(t, x, reports)
+        step = moved - x
+        self.velocity = step if self.velocity is None else self.beta * self.velocity + step
+        return x + self.velocity.astype(np.float32), metrics
+
+
+class Declared(FedAvgActive):
+    name = "my-declared"
+
+
+class Clash(FedAvgActive):
+    name = "mifa"
+'''
+
+
+@pytest.fixture
+def user_rules(tmp_path, monkeypatch):
+    (tmp_path / "userrules.py").write_text(MOMENTUM)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+
+
+def test_a_users_rule_subclass_runs_under_its_own_name(user_rules, tmp_path, caplog):
+    """Errors, the strategy's name (logs), its checkpoint and the results folder say MomentumAvg's
+    name, never its parent's (fedavg-active); a declared name wins; a built-in's name is refused."""
+    import json
+
+    from availability import SpecError
+    from experiments.inprocess import run_inprocess
+    from runconfig.extensions import ExtensionError
+    from server_app import checkpoint
+
+    with pytest.raises(SpecError, match=r"strategy 'momentum-avg': unknown parameter\(s\) \['bta'\]") as err:
+        build_strategy("userrules:MomentumAvg:bta=0.5", num_clients=4)
+    assert "fedavg-active" not in str(err.value)
+    rule = build_strategy("userrules:MomentumAvg:beta=0.5", num_clients=4)
+    assert rule.name == "momentum-avg" and rule.state_dict()["rule"] == "momentum-avg"
+    assert build_strategy("userrules:Declared", num_clients=4).name == "my-declared"
+    with pytest.raises(ExtensionError, match="the name of the built-in rule MIFA"):
+        build_strategy("userrules:Clash", num_clients=4)
+    assert build_strategy("fedavg-active", num_clients=4).name == "fedavg-active"  # the parent keeps its own
+
+    small = {"num-clients": 4, "num-server-rounds": 2, "local-steps": "steps:n=1", "model": "logreg",
+             "availability": "always", "progress": False, "checkpoint-every": 2, "results-dir": str(tmp_path / "r")}
+    with caplog.at_level(logging.INFO):
+        run = run_inprocess({**small, "strategy": "userrules:MomentumAvg:beta=0.5"})
+    assert "-MomentumAvg-" in run.name and ":" not in run.name
+    saved = checkpoint.load(checkpoint.path_of(run, 2))
+    assert saved["strategy"]["rule"] == "momentum-avg"
+    assert json.loads((run / "config.json").read_text())["strategy"] == "userrules:MomentumAvg:beta=0.5"
+    named = [r.getMessage() for r in caplog.records if "momentum-avg" in r.getMessage()]
+    assert named and not any("fedavg-active" in r.getMessage() for r in caplog.records)

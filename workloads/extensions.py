@@ -15,6 +15,10 @@ A run config names them by ``module:attr`` or by an installed package's entry po
   flattened), or a function returning one index array per client; it is offered
   ``num_partitions``, ``seed``, ``labels``, ``features`` and ``groups`` when it takes them.
 
+* central evaluation: ``evaluate(model, test, **params) -> {metric: number}`` on the server, offered
+  ``train``, ``parts`` (one index array into ``train`` per client), ``groups``, ``clusters``,
+  ``label_dists``, ``num_classes`` and ``device`` when it takes them.
+
 Parameters are checked against the object's own keyword defaults (a float default takes a
 number, an int an integer; unknown keys are refused unless it takes ``**kwargs``).
 """
@@ -36,7 +40,7 @@ from runconfig.extensions import ExtensionError, Reference, accepted, keyword_de
 from .tensordata import DatasetError, TensorData
 
 
-def _params(ref: Reference, fn: Callable[..., Any], skip: tuple[str, ...], what: str) -> dict[str, Any]:
+def spec_params(ref: Reference, fn: Callable[..., Any], skip: tuple[str, ...], what: str) -> dict[str, Any]:
     """The spec's parameters, typed by ``fn``'s keyword defaults, keyed by ``fn``'s own names."""
     given = parse_params(ref.params, what=f"{what} {ref.name!r}")
     allowed, var_kw = keyword_defaults(fn, skip)
@@ -56,7 +60,7 @@ def user_model(ref: Reference, input_shape: tuple[int, ...], num_classes: int) -
     if not callable(fn):
         raise ExtensionError(f"model {ref.name!r} is a {type(fn).__name__}, not a factory "
                              "factory(input_shape, num_classes) -> torch.nn.Module")
-    params = _params(ref, fn, ("input_shape", "num_classes"), "model")
+    params = spec_params(ref, fn, ("input_shape", "num_classes"), "model")
     try:
         model = fn(tuple(input_shape), int(num_classes), **params)
     except TypeError as exc:
@@ -71,7 +75,7 @@ def check_model(ref: Reference) -> None:
     """The spec's parameters fit the factory (before any data is loaded)."""
     if not callable(ref.obj):
         raise ExtensionError(f"model {ref.name!r} is a {type(ref.obj).__name__}, not a factory")
-    _params(ref, ref.obj, ("input_shape", "num_classes"), "model")
+    spec_params(ref, ref.obj, ("input_shape", "num_classes"), "model")
 
 
 # ----------------------------------------------------------------------------- datasets
@@ -146,7 +150,7 @@ def user_dataset(ref: Reference, *, data_dir: str | None, download: bool, seed: 
     what = repr(ref.name)
     obj = ref.obj
     if callable(obj) and not hasattr(obj, "load_split"):
-        params = _params(ref, obj, ("num_clients", "data_dir", "download"), "dataset")  # ``seed`` may be set
+        params = spec_params(ref, obj, ("num_clients", "data_dir", "download"), "dataset")  # ``seed`` may be set
         offered = {"seed": seed, "num_clients": num_clients, "data_dir": data_dir, "download": download}
         obj = obj(**{**accepted(obj, offered), **params})
     elif ref.params:
@@ -185,7 +189,7 @@ def user_partition(ref: Reference, labels: np.ndarray, n: int, seed: int, *,
             raise SpecError(f"partitioner {ref.name!r} is an instance: it takes no parameters ({ref.params!r})")
         made: Any = obj
     elif callable(obj):
-        params = _params(ref, obj, skip, "partitioner")
+        params = spec_params(ref, obj, skip, "partitioner")
         offered = {"num_partitions": n, "seed": seed, "labels": labels, "features": features, "groups": groups}
         made = obj(**{**accepted(obj, offered), **params})
     else:
@@ -201,3 +205,33 @@ def user_partition(ref: Reference, labels: np.ndarray, n: int, seed: int, *,
         if len(p) and (p.min() < 0 or p.max() >= len(labels)):
             raise ExtensionError(f"partitioner {ref.name!r}: client {i} has indices outside [0, {len(labels)})")
     return parts
+
+
+# ----------------------------------------------------------------------------- central evaluation
+
+#: what the server offers an evaluation function besides ``model`` and ``test`` (when it takes them)
+EVALUATION_OFFERS = ("train", "parts", "groups", "clusters", "label_dists", "num_classes", "device")
+
+
+def user_evaluation(ref: Reference) -> Callable[..., dict[str, float]]:
+    """The user's central evaluation as ``f(model, test, **offered)``: ``fn(model, test, **params)``
+    with the spec's parameters bound; it is offered :data:`EVALUATION_OFFERS` when it takes them
+    and returns ``{metric name: number}``, recorded per round as ``test-<name>``."""
+    fn = ref.obj
+    if not callable(fn):
+        raise ExtensionError(f"evaluation {ref.name!r} is a {type(fn).__name__}, not a function "
+                             "evaluate(model, test, **params) -> dict of metrics")
+    params = spec_params(ref, fn, ("model", "test", *EVALUATION_OFFERS), "evaluation")
+
+    def evaluate(model: nn.Module, test: TensorData, **offered: Any) -> dict[str, float]:
+        out = fn(model, test, **{**accepted(fn, offered), **params})
+        if not isinstance(out, Mapping):
+            raise ExtensionError(f"evaluation {ref.name!r} returned a {type(out).__name__}; expected a dict of "
+                                 "metric name -> number")
+        bad = [k for k, v in out.items() if not isinstance(k, str) or isinstance(v, bool)
+               or not isinstance(v, (int, float, np.integer, np.floating))]
+        if bad:
+            raise ExtensionError(f"evaluation {ref.name!r}: metrics {bad[:5]} are not name -> number")
+        return {k: float(v) for k, v in out.items()}
+
+    return evaluate

@@ -5,8 +5,13 @@
   Li et al., MLSys 2020: the gradient of loss + (mu/2)||x - x0||^2, x0 the round's start weights).
 - ``a_norm``: ‖a_i‖_1 of FedNova (Wang et al., NeurIPS 2020, Sec. 4 and App.), the sum of the
   coefficients with which the local gradients enter x0 - x_tau = lr * sum_k a_k g_k.
+- A user's solver (``module:attr`` or entry point ``flchurn.solvers``): a :class:`LocalSolver`, the
+  update written over a cohort's stacked tensors, so that both engines run it (docs/extending.md).
 - ``lr_at``: ``constant``; ``inv-sqrt:every=10`` (eta0 / sqrt(t/every + 1), FedAWE: Xiang et al.,
-  NeurIPS 2024); ``step:gamma=0.1,every=100``; ``exp:gamma=0.998`` (eta0 * gamma^t, FedExP code).
+  NeurIPS 2024); ``step:gamma=0.1,every=100``; ``exp:gamma=0.998`` (eta0 * gamma^t, FedExP code);
+  ``cosine:rounds=T,floor=0`` (SGDR without restarts: Loshchilov & Hutter, ICLR 2017, Eq. 5); a
+  user's ``schedule(t, base_lr, **params) -> float`` (``module:attr`` or entry point
+  ``flchurn.lr_schedules``).
 - ``local_steps``: ``steps:n=10`` or ``epochs:min=2,max=5`` (E ~ U{min..max} inclusive per
   (client, round), steps = E * ceil(n_examples / batch)); ``epochs:min=3`` means max = min.
 """
@@ -16,6 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -23,16 +29,21 @@ import torch.nn.functional as F
 from torch import nn
 
 from availability.spec import SpecError, parse_spec
+from runconfig.extensions import entry_points
+
+from .usersolvers import LocalSolver, user_schedule, user_solver
 
 SOLVERS: tuple[str, ...] = ("sgd", "momentum", "prox")
-LR_SCHEDULES: tuple[str, ...] = ("constant", "inv-sqrt", "step", "exp")
+LR_SCHEDULES: tuple[str, ...] = ("constant", "inv-sqrt", "step", "exp", "cosine")
 LOCAL_STEPS: tuple[str, ...] = ("steps", "epochs")
 
 
 def _check(kind: str, lr: float, momentum: float, mu: float) -> None:
-    if kind not in SOLVERS:
+    if kind not in SOLVERS and user_solver(kind, SOLVERS) is None:
+        names = [*SOLVERS, *entry_points("solver")]
         raise ValueError(
-            f"unknown solver kind {kind!r}; choose one of {', '.join(SOLVERS)}"
+            f"unknown solver kind {kind!r}; choose one of {', '.join(names)}, or your own as "
+            "'module:Class[:key=value,...]' (a workloads.solvers.LocalSolver, docs/extending.md)"
         )
     if not (math.isfinite(lr) and lr > 0):
         raise ValueError(f"lr must be a finite number > 0; got {lr}")
@@ -88,6 +99,9 @@ def a_norm(
     if isinstance(steps, bool) or int(steps) != steps or steps < 1:
         raise ValueError(f"steps must be an integer >= 1; got {steps}")
     tau = int(steps)
+    if (user := user_solver(kind, SOLVERS) if kind not in SOLVERS else None) is not None:
+        norm = getattr(user, "a_norm", None)  # a duck-typed solver may leave it out: plain SGD's tau
+        return float(norm(tau, lr)) if norm is not None else float(tau)
     if kind == "momentum" and momentum > 0:
         rho = momentum
         return (tau - rho * (1 - rho**tau) / (1 - rho)) / (1 - rho)
@@ -113,7 +127,8 @@ def solver_step(params: list[torch.Tensor], grads: list[torch.Tensor], solver: S
     (``torch.nn.utils.clip_grad_norm_``: coefficient min(1, max / (norm + 1e-6))), plus FedProx's
     mu (x - x0), plus weight decay wd x, through heavy-ball momentum (v <- rho v + g, dampening 0;
     ``bufs`` start at zero), then x <- x - lr v. ``bufs`` is empty without momentum, ``x0`` (the
-    round's start) empty without a prox term; ``grads`` are overwritten.
+    round's start) empty without a prox term; ``grads`` are overwritten. A user's solver
+    (:class:`LocalSolver`) gets the clipped gradient plus weight decay, and ``bufs`` is its state.
     """
     with torch.no_grad():
         if solver.max_grad_norm is not None:
@@ -121,6 +136,9 @@ def solver_step(params: list[torch.Tensor], grads: list[torch.Tensor], solver: S
             coef = torch.clamp(solver.max_grad_norm / (torch.linalg.vector_norm(norms, dim=1) + 1e-6), max=1.0)
             for g in grads:
                 g.mul_(coef.view(-1, *([1] * (g.dim() - 1))))
+        if solver.kind not in SOLVERS:
+            _user_step(user_solver(solver.kind, SOLVERS), params, grads, solver, bufs)
+            return
         for i, (p, g) in enumerate(zip(params, grads, strict=True)):
             if x0:
                 g.add_(p - x0[i], alpha=solver.mu)
@@ -131,9 +149,35 @@ def solver_step(params: list[torch.Tensor], grads: list[torch.Tensor], solver: S
             p.add_(g, alpha=-solver.lr)
 
 
+def _user_step(user: LocalSolver | None, params: list[torch.Tensor], grads: list[torch.Tensor],
+               solver: SolverConfig, state: list[torch.Tensor]) -> None:
+    assert user is not None  # SolverConfig checked the kind
+    if solver.weight_decay:
+        for p, g in zip(params, grads, strict=True):
+            g.add_(p, alpha=solver.weight_decay)
+    if getattr(user, "batched", True) or params[0].shape[0] == 1:
+        user.step(params, grads, state, solver.lr)
+        return
+    for c in range(params[0].shape[0]):  # one client at a time, on views of the stacks
+        user.step([p[c:c + 1] for p in params], [g[c:c + 1] for g in grads], [s[c:c + 1] for s in state],
+                  solver.lr)
+
+
 def solver_memory(params: list[torch.Tensor], solver: SolverConfig) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """``(bufs, x0)`` for :func:`solver_step` at the start of local training: zero momentum
-    buffers (momentum only) and a copy of the start (prox only)."""
+    buffers (momentum only) and a copy of the start (prox only); a user's solver: its
+    :meth:`LocalSolver.init` state as ``bufs``."""
+    if solver.kind not in SOLVERS:
+        user = user_solver(solver.kind, SOLVERS)
+        assert user is not None
+        with torch.no_grad():
+            state = list(user.init([p.detach() for p in params])) if hasattr(user, "init") else []
+        bad = [i for i, t in enumerate(state) if not isinstance(t, torch.Tensor) or t.dim() < 1
+               or t.shape[0] != params[0].shape[0]]
+        if bad:
+            raise ValueError(f"solver {solver.kind!r}: init() returned state {bad} without the leading client "
+                             f"dimension ({params[0].shape[0]}): every state tensor has one row per client")
+        return state, []
     momentum = solver.kind == "momentum" and solver.momentum > 0
     prox = solver.kind == "prox" and solver.mu > 0
     return ([torch.zeros_like(p) for p in params] if momentum else [],
@@ -182,11 +226,17 @@ def local_train(
 
 def lr_at(spec: str, base_lr: float, t: int) -> float:
     """Local learning rate in round ``t`` (0-based) under schedule ``spec``, from ``base_lr``."""
-    s = parse_spec(spec)
     if t < 0:
         raise ValueError(f"round t must be >= 0; got {t}")
     if not base_lr > 0:
         raise ValueError(f"base_lr must be > 0; got {base_lr}")
+    if (user := user_schedule(spec, LR_SCHEDULES)) is not None:
+        lr = user(t, base_lr)
+        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not (math.isfinite(lr) and lr > 0):
+            raise ValueError(f"lr schedule {spec!r} gave {lr!r} in round {t + 1}; a learning rate is a finite "
+                             "number > 0")
+        return float(lr)
+    s = parse_spec(spec)
     if s.name == "constant":
         s.take({}, what="lr schedule")
         return float(base_lr)
@@ -211,9 +261,27 @@ def lr_at(spec: str, base_lr: float, t: int) -> float:
         if not 0 < gamma <= 1:
             raise SpecError(f"lr schedule 'exp': gamma must be in (0, 1]; got {gamma}")
         return base_lr * gamma**t
+    if s.name == "cosine":
+        return _cosine(s.take({"rounds": 0, "floor": 0.0}, what="lr schedule"), base_lr, t)
     raise SpecError(
-        f"unknown lr schedule {s.name!r}; choose one of {', '.join(LR_SCHEDULES)}"
+        f"unknown lr schedule {s.name!r}; choose one of {', '.join([*LR_SCHEDULES, *entry_points('lr-schedule')])}, "
+        "or your own as 'module:function[:key=value,...]' (docs/extending.md)"
     )
+
+
+def _cosine(p: dict[str, Any], base_lr: float, t: int) -> float:
+    """eta_min + (eta0 - eta_min)(1 + cos(pi t / T)) / 2, eta_min = floor * eta0 (SGDR, Eq. 5)."""
+    rounds, floor = p["rounds"], p["floor"]
+    if rounds < 1:
+        raise SpecError("lr schedule 'cosine' needs rounds=T >= 1, the rounds it decays over (usually "
+                        f"num-server-rounds); got {rounds}")
+    if not 0 <= floor < 1:
+        raise SpecError(f"lr schedule 'cosine': floor (the final fraction of lr) must be in [0, 1); got {floor}")
+    if t >= rounds and floor == 0:
+        raise SpecError(f"lr schedule 'cosine:rounds={rounds}' reaches lr 0 at round {rounds + 1}, which this "
+                        f"run reaches: set rounds >= num-server-rounds, or floor > 0")
+    low = floor * base_lr
+    return low + (base_lr - low) * (1 + math.cos(math.pi * min(t, rounds) / rounds)) / 2
 
 
 def local_steps(

@@ -17,13 +17,24 @@ import numpy as np
 import torch
 from torch import nn
 
-from runconfig import ConfigError, WorkloadConfig
+from runconfig import ConfigError, WorkloadConfig, closest, config_key
+from runconfig.extensions import ExtensionError, entry_points, resolve
 
 from .data import DATASETS, TensorData, dataset_name, dataset_reference, load_dataset
-from .models import build_model, model_params
-from .partition import cluster_of, label_distributions, partition, partitioner_reference
+from .extensions import user_evaluation
+from .models import MODELS, build_model, model_params
+from .partition import PARTITIONERS, cluster_of, label_distributions, partition, partitioner_reference
 from .precision import exact_float32
-from .solvers import LocalResult, SolverConfig, local_steps, local_train, lr_at
+from .solvers import (
+    LOCAL_STEPS,
+    LR_SCHEDULES,
+    SOLVERS,
+    LocalResult,
+    SolverConfig,
+    local_steps,
+    local_train,
+    lr_at,
+)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -52,12 +63,12 @@ class Workload:
         except ValueError as exc:
             raise ConfigError(f"run config 'dataset' = {cfg.dataset!r}: {exc}") from exc
         if not custom_data and self.dataset_name not in DATASETS:
+            near = closest(self.dataset_name, [*DATASETS, *entry_points("dataset")])
             raise ConfigError(f"run config 'dataset' = {cfg.dataset!r}; known: {list(DATASETS)}, "
-                              "or the user's 'module:attr' (docs/extending.md)")
-        try:
+                              "or the user's 'module:attr' (docs/extending.md)"
+                              + (f" (did you mean '{near}'?)" if near else ""))
+        with config_key("model", cfg.model, [*MODELS, *entry_points("model")]):
             model_params(cfg.model)
-        except ValueError as exc:
-            raise ConfigError(f"run config 'model' = {cfg.model!r}: {exc}") from exc
         self.cfg = cfg
         self.device = resolve_device(cfg.device)
         self.train, self.test = load_dataset(
@@ -68,9 +79,10 @@ class Workload:
             num_clients=cfg.num_clients,
         )
         labels = self.train.y.numpy()
-        features = self.train.x.numpy() if partitioner_reference(cfg.partition) is not None else None
-        self.parts = partition(cfg.partition, labels, cfg.num_clients, cfg.data_seed, groups=self.train.groups,
-                               features=features)
+        with config_key("partition", cfg.partition, [*PARTITIONERS, *entry_points("partitioner")]):
+            features = self.train.x.numpy() if partitioner_reference(cfg.partition) is not None else None
+            self.parts = partition(cfg.partition, labels, cfg.num_clients, cfg.data_seed, groups=self.train.groups,
+                                   features=features)
         empty = [i for i, p in enumerate(self.parts) if len(p) == 0]
         if empty:
             raise ConfigError(
@@ -82,15 +94,31 @@ class Workload:
             label_distributions(labels, self.parts, self.num_classes) if self.num_classes else None
         )
         self.clusters = cluster_of(cfg.partition, cfg.num_clients)
-        self.solver = SolverConfig(
-            kind=cfg.solver, lr=cfg.lr, momentum=cfg.momentum, mu=cfg.prox_mu,
-            weight_decay=cfg.weight_decay,
-        )
+        with config_key("solver", cfg.solver, [*SOLVERS, *entry_points("solver")]):
+            self.solver = SolverConfig(
+                kind=cfg.solver, lr=cfg.lr, momentum=cfg.momentum, mu=cfg.prox_mu,
+                weight_decay=cfg.weight_decay,
+            )
         self._scratch: nn.Module | None = None
         # fail now, not in round 1: the model must take this input, the specs must parse
         self.new_model()
-        self.steps_for(0, 0)
-        lr_at(cfg.lr_schedule, cfg.lr, 0)
+        with config_key("local-steps", cfg.local_steps, LOCAL_STEPS):
+            self.steps_for(0, 0)
+        with config_key("lr-schedule", cfg.lr_schedule, [*LR_SCHEDULES, *entry_points("lr-schedule")]):
+            lr_at(cfg.lr_schedule, cfg.lr, 0)
+        with config_key("evaluation", cfg.evaluation, entry_points("evaluation")):
+            self.central = self._central_evaluation(cfg.evaluation)
+
+    @staticmethod
+    def _central_evaluation(spec: str) -> Callable[..., dict[str, float]] | None:
+        """The run config's ``evaluation`` (the user's function; None when empty)."""
+        if not spec:
+            return None
+        ref = resolve(spec, "evaluation")
+        if ref is None:
+            raise ExtensionError(f"no evaluation function {spec!r}: name one as 'module:function[:key=value,...]' "
+                                 "or an installed flchurn.evaluations entry point (docs/extending.md)")
+        return user_evaluation(ref)
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -162,8 +190,18 @@ class Workload:
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, data: TensorData | None = None, batch: int = 2048) -> dict[str, float]:
-        """Mean loss and accuracy (classifiers) or distance to the optimum (quadratic)."""
-        data = self.test if data is None else data
+        """Mean loss and accuracy (classifiers) or distance to the optimum (quadratic); on the test
+        set (``data`` None), also the run config's ``evaluation`` (its names replace these)."""
+        scores = self._evaluate(model, self.test if data is None else data, batch)
+        if data is None and self.central is not None:
+            model.eval()
+            scores.update(self.central(model, self.test, train=self.train, parts=self.parts,
+                                       groups=self.train.groups, clusters=self.clusters,
+                                       label_dists=self.label_dists, num_classes=self.num_classes,
+                                       device=self.device))
+        return scores
+
+    def _evaluate(self, model: nn.Module, data: TensorData, batch: int) -> dict[str, float]:
         model = model.to(self.device).eval()
         if getattr(model, "is_regression", False):
             x = cast(torch.Tensor, model.x).detach().cpu()
