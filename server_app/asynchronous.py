@@ -48,9 +48,10 @@ from runconfig import ConfigError
 from strategies.asynchronous import AsyncRule, Outcome
 from strategies.replies import brief
 from virtualtime import Event, EventQueue, VirtualClock
+from virtualtime.jobs import job_fate
 
 from . import checkpoint
-from .async_clock import STEP_SECONDS, Clock, StepClock, completes
+from .async_clock import clock_for
 from .async_resume import LoopState, SavedJob, restored_reply, saved_reply
 from .results import RunRecorder
 from .setup import Setup, check_resume, config_record, evaluate_models, save_checkpoint
@@ -58,21 +59,6 @@ from .setup import Setup, check_resume, config_record, evaluate_models, save_che
 log = logging.getLogger(__name__)
 
 ARRIVAL, WAKE, DEADLINE = "arrival", "wake", "deadline"  # DEADLINE: a rule's own time (FedCompass's groups)
-
-
-def clock_for(setup: Setup) -> Clock:
-    """The run's clock. With a devices file (run config ``devices``, ``setup.clock``): its
-    :class:`virtualtime.VirtualClock` (profiles, sessions) composed with the schedule in slots of
-    the slowest client's round-1 job; without: :class:`StepClock` (job time ∝ local steps, the
-    schedule in slots of one synchronous round)."""
-    wl, n = setup.workload, setup.cfg.workload.num_clients
-    steps = [wl.steps_for(c, 0) for c in range(n)]
-    base = setup.clock
-    if base is None:
-        return StepClock(setup.schedule, max(steps) * STEP_SECONDS)
-    slot = max(base.job_time(c, s).total for c, s in enumerate(steps)) or 1.0
-    return VirtualClock(base.plan, model_bytes=base.model_bytes, seed=base.seed, schedule=setup.schedule,
-                        slot_seconds=slot, upload_bytes=base.upload_bytes)
 
 
 @dataclass
@@ -195,7 +181,7 @@ def run_async(grid: Grid, setup: Setup, client_of_node: dict[int, int], console:
 class VirtualLoop:
     """Discrete events on a virtual clock (the module docstring)."""
 
-    def __init__(self, grid: Grid, setup: Setup, strategy: AsyncRule, clock: Clock,
+    def __init__(self, grid: Grid, setup: Setup, strategy: AsyncRule, clock: VirtualClock,
                  client_of_node: dict[int, int], rec: AsyncRecorder) -> None:
         self.grid, self.setup, self.strategy, self.clock, self.rec = grid, setup, strategy, clock, rec
         self.node_of = {c: node for node, c in client_of_node.items()}
@@ -338,9 +324,9 @@ class VirtualLoop:
             job.reply = by_id.get(str(job.message.metadata.message_id))
             steps = wl.steps_for(job.client, self.jobs_of[job.client] - 1)
             own = getattr(self.strategy, "job_steps", None)  # the rule's own step count (FedCompass)
-            total = float(self.clock.job_time(job.client, own(job.message.metadata.dst_node_id, steps) if own else steps).total)
-            job.lost = not completes(self.clock, job.client, now, now + total)
-            self.queue.push(now + total, ARRIVAL, job)
+            fate = job_fate(self.clock, job.client, now, own(job.message.metadata.dst_node_id, steps) if own else steps)
+            job.lost = fate.lost
+            self.queue.push(fate.arrival, ARRIVAL, job)
             self.idle.discard(job.client)
             self.in_flight += 1
 

@@ -15,11 +15,11 @@
 See docs/virtual-time.md.
 """
 
-from .clock import JobTime, VirtualClock
+from .clock import STEP_SECONDS, JobTime, VirtualClock
 from .errors import ProfileError
 from .events import Event, EventQueue
 from .profiles import DeviceProfile, ProfilePlan, parse_profiles, read_profiles
 from .traces import classes_from_trace, read_trace
 
-__all__ = ["DeviceProfile", "Event", "EventQueue", "JobTime", "ProfileError", "ProfilePlan", "VirtualClock",
+__all__ = ["STEP_SECONDS", "DeviceProfile", "Event", "EventQueue", "JobTime", "ProfileError", "ProfilePlan", "VirtualClock",
            "classes_from_trace", "parse_profiles", "read_profiles", "read_trace"]
