@@ -8,7 +8,11 @@ online. ``num-server-rounds`` counts aggregations; ``metrics.jsonl`` has one row
 
 - Simulation (in process and under Flower's Ray simulation: availability gate ``server`` or
   ``client``): discrete events on a VIRTUAL clock (:mod:`server_app.async_clock`), no real
-  waiting. The jobs dispatched at one virtual instant go out together through the grid's
+  waiting. Each job's fate (its arrival, or lost when its client goes offline before it) is
+  :func:`virtualtime.jobs.job_fate`'s, as for the synchronous rounds. Schedule round t is the
+  virtual slot [t x slot_seconds, (t + 1) x slot_seconds): a job belongs to the slot of its
+  dispatch; a train message's ``server-round`` is its client's job count (data order, lr), not
+  a schedule round, and the client-side gate ignores it (the clock decides). The jobs dispatched at one virtual instant go out together through the grid's
   ``send_and_receive`` (the cohort engine trains them at once); each reply is held until its
   virtual arrival time, dispatch + the client's job time. Events are ordered by (time, sequence
   number): the same seed gives the same arrivals in the same order.

@@ -2,8 +2,10 @@
 
 It wraps the grid the round loop talks to (outside :class:`~server_app.network.AvailabilityGrid`),
 so it works for every engine: in process (per client, cohort) and on Flower's Ray simulation.
-Round r starts at virtual time T (the previous round's close; 0 first). For each TRAIN message
-of the round to client c (:mod:`virtualtime.clock` for the job's times):
+Round r (the Flower round; schedule round r - 1) starts at virtual time T (the previous round's
+close; 0 first). For each TRAIN message of the round to client c, the job's fate is
+:func:`virtualtime.jobs.job_fate`'s (the asynchronous loop calls the same function); this grid
+acts on it and closes the round (the barrier):
 
 - c is offline in its session at T: the message is not delivered (its node is gone, as the
   deployment's churn driver stops it): status ``off``;
