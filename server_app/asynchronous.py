@@ -52,6 +52,7 @@ from runconfig import ConfigError
 from strategies.asynchronous import AsyncRule, Outcome
 from strategies.replies import brief
 from virtualtime import Event, EventQueue, VirtualClock
+from virtualtime.events import run_events
 from virtualtime.jobs import job_fate
 
 from . import checkpoint
@@ -211,23 +212,28 @@ class VirtualLoop:
         else:
             self.restore(resume)
             self.after_event(target)
-        while self.strategy.version < target and len(self.queue):
-            event = self.queue.pop()
-            self.now = event.time
-            if event.kind == ARRIVAL:
-                self.arrive(event.payload, self.now)
-            elif event.kind == DEADLINE:
-                x_old = self.strategy.current
-                if self.strategy.at_deadline(self.now):  # type: ignore[attr-defined]
-                    self.rec.row(self.strategy, self.now, x_old)  # type: ignore[arg-type]
-            else:
-                self.idle.add(event.payload)
-            self.after_event(target)
+        if self.strategy.version < target:
+            run_events(self.queue, lambda event: self.handle(event, target))  # the buffer: the policy
         if self.strategy.version < target:
             log.warning("%s: stopped after %d of %d aggregations at virtual time %.1f: no client will be online "
                         "again within the clock's horizon", self.strategy.name, self.strategy.version, target,
                         self.now)
         return self.now
+
+    def handle(self, event: Event, target: int) -> bool:
+        """One event of the buffer's policy (an arrival, a client back online, a rule's own
+        deadline), then the instant's dispatch; True when ``target`` aggregations are made."""
+        self.now = event.time
+        if event.kind == ARRIVAL:
+            self.arrive(event.payload, self.now)
+        elif event.kind == DEADLINE:
+            x_old = self.strategy.current
+            if self.strategy.at_deadline(self.now):  # type: ignore[attr-defined]
+                self.rec.row(self.strategy, self.now, x_old)  # type: ignore[arg-type]
+        else:
+            self.idle.add(event.payload)
+        self.after_event(target)
+        return self.strategy.version >= target
 
     def after_event(self, target: int) -> None:
         nxt = self.queue.peek()

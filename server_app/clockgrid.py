@@ -50,6 +50,7 @@ from flwr.serverapp import Grid
 from runconfig import STRAGGLER_POLICIES, ConfigError
 from strategies.protocol import IGNORE_AVAILABILITY, MAX_LOCAL_STEPS, SERVER_ROUND, server_round_of
 from virtualtime import ProfileError, VirtualClock, read_profiles
+from virtualtime.barrier import barrier_close
 from virtualtime.jobs import back_online, job_fate
 
 from .network import DelegatingGrid
@@ -162,15 +163,8 @@ class VirtualClockGrid(DelegatingGrid):
                 client_of_reply.append(c)
             else:
                 client_of_reply.append(None if c is None or c not in plan["job"] else c)
-        times = sorted(came.values())
-        close = t0 + self.deadline
-        if self.min_replies and len(times) >= self.min_replies:
-            close = min(close, times[self.min_replies - 1])
-        if not plan["lost"] and times and times[-1] <= close:
-            close = times[-1]  # everyone still coming is in
-        if not math.isfinite(close):
-            back = [b for b in plan["back"] if math.isfinite(b)]
-            close = times[-1] if times else (min(back) if back else t0)
+        close = barrier_close(t0, came, deadline=self.deadline, min_replies=self.min_replies,
+                              none_lost=not plan["lost"], back=plan["back"])
         late = sorted(c for c, t in came.items() if t > close)
         self.busy_until.update({c: came[c] for c in late})
         kept = [r for r, c in zip(replies, client_of_reply, strict=True)

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from virtualtime import JobTime, VirtualClock, parse_profiles
+from virtualtime.barrier import barrier_close
 from virtualtime.jobs import back_online, job_fate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -88,3 +89,16 @@ def test_no_loop_decides_a_jobs_fate_itself():
         assert ".session(" not in text and "steps_that_fit(" not in text and "online_until(" not in text, name
     for name in ("clockgrid.py", "asynchronous.py"):
         assert "job_fate(" in (ROOT / "server_app" / name).read_text(), name
+
+
+def test_the_barrier_closes_at_the_deadline_the_kth_arrival_or_the_last_one():
+    arrivals = {0: 3.0, 1: 1.5, 2: 2.5}
+    assert barrier_close(1.0, arrivals, deadline=1.5) == 2.5  # T + deadline; an arrival at it is on time
+    assert barrier_close(1.0, arrivals, deadline=1.5, none_lost=False) == 2.5
+    assert barrier_close(1.0, arrivals, deadline=4.0) == 3.0  # everyone still coming is in
+    assert barrier_close(1.0, arrivals, deadline=4.0, none_lost=False) == 5.0  # a lost client holds it
+    assert barrier_close(1.0, arrivals, deadline=4.0, min_replies=2) == 2.5
+    assert barrier_close(1.0, arrivals, deadline=0.25, min_replies=2) == 1.25
+    assert barrier_close(1.0, arrivals, none_lost=False) == 3.0  # no deadline: the last arrival
+    assert barrier_close(1.0, {}, none_lost=False, back=[math.inf, 7.0, 4.0]) == 4.0  # the first back
+    assert barrier_close(1.0, {}, back=[math.inf]) == 1.0
