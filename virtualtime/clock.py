@@ -106,6 +106,7 @@ class VirtualClock:
                 on[ids], off[ids] = dc.session_on_s, dc.session_off_s
                 periodic[ids] = dc.session_model == "periodic"
         self.sessions = Sessions(on, off, periodic, self.seed)
+        self._always_on = not bool(np.any(np.isfinite(on) & (off != 0)))  # no client ever leaves a session
 
     @classmethod
     def steps_only(cls, num_clients: int, schedule: RoundSchedule, slot_seconds: float,
@@ -154,26 +155,30 @@ class VirtualClock:
     def _scheduled(self, client: int, t: float) -> bool:
         if self.schedule is None or self.slot_seconds is None:
             return True
-        slot = self._slot_of(t)
+        return bool(self._on_in(self._slot_of(t))[client])
+
+    def _on_in(self, slot: int) -> np.ndarray:
+        """Who the schedule has on in ``slot`` (cached: CACHED_SLOTS slots, then afresh)."""
+        assert self.schedule is not None
         on = self._slots.get(slot)
         if on is None:
             if len(self._slots) >= CACHED_SLOTS:
                 self._slots.clear()
             on = self._slots[slot] = np.asarray(self.schedule.available(slot), dtype=bool)
-        return bool(on[client])
+        return on
 
     def online(self, client: int, t: float) -> bool:
         """Whether ``client`` is online at virtual time ``t``: in a session and on in the schedule."""
-        return self.sessions.interval(client, t)[0] and self._scheduled(client, t)
+        return self.session(client, t)[0] and self._scheduled(client, t)
 
     def session(self, client: int, t: float) -> tuple[bool, float, float]:
         """(online?, start, end) of the session interval of ``client`` that holds ``t`` (no schedule)."""
-        return self.sessions.interval(client, t)
+        return (True, 0.0, math.inf) if self._always_on else self.sessions.interval(client, t)
 
     def online_until(self, client: int, t: float) -> float:
         """When ``client``, online at ``t``, goes offline (its session ends, or a schedule slot in
         which it is off begins); ``t`` when it is offline at ``t``."""
-        on, _, end = self.sessions.interval(client, t)
+        on, _, end = self.session(client, t)
         if not on or not self._scheduled(client, t):
             return t
         if self.slot_seconds is None:
@@ -191,8 +196,16 @@ class VirtualClock:
     def next_online(self, client: int, t: float) -> float:
         """The first time >= ``t`` at which ``client`` is online; ``math.inf`` if never (within
         ``MAX_SLOTS`` schedule slots, or a session that never comes)."""
+        if self._always_on and self.slot_seconds is not None:  # the schedule alone: the next slot it has on
+            if self._scheduled(client, t):
+                return t
+            first = self._slot_of(t) + 1
+            for slot in range(first, first + MAX_SLOTS):
+                if self._on_in(slot)[client]:
+                    return slot * self.slot_seconds
+            return math.inf
         for _ in range(MAX_SLOTS):
-            on, _, end = self.sessions.interval(client, t)
+            on, _, end = self.session(client, t)
             if not on:
                 if not math.isfinite(end):
                     return math.inf
