@@ -12,8 +12,9 @@ online. ``num-server-rounds`` counts aggregations; ``metrics.jsonl`` has one row
   :func:`virtualtime.jobs.job_fate`'s, as for the synchronous rounds. Schedule round t is the
   virtual slot [t x slot_seconds, (t + 1) x slot_seconds): a job belongs to the slot of its
   dispatch; a train message's ``server-round`` is its client's job count (data order, lr), not
-  a schedule round, and the client-side gate ignores it (the clock decides). The jobs dispatched at one virtual instant go out together through the grid's
-  ``send_and_receive`` (the cohort engine trains them at once); each reply is held until its
+  a schedule round, and the client-side gate ignores it (the clock decides). The jobs
+  dispatched at one virtual instant go out together through the grid's ``send_and_receive``
+  (the cohort engine trains them at once); each reply is held until its
   virtual arrival time, dispatch + the client's job time. Events are ordered by (time, sequence
   number): the same seed gives the same arrivals in the same order.
 - A deployment (gate ``none``): real time, :mod:`server_app.async_realtime`.
