@@ -7,7 +7,10 @@ arrives (:meth:`strategies.asynchronous.AsyncRule.arrive`). A node that disappea
 error reply (SIGTERM) or gets none; a job without a reply after ``round-timeout`` seconds
 (``round-deadline`` after a node's first job, which also starts its worker) is lost. Either way it is
 recorded as unavailable (the row's ``lost-nodes``), and the node gets a new job as soon as it is
-connected and idle. Times in the rows are real seconds since the start.
+connected and idle. Times in the rows are real seconds since the start. Schedule round t here is
+the churn driver's: slot(r), the r-th schedule round with anyone on, while aggregation r is made
+(:mod:`deploy.async_churn`); it agrees with the virtual loop's (the slot of a job's dispatch) when
+every aggregation takes one slot (docs/virtual-time.md, "Round t").
 """
 
 from __future__ import annotations

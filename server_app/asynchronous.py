@@ -8,8 +8,13 @@ online. ``num-server-rounds`` counts aggregations; ``metrics.jsonl`` has one row
 
 - Simulation (in process and under Flower's Ray simulation: availability gate ``server`` or
   ``client``): discrete events on a VIRTUAL clock (:mod:`server_app.async_clock`), no real
-  waiting. The jobs dispatched at one virtual instant go out together through the grid's
-  ``send_and_receive`` (the cohort engine trains them at once); each reply is held until its
+  waiting. Each job's fate (its arrival, or lost when its client goes offline before it) is
+  :func:`virtualtime.jobs.job_fate`'s, as for the synchronous rounds. Schedule round t is the
+  virtual slot [t x slot_seconds, (t + 1) x slot_seconds): a job belongs to the slot of its
+  dispatch; a train message's ``server-round`` is its client's job count (data order, lr), not
+  a schedule round, and the client-side gate ignores it (the clock decides). The jobs
+  dispatched at one virtual instant go out together through the grid's ``send_and_receive``
+  (the cohort engine trains them at once); each reply is held until its
   virtual arrival time, dispatch + the client's job time. Events are ordered by (time, sequence
   number): the same seed gives the same arrivals in the same order.
 - A deployment (gate ``none``): real time, :mod:`server_app.async_realtime`.
@@ -48,9 +53,11 @@ from runconfig import ConfigError
 from strategies.asynchronous import AsyncRule, Outcome
 from strategies.replies import brief
 from virtualtime import Event, EventQueue, VirtualClock
+from virtualtime.events import run_events
+from virtualtime.jobs import job_fate
 
 from . import checkpoint
-from .async_clock import STEP_SECONDS, Clock, StepClock, completes
+from .async_clock import clock_for
 from .async_resume import LoopState, SavedJob, restored_reply, saved_reply
 from .results import RunRecorder
 from .setup import Setup, check_resume, config_record, evaluate_models, save_checkpoint
@@ -58,21 +65,6 @@ from .setup import Setup, check_resume, config_record, evaluate_models, save_che
 log = logging.getLogger(__name__)
 
 ARRIVAL, WAKE, DEADLINE = "arrival", "wake", "deadline"  # DEADLINE: a rule's own time (FedCompass's groups)
-
-
-def clock_for(setup: Setup) -> Clock:
-    """The run's clock. With a devices file (run config ``devices``, ``setup.clock``): its
-    :class:`virtualtime.VirtualClock` (profiles, sessions) composed with the schedule in slots of
-    the slowest client's round-1 job; without: :class:`StepClock` (job time ∝ local steps, the
-    schedule in slots of one synchronous round)."""
-    wl, n = setup.workload, setup.cfg.workload.num_clients
-    steps = [wl.steps_for(c, 0) for c in range(n)]
-    base = setup.clock
-    if base is None:
-        return StepClock(setup.schedule, max(steps) * STEP_SECONDS)
-    slot = max(base.job_time(c, s).total for c, s in enumerate(steps)) or 1.0
-    return VirtualClock(base.plan, model_bytes=base.model_bytes, seed=base.seed, schedule=setup.schedule,
-                        slot_seconds=slot, upload_bytes=base.upload_bytes)
 
 
 @dataclass
@@ -195,7 +187,7 @@ def run_async(grid: Grid, setup: Setup, client_of_node: dict[int, int], console:
 class VirtualLoop:
     """Discrete events on a virtual clock (the module docstring)."""
 
-    def __init__(self, grid: Grid, setup: Setup, strategy: AsyncRule, clock: Clock,
+    def __init__(self, grid: Grid, setup: Setup, strategy: AsyncRule, clock: VirtualClock,
                  client_of_node: dict[int, int], rec: AsyncRecorder) -> None:
         self.grid, self.setup, self.strategy, self.clock, self.rec = grid, setup, strategy, clock, rec
         self.node_of = {c: node for node, c in client_of_node.items()}
@@ -221,23 +213,28 @@ class VirtualLoop:
         else:
             self.restore(resume)
             self.after_event(target)
-        while self.strategy.version < target and len(self.queue):
-            event = self.queue.pop()
-            self.now = event.time
-            if event.kind == ARRIVAL:
-                self.arrive(event.payload, self.now)
-            elif event.kind == DEADLINE:
-                x_old = self.strategy.current
-                if self.strategy.at_deadline(self.now):  # type: ignore[attr-defined]
-                    self.rec.row(self.strategy, self.now, x_old)  # type: ignore[arg-type]
-            else:
-                self.idle.add(event.payload)
-            self.after_event(target)
+        if self.strategy.version < target:
+            run_events(self.queue, lambda event: self.handle(event, target))  # the buffer: the policy
         if self.strategy.version < target:
             log.warning("%s: stopped after %d of %d aggregations at virtual time %.1f: no client will be online "
                         "again within the clock's horizon", self.strategy.name, self.strategy.version, target,
                         self.now)
         return self.now
+
+    def handle(self, event: Event, target: int) -> bool:
+        """One event of the buffer's policy (an arrival, a client back online, a rule's own
+        deadline), then the instant's dispatch; True when ``target`` aggregations are made."""
+        self.now = event.time
+        if event.kind == ARRIVAL:
+            self.arrive(event.payload, self.now)
+        elif event.kind == DEADLINE:
+            x_old = self.strategy.current
+            if self.strategy.at_deadline(self.now):  # type: ignore[attr-defined]
+                self.rec.row(self.strategy, self.now, x_old)  # type: ignore[arg-type]
+        else:
+            self.idle.add(event.payload)
+        self.after_event(target)
+        return self.strategy.version >= target
 
     def after_event(self, target: int) -> None:
         nxt = self.queue.peek()
@@ -338,9 +335,9 @@ class VirtualLoop:
             job.reply = by_id.get(str(job.message.metadata.message_id))
             steps = wl.steps_for(job.client, self.jobs_of[job.client] - 1)
             own = getattr(self.strategy, "job_steps", None)  # the rule's own step count (FedCompass)
-            total = float(self.clock.job_time(job.client, own(job.message.metadata.dst_node_id, steps) if own else steps).total)
-            job.lost = not completes(self.clock, job.client, now, now + total)
-            self.queue.push(now + total, ARRIVAL, job)
+            fate = job_fate(self.clock, job.client, now, own(job.message.metadata.dst_node_id, steps) if own else steps)
+            job.lost = fate.lost
+            self.queue.push(fate.arrival, ARRIVAL, job)
             self.idle.discard(job.client)
             self.in_flight += 1
 

@@ -2,8 +2,10 @@
 
 It wraps the grid the round loop talks to (outside :class:`~server_app.network.AvailabilityGrid`),
 so it works for every engine: in process (per client, cohort) and on Flower's Ray simulation.
-Round r starts at virtual time T (the previous round's close; 0 first). For each TRAIN message
-of the round to client c (:mod:`virtualtime.clock` for the job's times):
+Round r (the Flower round; schedule round r - 1) starts at virtual time T (the previous round's
+close; 0 first). For each TRAIN message of the round to client c, the job's fate is
+:func:`virtualtime.jobs.job_fate`'s (the asynchronous loop calls the same function); this grid
+acts on it and closes the round (the barrier):
 
 - c is offline in its session at T: the message is not delivered (its node is gone, as the
   deployment's churn driver stops it): status ``off``;
@@ -48,6 +50,8 @@ from flwr.serverapp import Grid
 from runconfig import STRAGGLER_POLICIES, ConfigError
 from strategies.protocol import IGNORE_AVAILABILITY, MAX_LOCAL_STEPS, SERVER_ROUND, server_round_of
 from virtualtime import ProfileError, VirtualClock, read_profiles
+from virtualtime.barrier import barrier_close
+from virtualtime.jobs import back_online, job_fate
 
 from .network import DelegatingGrid
 
@@ -100,7 +104,8 @@ class VirtualClockGrid(DelegatingGrid):
         return m.metadata.dst_node_id in self.client_of_node
 
     def _plan(self, timed: list[Message], rnd: int, t0: float) -> dict[str, Any]:
-        """Who is off, who is lost before training, each delivered client's job time and arrival."""
+        """Who is off, who is lost before training, each delivered client's job time and arrival:
+        each job's fate is :func:`virtualtime.jobs.job_fate`'s, this grid only acts on it."""
         undelivered: set[int] = set()  # id() of the messages not delivered
         on_now = self.scheduled(rnd - 1) if self.scheduled is not None else None
         off: list[int] = []
@@ -108,50 +113,38 @@ class VirtualClockGrid(DelegatingGrid):
         job: dict[int, float] = {}
         arrival: dict[int, float] = {}
         back: list[float] = []  # when an absent client is online again
+        partial = self.policy == "partial"
         for m in timed:
             c = self.client_of_node[m.metadata.dst_node_id]
             if on_now is not None and not (0 <= c < len(on_now) and on_now[c]):
                 continue  # off in the schedule: the availability gate decides what it gets
-            on, _, end = self.clock.session(c, t0)
-            if not on:
-                off.append(c)
+            fate = job_fate(self.clock, c, t0, self.steps_for(c, rnd - 1), free_at=self.busy_until.get(c),
+                            deadline=self.deadline, partial=partial, min_steps=self.min_steps)
+            if fate.cut:
+                self._budget(m, fate.steps)
+            if fate.off or not fate.trained:
+                (off if fate.off else lost).append(c)
                 undelivered.add(id(m))
-                back.append(end)
+                back.append(back_online(self.clock, c, t0))
                 continue
-            start = max(t0, self.busy_until.get(c, t0))
-            steps, partial = self._steps(m, c, rnd, start - t0)
-            jt = self.clock.job_time(c, steps)
-            total = min(jt.total, t0 + self.deadline - start) if partial else jt.total  # k fits, whatever the float sums
-            if start + jt.trained > end:
-                lost.append(c)
-                undelivered.add(id(m))
-                back.append(self.clock.next_online(c, end))
-                continue
-            job[c] = start - t0 + total
-            if start + total > end:
+            job[c] = fate.start - t0 + fate.seconds
+            if fate.lost:
                 lost.append(c)  # trained; the reply is lost on the way
-                back.append(self.clock.next_online(c, end))
+                back.append(back_online(self.clock, c, t0))
             else:
-                arrival[c] = start + total
+                arrival[c] = fate.arrival
         return {"undelivered": undelivered, "off": off, "lost": lost, "job": job, "arrival": arrival,
                 "back": back}
 
-    def _steps(self, m: Message, c: int, rnd: int, waited: float) -> tuple[int, bool]:
-        """(local steps of client ``c``'s job, whether the policy cut them) after it ``waited``
-        for its device; a cut job's message carries its budget (``max-local-steps``)."""
-        steps = self.steps_for(c, rnd - 1)
-        if self.policy != "partial" or not math.isfinite(self.deadline):
-            return steps, False
-        fit = self.clock.steps_that_fit(c, self.deadline - waited)
-        if fit is None or fit >= steps:
-            return steps, False
-        budget = max(fit, min(self.min_steps, steps))
-        content = RecordDict(dict(m.content.items()))  # one content per node (the strategy shares one)
+    @staticmethod
+    def _budget(m: Message, steps: int) -> None:
+        """A cut job's message carries its budget (``max-local-steps``), in a copy of its content
+        (the strategy sends one content to every node)."""
+        content = RecordDict(dict(m.content.items()))
         for name, record in m.content.config_records.items():
             if SERVER_ROUND in record:
-                content[name] = ConfigRecord({**dict(record.items()), MAX_LOCAL_STEPS: budget})
+                content[name] = ConfigRecord({**dict(record.items()), MAX_LOCAL_STEPS: steps})
         m.content = content
-        return budget, fit >= budget
 
     def _close(self, rnd: int, t0: float, plan: Mapping[str, Any], timed: list[Message],
                replies: list[Message]) -> list[Message]:
@@ -170,15 +163,8 @@ class VirtualClockGrid(DelegatingGrid):
                 client_of_reply.append(c)
             else:
                 client_of_reply.append(None if c is None or c not in plan["job"] else c)
-        times = sorted(came.values())
-        close = t0 + self.deadline
-        if self.min_replies and len(times) >= self.min_replies:
-            close = min(close, times[self.min_replies - 1])
-        if not plan["lost"] and times and times[-1] <= close:
-            close = times[-1]  # everyone still coming is in
-        if not math.isfinite(close):
-            back = [b for b in plan["back"] if math.isfinite(b)]
-            close = times[-1] if times else (min(back) if back else t0)
+        close = barrier_close(t0, came, deadline=self.deadline, min_replies=self.min_replies,
+                              none_lost=not plan["lost"], back=plan["back"])
         late = sorted(c for c, t in came.items() if t > close)
         self.busy_until.update({c: came[c] for c in late})
         kept = [r for r, c in zip(replies, client_of_reply, strict=True)

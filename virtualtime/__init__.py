@@ -9,17 +9,20 @@
   ``trace-intervals`` (``python -m virtualtime convert``);
 - ``sessions``: on/off sessions in seconds, per client, keyed by (seed, client, session index):
   O(1) state per client, the same answer whatever order it is asked in;
-- ``clock``: :class:`VirtualClock` (a client's :class:`JobTime`, who is online when);
+- ``clock``: :class:`VirtualClock` (a client's :class:`JobTime`, who is online when), the one
+  clock of every simulated run (``VirtualClock.steps_only`` without device profiles);
+- ``jobs``: :func:`~.jobs.job_fate`, what becomes of one job (off, lost, its arrival, the steps
+  that fit), the one place both the synchronous and the asynchronous loop ask;
 - ``events``: :class:`EventQueue`, a deterministic (time, sequence) priority queue.
 
 See docs/virtual-time.md.
 """
 
-from .clock import JobTime, VirtualClock
+from .clock import STEP_SECONDS, JobTime, VirtualClock
 from .errors import ProfileError
 from .events import Event, EventQueue
 from .profiles import DeviceProfile, ProfilePlan, parse_profiles, read_profiles
 from .traces import classes_from_trace, read_trace
 
-__all__ = ["DeviceProfile", "Event", "EventQueue", "JobTime", "ProfileError", "ProfilePlan", "VirtualClock",
+__all__ = ["STEP_SECONDS", "DeviceProfile", "Event", "EventQueue", "JobTime", "ProfileError", "ProfilePlan", "VirtualClock",
            "classes_from_trace", "parse_profiles", "read_profiles", "read_trace"]

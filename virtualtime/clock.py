@@ -15,6 +15,13 @@ and the polls; ``benchmarks/clock_vs_emulation.py`` measures it per device class
 CPU). A client is online at time t when it is in an online session (:mod:`.sessions`) and, with
 an availability ``schedule`` and ``slot_seconds``, the schedule has it on in slot
 ``floor(t / slot_seconds)``.
+
+One clock type serves every run: synchronous rounds with ``devices`` (profiles and sessions, no
+schedule: the availability gate applies it per Flower round), the asynchronous loop with
+``devices`` (profiles, sessions and the schedule in slots) and the asynchronous loop without
+(:meth:`VirtualClock.steps_only`: one device class whose job is ``steps x step seconds``, no
+transfers, no sessions, the schedule in slots). What a job's times mean for the job (on time,
+late, lost, cut to the steps that fit) is :func:`virtualtime.jobs.job_fate`.
 """
 
 from __future__ import annotations
@@ -26,10 +33,12 @@ from typing import Any, Protocol
 import numpy as np
 
 from .errors import ProfileError
-from .profiles import ProfilePlan
+from .profiles import DeviceProfile, ProfilePlan
 from .sessions import Sessions
 
 MAX_SLOTS = 100_000  # next_online looks this many schedule slots ahead before it says "never"
+CACHED_SLOTS = 512  # schedule slots whose availability the clock keeps (then it starts afresh)
+STEP_SECONDS = 1.0  # virtual seconds per local step of a clock without device profiles (steps_only)
 
 
 class RoundSchedule(Protocol):
@@ -78,7 +87,7 @@ class VirtualClock:
         self.model_bytes = int(model_bytes)
         self.upload_bytes = self.model_bytes if upload_bytes is None else int(upload_bytes)
         self.schedule, self.slot_seconds = schedule, slot_seconds
-        self._slot: tuple[int, np.ndarray] | None = None
+        self._slots: dict[int, np.ndarray] = {}  # schedule slot -> who is on (at most CACHED_SLOTS)
         n = plan.num_clients
         # per class, computed once: (download s, upload s, step s, overhead s); per client: its class index
         self._class_index = np.zeros(n, dtype=np.int32)
@@ -97,6 +106,19 @@ class VirtualClock:
                 on[ids], off[ids] = dc.session_on_s, dc.session_off_s
                 periodic[ids] = dc.session_model == "periodic"
         self.sessions = Sessions(on, off, periodic, self.seed)
+        self._always_on = not bool(np.any(np.isfinite(on) & (off != 0)))  # no client ever leaves a session
+
+    @classmethod
+    def steps_only(cls, num_clients: int, schedule: RoundSchedule, slot_seconds: float,
+                   step_seconds: float = STEP_SECONDS) -> VirtualClock:
+        """The clock of a run without device profiles: one class for every client whose job takes
+        ``num_steps x step_seconds`` (no download, overhead or upload, no sessions), online when
+        ``schedule`` has it on in slot ``floor(t / slot_seconds)``."""
+        if not (math.isfinite(step_seconds) and step_seconds > 0):
+            raise ProfileError(f"step_seconds = {step_seconds!r} must be a number > 0")
+        one = DeviceProfile("steps", tuple(range(num_clients)), step_ms=step_seconds * 1000.0)
+        return cls(ProfilePlan(num_clients, (one,)), model_bytes=0, seed=0, schedule=schedule,
+                   slot_seconds=slot_seconds)
 
     @property
     def num_clients(self) -> int:
@@ -133,23 +155,30 @@ class VirtualClock:
     def _scheduled(self, client: int, t: float) -> bool:
         if self.schedule is None or self.slot_seconds is None:
             return True
-        slot = self._slot_of(t)
-        if self._slot is None or self._slot[0] != slot:
-            self._slot = (slot, np.asarray(self.schedule.available(slot), dtype=bool))
-        return bool(self._slot[1][client])
+        return bool(self._on_in(self._slot_of(t))[client])
+
+    def _on_in(self, slot: int) -> np.ndarray:
+        """Who the schedule has on in ``slot`` (cached: CACHED_SLOTS slots, then afresh)."""
+        assert self.schedule is not None
+        on = self._slots.get(slot)
+        if on is None:
+            if len(self._slots) >= CACHED_SLOTS:
+                self._slots.clear()
+            on = self._slots[slot] = np.asarray(self.schedule.available(slot), dtype=bool)
+        return on
 
     def online(self, client: int, t: float) -> bool:
         """Whether ``client`` is online at virtual time ``t``: in a session and on in the schedule."""
-        return self.sessions.interval(client, t)[0] and self._scheduled(client, t)
+        return self.session(client, t)[0] and self._scheduled(client, t)
 
     def session(self, client: int, t: float) -> tuple[bool, float, float]:
         """(online?, start, end) of the session interval of ``client`` that holds ``t`` (no schedule)."""
-        return self.sessions.interval(client, t)
+        return (True, 0.0, math.inf) if self._always_on else self.sessions.interval(client, t)
 
     def online_until(self, client: int, t: float) -> float:
         """When ``client``, online at ``t``, goes offline (its session ends, or a schedule slot in
         which it is off begins); ``t`` when it is offline at ``t``."""
-        on, _, end = self.sessions.interval(client, t)
+        on, _, end = self.session(client, t)
         if not on or not self._scheduled(client, t):
             return t
         if self.slot_seconds is None:
@@ -167,8 +196,16 @@ class VirtualClock:
     def next_online(self, client: int, t: float) -> float:
         """The first time >= ``t`` at which ``client`` is online; ``math.inf`` if never (within
         ``MAX_SLOTS`` schedule slots, or a session that never comes)."""
+        if self._always_on and self.slot_seconds is not None:  # the schedule alone: the next slot it has on
+            if self._scheduled(client, t):
+                return t
+            first = self._slot_of(t) + 1
+            for slot in range(first, first + MAX_SLOTS):
+                if self._on_in(slot)[client]:
+                    return slot * self.slot_seconds
+            return math.inf
         for _ in range(MAX_SLOTS):
-            on, _, end = self.sessions.interval(client, t)
+            on, _, end = self.session(client, t)
             if not on:
                 if not math.isfinite(end):
                     return math.inf

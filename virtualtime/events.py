@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,3 +69,15 @@ class EventQueue:
         heapq.heapify(queue._heap)
         queue._seq = int(next_seq)
         return queue
+
+
+def run_events(queue: EventQueue, handle: Callable[[Event], bool]) -> Event | None:
+    """The event loop of every simulated run: pop events in (time, sequence) order and hand each to
+    ``handle`` (the policy: the asynchronous buffer, the synchronous barrier) until it returns True
+    (stop) or the queue is empty. Returns the last event handled (None: none was)."""
+    last = None
+    while queue:
+        last = queue.pop()
+        if handle(last):
+            break
+    return last
