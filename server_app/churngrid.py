@@ -20,6 +20,9 @@
   SecAgg+ round is closed by the workflow's own log line (``Secure aggregation completed.`` or
   ``halted.``): a halted round has no participants and says where it stopped. One ``rounds.jsonl``
   line per round.
+- **Leaving between stages.** ``departures`` {(round, client): stage}: the client's node is gone
+  from that SecAgg+ stage of that round on (its messages get the unavailable reply), as a session
+  that ends mid-round; SecAgg+ recovers its masks from the shares.
 - **No success without work.** When ``max_idle_rounds`` rounds with clients scheduled online have
   passed and no round ever had a participant, the run fails (:class:`NoWorkDone`) with the reasons
   (what the nodes' identity answers raised, the training replies' errors, a halted SecAgg+).
@@ -34,7 +37,7 @@ import time
 import uuid
 import weakref
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +55,9 @@ from .results import PARTICIPATION, write_matrix
 flwr_log = logging.getLogger("flwr")
 AVAILABILITY = "availability.csv"
 ROUNDS = "rounds.jsonl"
+STAGES = Stage.all()  # SecAgg+'s stages, in order
 TRAINING_STAGE = Stage.COLLECT_MASKED_VECTORS  # SecAgg+'s stage that runs the client's fit
+ROUND_STARTS = ("[ROUND %s]", "[ROUND %s/%s]")  # DefaultWorkflow's and Strategy.start's log lines
 SECURE_DONE = {"Secure aggregation completed.": True, "Secure aggregation halted.": False}  # SecAggPlusWorkflow's log
 LISTING_WARN = 30  # listings of one round, with no message sent, after which the wait is explained once
 
@@ -99,9 +104,11 @@ def unavailable_reply(m: Message) -> Message:
     return create_message_error_unavailable_res_message(m.metadata, "node_unavail")
 
 
-class _SecureWatch(logging.Handler):
-    """Closes the grid's open SecAgg+ round on the workflow's ``completed`` / ``halted`` log line
-    (SecAggPlusWorkflow tells the outcome nowhere else; ``tests/test_secagg_churn.py`` pins the lines)."""
+class _FlowerLogWatch(logging.Handler):
+    """What Flower's loops say only on its logger: the round they start (``[ROUND r]`` of
+    ``DefaultWorkflow``, ``[ROUND r/R]`` of ``Strategy.start``: the clock then follows a round in
+    which the strategy sent nothing) and SecAgg+'s outcome (``Secure aggregation completed.`` /
+    ``halted.``); ``tests/test_churn_workflows.py`` runs both against the pinned Flower."""
 
     def __init__(self, grid: ChurnGrid) -> None:
         super().__init__(logging.DEBUG)
@@ -109,8 +116,12 @@ class _SecureWatch(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         grid = self.grid()
-        if grid is not None and isinstance(record.msg, str) and record.msg in SECURE_DONE:
+        if grid is None or not isinstance(record.msg, str):
+            return
+        if record.msg in SECURE_DONE:
             grid.secure_ended(SECURE_DONE[record.msg])  # may raise NoWorkDone: it ends the workflow
+        elif record.msg in ROUND_STARTS and isinstance(record.args, tuple) and record.args:
+            grid.announced = max(grid.announced, int(record.args[0]))
 
 
 class ChurnGrid(AvailabilityGrid):
@@ -120,13 +131,17 @@ class ChurnGrid(AvailabilityGrid):
 
     def __init__(self, grid: Grid, schedule: Schedule, gate: str, results_dir: Path | None,
                  identity_timeout: float, deployed: Any = None, *, count_rounds: bool = False,
-                 max_idle_rounds: int = 3) -> None:
+                 max_idle_rounds: int = 3, departures: Mapping[tuple[int, int], str] | None = None) -> None:
         super().__init__(grid, schedule, {}, identity_timeout)
         self.gate = "none" if deployed is not None else gate
         self.results_dir = results_dir
         self.deployed = deployed
         self.count_rounds = count_rounds
         self.max_idle_rounds = max_idle_rounds
+        self.departures = dict(departures or {})  # (round, client) -> the SecAgg+ stage it is gone by
+        bad = {stage for stage in self.departures.values() if stage not in STAGES}
+        if bad:
+            raise ValueError(f"departures: stages must be among {STAGES} (SecAgg+'s), got {sorted(bad)}")
         self.lock = threading.RLock()  # Flower's legacy workflows list nodes from a thread of their own
         self.rounds: dict[int, dict[str, Any]] = {}  # round -> its record
         self.latest = 0  # the latest round a message was dated with
@@ -142,13 +157,14 @@ class ChurnGrid(AvailabilityGrid):
         if results_dir is not None:
             results_dir.mkdir(parents=True, exist_ok=True)
             (results_dir / ROUNDS).write_text("")
-        self.watch = _SecureWatch(self)
+        self.announced = 0  # the round Flower's loop said it starts (its log line)
+        self.watch = _FlowerLogWatch(self)
         flwr_log.addHandler(self.watch)
 
     # ------------------------------------------------------------------ listing
     def listing_round(self) -> int:
         """The round whose online nodes ``get_node_ids`` lists (see the module: the clock)."""
-        return max(self.latest, self.trained_through + 1, 1)
+        return max(self.latest, self.trained_through + 1, self.announced, 1)
 
     def get_node_ids(self) -> Iterable[int]:
         """The connected nodes whose client is online in :meth:`listing_round` (gate ``server``);
@@ -218,10 +234,20 @@ class ChurnGrid(AvailabilityGrid):
         self._dates = dates
         self.latest = max([self.latest, *dates.values()])
 
+    def departed(self, m: Message) -> bool:
+        """Whether ``m``'s node has left its round before ``m``'s SecAgg+ stage (``departures``)."""
+        stage = stage_of(m)
+        client = self.client_of_node.get(m.metadata.dst_node_id)
+        left = self.departures.get((self._dates.get(id(m), 0), client)) if client is not None else None
+        return stage in STAGES and left is not None and STAGES.index(stage) >= STAGES.index(left)
+
     # ------------------------------------------------------------------ sending
     def reachable(self, messages: list[Message]) -> list[Message]:  # noqa: D102
         if self.gate == "server":
-            return super().reachable(messages)
+            keep = super().reachable(messages)
+            gone = [m for m in keep if self.departed(m)]
+            self.withheld += gone
+            return [m for m in keep if not any(m is g for g in gone)]
         self.withheld = []
         self.identify(messages)  # the client gates itself, or the node is gone: ids for the record only
         return messages
@@ -306,6 +332,10 @@ class ChurnGrid(AvailabilityGrid):
         """SecAggPlusWorkflow said its round completed or halted (:class:`_SecureWatch`)."""
         with self.lock:
             rnd, self.open_secure = self.open_secure, None
+            if rnd is None and not completed and self.announced > self.trained_through:
+                rnd = self.announced  # halted before any message: fewer than 2 nodes to sample
+                self.rounds[rnd] = {"round": rnd, "sent": time.time(), "addressed": [], "reached": [], "replied": [],
+                                    "problems": [], "secure": {"status": "running", "stages": {}}}
             if rnd is None or rnd not in self.rounds:
                 return
             info = self.rounds[rnd]["secure"]

@@ -68,7 +68,8 @@ LabelDists = np.ndarray | str | Path | Callable[[int], Any]
 def with_availability(grid: Grid, availability: str | Schedule, *, num_clients: int | None = None, seed: int = 0,
                       gate: str = "server", results_dir: str | Path | None = None,
                       identity_timeout: float = 300.0, count_rounds: bool = False, max_idle_rounds: int = 3,
-                      label_dists: LabelDists | None = None) -> ChurnGrid:
+                      label_dists: LabelDists | None = None,
+                      departures: Mapping[tuple[int, int], str] | None = None) -> ChurnGrid:
     """``grid`` with the availability schedule applied (see the module).
 
     ``availability``: a spec string (``"bernoulli:p=0.5"``) or a built Schedule. ``num_clients``:
@@ -82,7 +83,9 @@ def with_availability(grid: Grid, availability: str | Schedule, *, num_clients: 
     for at most 10 s. ``count_rounds``: date messages that name no round by the grid's own count
     of train rounds (each send of such TRAIN messages is the next round) instead of refusing them.
     ``max_idle_rounds``: fail the run when that many rounds with clients online have passed and no
-    client's update ever came back (0: never).
+    client's update ever came back (0: never). ``departures``: {(round, client): SecAgg+ stage}, the
+    client's node leaves that round before that stage (``"share_keys"``, ``"collect_masked_vectors"``,
+    ``"unmask"``): a session that ends mid-round.
     """
     if gate not in ("server", "client"):
         raise ValueError(f"with_availability: gate must be 'server' or 'client' (of {AVAILABILITY_GATES}; "
@@ -108,7 +111,7 @@ def with_availability(grid: Grid, availability: str | Schedule, *, num_clients: 
         deployed.check(schedule)
         deployed.start(schedule)
     return ChurnGrid(grid, schedule, gate, None if results_dir is None else Path(results_dir), identity_timeout,
-                     deployed, count_rounds=count_rounds, max_idle_rounds=max_idle_rounds)
+                     deployed, count_rounds=count_rounds, max_idle_rounds=max_idle_rounds, departures=departures)
 
 
 def _build(spec: str, num_clients: int, seed: int, label_dists: LabelDists | None) -> Schedule:
