@@ -121,7 +121,7 @@ class _FlowerLogWatch(logging.Handler):
         if record.msg in SECURE_DONE:
             grid.secure_ended(SECURE_DONE[record.msg])  # may raise NoWorkDone: it ends the workflow
         elif record.msg in ROUND_STARTS and isinstance(record.args, tuple) and record.args:
-            grid.announced = max(grid.announced, int(record.args[0]))
+            grid.announced = max(grid.announced, int(str(record.args[0])))
 
 
 class ChurnGrid(AvailabilityGrid):

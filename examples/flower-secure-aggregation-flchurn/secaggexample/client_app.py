@@ -7,6 +7,7 @@ from flwr.client import ClientApp, NumPyClient
 from flwr.client.mod import secaggplus_mod
 from flwr.common import Context
 
+from client_app.dropin import availability_mod
 from secaggexample.task import Net, get_weights, load_data, set_weights, test, train
 
 
@@ -69,7 +70,8 @@ def client_fn(context: Context):
     batch_size = context.run_config["batch-size"]
     is_demo = context.run_config["is-demo"]
     trainloader, valloader = load_data(
-        partition_id, num_partitions, batch_size, is_demo
+        partition_id, num_partitions, batch_size, is_demo,
+        context.run_config["data-dir"], context.run_config["max-examples"],
     )
     local_epochs = context.run_config["local-epochs"]
     lr = context.run_config["learning-rate"]
@@ -87,5 +89,6 @@ app = ClientApp(
     client_fn=client_fn,
     mods=[
         secaggplus_mod,
+        availability_mod,  # flchurn: says which client this node hosts
     ],
 )

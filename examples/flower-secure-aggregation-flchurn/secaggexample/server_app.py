@@ -10,6 +10,7 @@ from flwr.server.strategy import FedAvg
 from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
 
 from secaggexample.task import get_weights, make_net
+from server_app.dropin import with_availability
 from secaggexample.workflow_with_log import SecAggPlusWorkflowWithLogs
 
 
@@ -31,6 +32,9 @@ app = ServerApp()
 def main(grid: Grid, context: Context) -> None:
 
     is_demo = context.run_config["is-demo"]
+    # flchurn: offline clients are not connected (a client is its node's partition-id)
+    grid = with_availability(grid, context.run_config["availability"], num_clients=context.run_config["num-clients"],
+                             seed=context.run_config["schedule-seed"], results_dir=context.run_config["results-dir"])
 
     # Get initial parameters
     ndarrays = get_weights(make_net())
@@ -40,10 +44,13 @@ def main(grid: Grid, context: Context) -> None:
     strategy = FedAvg(
         # Select all available clients
         fraction_fit=1.0,
-        min_fit_clients=5,
+        # flchurn: Flower waits (for ever) for min_fit_clients / min_available_clients connected
+        # nodes; under churn only the online ones are, as in a deployment: ask for the threshold
+        min_fit_clients=context.run_config["reconstruction-threshold"],
         # Disable evaluation in demo
         fraction_evaluate=(0.0 if is_demo else context.run_config["fraction-evaluate"]),
-        min_available_clients=5,
+        min_evaluate_clients=1,
+        min_available_clients=context.run_config["reconstruction-threshold"],
         evaluate_metrics_aggregation_fn=weighted_average,
         initial_parameters=parameters,
     )

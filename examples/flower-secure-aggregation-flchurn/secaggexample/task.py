@@ -1,24 +1,35 @@
-"""secaggexample: A Flower with SecAgg+ app."""
+"""secaggexample: A Flower with SecAgg+ app.
 
+Flower's flower-secure-aggregation task, offline: CIFAR-10 from the shared JPEG copy (the first
+``max-examples`` training images) instead of the Hugging Face hub; the model, training and test
+are Flower's.
+"""
+
+import io
 import random
 from collections import OrderedDict
+from pathlib import Path
 from unittest.mock import Mock
 
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from flwr_datasets import FederatedDataset
+from datasets import Dataset, Features, Value
+from datasets import Image as ImageFeature
 from flwr_datasets.partitioner import IidPartitioner
+from PIL import Image
 from torch.utils.data import DataLoader
 from torchvision.transforms import Compose, Normalize, ToTensor
+
+CIFAR10 = Path("cifar10") / "cifar10-jpeg-q75.npz"  # offline copy: every image JPEG-encoded (quality 75)
 
 
 class Net(nn.Module):
     """Model (simple CNN adapted from 'PyTorch: A 60 Minute Blitz')"""
 
     def __init__(self):
-        super(Net, self).__init__()
+        super().__init__()
         self.conv1 = nn.Conv2d(3, 6, 5)
         self.pool = nn.MaxPool2d(2, 2)
         self.conv2 = nn.Conv2d(6, 16, 5)
@@ -55,19 +66,32 @@ def set_weights(net, parameters):
 fds = None  # Cache FederatedDataset
 
 
-def load_data(partition_id: int, num_partitions: int, batch_size: int, is_demo: bool):
+def cifar10(data_dir: str, max_examples: int) -> Dataset:
+    """The first ``max_examples`` CIFAR-10 training images of the offline copy, as a Dataset."""
+    root = Path(data_dir) if data_dir else Path(__file__).resolve().parents[3] / "shared" / "data"
+    path = root / CIFAR10
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: set the run config key data-dir to the folder that holds "
+                                f"{CIFAR10}")
+    with np.load(path) as npz:
+        data, offsets, labels = npz["train_jpeg"], npz["train_offsets"], npz["train_labels"]
+        n = min(int(max_examples), len(labels))
+        images = [Image.open(io.BytesIO(data[offsets[i]:offsets[i + 1]].tobytes())).convert("RGB") for i in range(n)]
+        return Dataset.from_dict({"img": images, "label": labels[:n].astype(np.int64).tolist()},
+                                 features=Features({"img": ImageFeature(), "label": Value("int64")}))
+
+
+def load_data(partition_id: int, num_partitions: int, batch_size: int, is_demo: bool, data_dir: str = "",
+              max_examples: int = 50000):
     """Load partition CIFAR10 data."""
     if is_demo:
         trainloader, testloader = Mock(dataset=[0]), Mock(dataset=[0])
         return trainloader, testloader
-    # Only initialize `FederatedDataset` once
+    # Only initialize the partitioner once
     global fds
     if fds is None:
-        partitioner = IidPartitioner(num_partitions=num_partitions)
-        fds = FederatedDataset(
-            dataset="uoft-cs/cifar10",
-            partitioners={"train": partitioner},
-        )
+        fds = IidPartitioner(num_partitions=num_partitions)
+        fds.dataset = cifar10(data_dir, max_examples)
     partition = fds.load_partition(partition_id)
     # Divide data on each node: 80% train, 20% test
     partition_train_test = partition.train_test_split(test_size=0.2, seed=42)
