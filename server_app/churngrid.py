@@ -121,7 +121,7 @@ class _FlowerLogWatch(logging.Handler):
         if record.msg in SECURE_DONE:
             grid.secure_ended(SECURE_DONE[record.msg])  # may raise NoWorkDone: it ends the workflow
         elif record.msg in ROUND_STARTS and isinstance(record.args, tuple) and record.args:
-            grid.announced = max(grid.announced, int(str(record.args[0])))
+            grid.announce(int(str(record.args[0])))  # may raise NoWorkDone too
 
 
 class ChurnGrid(AvailabilityGrid):
@@ -327,6 +327,20 @@ class ChurnGrid(AvailabilityGrid):
 
     def describe(self, reply: Message) -> str:
         return f"error reply from node {reply.metadata.src_node_id}: {quoted_error(reply.error.reason)}"
+
+    def announce(self, rnd: int) -> None:
+        """Flower's loop starts round ``rnd``: the rounds before it in which no training was sent
+        (the strategy sampled nobody) are recorded, as rounds without participants."""
+        with self.lock:
+            for skipped in range(self.trained_through + 1, rnd):
+                if skipped not in self.rounds and skipped > 0:
+                    unknown = [n for n in self.grid.get_node_ids() if n not in self.client_of_node]
+                    why = (f"no training sent: {len(unknown)} node(s) never said which client they are "
+                           f"({self.why_unknown(unknown)})" if unknown else "the strategy sent no training message")
+                    self.rounds[skipped] = {"round": skipped, "sent": time.time(), "addressed": [], "reached": [],
+                                            "replied": [], "problems": [why]}
+                    self.close(skipped, completed=True)
+            self.announced = max(self.announced, rnd)
 
     def secure_ended(self, completed: bool) -> None:
         """SecAggPlusWorkflow said its round completed or halted (:class:`_SecureWatch`)."""

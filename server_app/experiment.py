@@ -26,7 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from availability import Schedule, parse_spec, schedule_for
 from runconfig import ConfigError
 from runconfig.extensions import split_reference
-from strategies import AvailabilityStrategy, build_strategy, named_arrays
+from strategies import AvailabilityStrategy, StrategyFailure, build_strategy, named_arrays
 from strategies.protocol import TRAIN_TIME
 from strategies.replies import brief, finite
 from workloads.workload import Workload, get_workload
@@ -349,6 +349,10 @@ def _run_rounds(grid: Grid, setup: Setup, client_of_node: dict[int, int], consol
     final = arrays.to_torch_state_dict()
     recorder.finish(final, setup.schedule.matrix(s.num_server_rounds))
     last = recorder.rows[-1]
+    if not any(r["participants"] for r in recorder.rows):  # no success without work (issue 35)
+        raise StrategyFailure(f"no client's update was applied in any of the {len(recorder.rows)} rounds (0 "
+                              f"participants in each; last round: {last['unavailable-nodes']} node(s) unavailable, "
+                              f"rejected {last['rejected'][:3]}): the record is in {setup.run_dir}")
     summary = ", ".join(f"{k} {last[k]:.4f}" for k in ("test-accuracy", "test-loss") if k in last)
     console.print(f"[bold green]done[/]: {s.num_server_rounds} rounds in "
                   f"{time.monotonic() - t_run:.1f} s; {summary}", soft_wrap=True)

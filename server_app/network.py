@@ -67,19 +67,22 @@ def identity_query(node: int, server_round: int = 1) -> Message:
 
 
 _TRACEBACK_LAST = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning)): ?(.*)$")
+_WRAPPERS = ("ClientAppException", "RayTaskError")  # Flower's and Ray's wrappers around the real exception
 _FLOWER_REASON = re.compile(r"^<class '([\w.]+)'>:<'(.*)'>$", re.S)
 
 
 def quoted_error(reason: str | None) -> str:
     """The exception behind a Flower error reply, as ``Type: first line`` (Flower writes
-    ``<class 'T'>:<'message'>``, the message often holding a whole traceback, whose last
-    ``Type: ...`` line is the real exception); the reason's first line where it holds none."""
+    ``<class 'T'>:<'message'>``; in simulation the message holds Ray's traceback, whose first
+    ``Type: ...`` line that is not a wrapper is the real exception); the reason's first line where
+    it holds none."""
     text = (reason or "").strip()
     if not text:
         return "(no reason given)"
-    found = [m for line in text.splitlines() if (m := _TRACEBACK_LAST.match(line.strip()))]
-    if found:
-        kind, message = found[-1].group(1), found[-1].group(2)
+    found = [m for line in text.splitlines() if (m := _TRACEBACK_LAST.match(line.strip()))
+             and not m.group(1).endswith(_WRAPPERS)]
+    if found:  # a traceback (Ray's, in simulation): its first exception, the root of the chain
+        kind, message = found[0].group(1), found[0].group(2)
         return f"{kind.rsplit('.', 1)[-1]}: {message.strip()}"[:300]
     outer = _FLOWER_REASON.match(text)
     if outer:

@@ -22,9 +22,10 @@ from strategies import ORACLES, STRATEGIES, build_strategy
 N, ROUNDS, SPEC, SEED = 6, 5, "bernoulli:p=0.5", 3
 
 
-def foreign_app(**kwargs) -> ClientApp:
-    """Flower's template ClientApp (tests.test_dropin) with the two churn lines added."""
-    app = tiny_app(mods=(availability_mod,), **kwargs)
+def foreign_app(extra_mods: tuple = (), **kwargs) -> ClientApp:
+    """Flower's template ClientApp (tests.test_dropin) with the two churn lines added (after the
+    user's own ``extra_mods``)."""
+    app = tiny_app(mods=(*extra_mods, availability_mod), **kwargs)
     app.query("identity")(identity)
     return app
 
