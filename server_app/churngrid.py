@@ -158,6 +158,8 @@ class ChurnGrid(AvailabilityGrid):
             results_dir.mkdir(parents=True, exist_ok=True)
             (results_dir / ROUNDS).write_text("")
         self.announced = 0  # the round Flower's loop said it starts (its log line)
+        for old in [h for h in flwr_log.handlers if isinstance(h, _FlowerLogWatch)]:
+            flwr_log.removeHandler(old)  # one wrapped grid per ServerApp: the latest follows Flower's loop
         self.watch = _FlowerLogWatch(self)
         flwr_log.addHandler(self.watch)
 
@@ -213,6 +215,11 @@ class ChurnGrid(AvailabilityGrid):
     # ------------------------------------------------------------------ dating
     def round_of(self, m: Message) -> int | None:  # noqa: D102
         return self._dates.get(id(m))
+
+    def availability_round(self, rnd: int) -> int:
+        """The clock's round when it is later than the message's: an evaluation of round r, sent
+        after its training, reaches the nodes up in round r + 1, as in a deployment."""
+        return max(rnd, self.listing_round())
 
     def date(self, messages: list[Message]) -> None:
         """Date every message (see the module), or refuse the whole batch with the fix."""

@@ -325,6 +325,10 @@ class AvailabilityGrid(DelegatingGrid):
         """The 1-based round of message ``m`` (None: not a round message)."""
         return server_round_of(m.content)
 
+    def availability_round(self, rnd: int) -> int:
+        """The round whose schedule decides whether a message of round ``rnd`` is delivered."""
+        return rnd
+
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:  # noqa: D102
         return self.grid.push_messages(self.reachable(list(messages)))
 
@@ -359,7 +363,7 @@ class AvailabilityGrid(DelegatingGrid):
                 withheld.setdefault(rnd, []).append(node)  # fail closed: unknown until it says
                 self.withheld.append(m)
             else:
-                t = max(rnd, 1) - 1  # round 0 (Flower's initial parameters): round 1's clients
+                t = max(self.availability_round(rnd), 1) - 1  # round 0 (initial parameters): round 1's
                 if t not in online:
                     online[t] = self.schedule.available(t)
                 if not 0 <= client < len(online[t]):
