@@ -3,10 +3,11 @@
 from typing import cast
 
 import torch
+from client_app.dropin import availability_mod, identity
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from custom_mods.mods import get_tensorboard_mod, get_wandb_mod
+from custom_mods.mods import get_tensorboard_mod
 from custom_mods.task import Net, load_data
 from custom_mods.task import test as test_fn
 from custom_mods.task import train as train_fn
@@ -16,8 +17,10 @@ app = ClientApp(
     mods=[
         get_tensorboard_mod(".runs_history/"),
         # get_wandb_mod("Custom mods example"),
+        availability_mod,  # flchurn: says which client this node hosts
     ],
 )
+app.query("identity")(identity)  # flchurn: answers "which client are you?" (partition-id)
 
 
 @app.train()
@@ -36,7 +39,8 @@ def train(msg: Message, context: Context):
     partition_id = int(context.node_config["partition-id"])
     num_partitions = int(context.node_config["num-partitions"])
     batch_size = int(context.run_config["batch-size"])
-    trainloader, _ = load_data(partition_id, num_partitions, batch_size)
+    trainloader, _ = load_data(partition_id, num_partitions, batch_size, context.run_config["data-dir"],
+                               context.run_config["max-examples"])
 
     # Call the training function
     train_loss = train_fn(
@@ -74,7 +78,8 @@ def evaluate(msg: Message, context: Context):
     partition_id = int(context.node_config["partition-id"])
     num_partitions = int(context.node_config["num-partitions"])
     batch_size = int(context.run_config["batch-size"])
-    _, valloader = load_data(partition_id, num_partitions, batch_size)
+    _, valloader = load_data(partition_id, num_partitions, batch_size, context.run_config["data-dir"],
+                             context.run_config["max-examples"])
 
     # Call the evaluation function
     eval_loss, eval_acc = test_fn(

@@ -1,17 +1,42 @@
 """custom_mods: A Flower app with custom mods."""
 
+import json
 import os
 import time
 from typing import cast
 
-import wandb
 from flwr.app import Context, Message, MessageType
-from flwr.client.typing import ClientAppCallable, Mod
-from torch.utils.tensorboard.writer import SummaryWriter
+from flwr.clientapp.typing import ClientAppCallable, Mod  # flchurn: flwr 1.42 (Flower wrote flwr.client.typing)
+
+
+class JsonWriter:
+    """flchurn, offline: SummaryWriter's two calls used here, written as JSON lines, where
+    TensorBoard is not installed (it is not a dependency of the project)."""
+
+    def __init__(self, logdir: str) -> None:
+        os.makedirs(logdir, exist_ok=True)
+        self.path = os.path.join(logdir, "scalars.jsonl")
+
+    def add_scalar(self, tag, value, global_step=None):
+        with open(self.path, "a") as fh:
+            fh.write(json.dumps({"tag": tag, "value": float(value), "step": global_step}) + "\n")
+
+    def flush(self):
+        pass
+
+
+def SummaryWriter(logdir: str):  # noqa: N802 - TensorBoard's name
+    try:
+        from torch.utils.tensorboard.writer import SummaryWriter as TensorBoardWriter
+    except ImportError:
+        return JsonWriter(logdir)
+    return TensorBoardWriter(logdir)
 
 
 def get_wandb_mod(name: str) -> Mod:
     """Return a mod that logs metrics to W&B."""
+
+    import wandb  # flchurn: only where the W&B mod is used (not a dependency of the project)
 
     def wandb_mod(msg: Message, context: Context, app: ClientAppCallable) -> Message:
         """Flower Mod that logs the metrics dictionary returned by the client's fit

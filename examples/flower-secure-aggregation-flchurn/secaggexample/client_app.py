@@ -3,11 +3,11 @@
 import time
 
 import torch
+from client_app.dropin import availability_mod
 from flwr.client import ClientApp, NumPyClient
 from flwr.client.mod import secaggplus_mod
 from flwr.common import Context
 
-from client_app.dropin import availability_mod
 from secaggexample.task import Net, get_weights, load_data, set_weights, test, train
 
 
@@ -44,7 +44,7 @@ class FlowerClient(NumPyClient):
         # Force a significant delay for testing purposes
         if self.is_demo:
             if config.get("drop", False):
-                print(f"Client dropped for testing purposes.")
+                print("Client dropped for testing purposes.")
                 time.sleep(self.timeout)
             else:
                 print(f"Client uploading parameters: {ret_vec[0].flatten()[:3]}...")
