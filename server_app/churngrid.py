@@ -34,7 +34,6 @@ import json
 import logging
 import threading
 import time
-import uuid
 import weakref
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -43,65 +42,31 @@ from typing import Any
 
 import numpy as np
 from flwr.app import Message, MessageType
-from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
 from flwr.serverapp import Grid
 
 from availability import Schedule
-from strategies.protocol import server_round_of
 
+from .messages import (
+    ROUND_STARTS,
+    SECURE_DONE,
+    STAGES,
+    RoundUnknown,
+    dated_round,
+    is_training,
+    stage_of,
+    unavailable_reply,
+)
 from .network import AvailabilityGrid, discover_clients, quoted_error
 from .results import PARTICIPATION, write_matrix
 
 flwr_log = logging.getLogger("flwr")
 AVAILABILITY = "availability.csv"
 ROUNDS = "rounds.jsonl"
-STAGES = Stage.all()  # SecAgg+'s stages, in order
-TRAINING_STAGE = Stage.COLLECT_MASKED_VECTORS  # SecAgg+'s stage that runs the client's fit
-ROUND_STARTS = ("[ROUND %s]", "[ROUND %s/%s]")  # DefaultWorkflow's and Strategy.start's log lines
-SECURE_DONE = {"Secure aggregation completed.": True, "Secure aggregation halted.": False}  # SecAggPlusWorkflow's log
 LISTING_WARN = 30  # listings of one round, with no message sent, after which the wait is explained once
-
-
-class RoundUnknown(ValueError):
-    """A message whose round cannot be determined: it is refused, never passed through."""
 
 
 class NoWorkDone(RuntimeError):
     """No client's update was applied in any round: the run must not end as a success."""
-
-
-def stage_of(m: Message) -> str | None:
-    """The SecAgg+ stage a message belongs to (None: not a SecAgg+ message)."""
-    record = m.content.config_records.get(RECORD_KEY_CONFIGS)
-    stage = None if record is None else record.get(Key.STAGE)
-    return None if stage is None else str(stage)
-
-
-def is_training(m: Message, stage: str | None) -> bool:
-    """A message of the stage that trains: TRAIN, and of SecAgg+ only ``collect_masked_vectors``."""
-    return m.metadata.message_type == MessageType.TRAIN and stage in (None, TRAINING_STAGE)
-
-
-def dated_round(m: Message) -> int | None:
-    """The round a message names: ``server-round`` in a ConfigRecord, else a numeric ``group_id``."""
-    rnd = server_round_of(m.content)
-    if rnd is not None:
-        return rnd
-    group = m.metadata.group_id
-    return int(group) if group.isdigit() else None
-
-
-def unavailable_reply(m: Message) -> Message:
-    """The reply Flower's SuperLink gives for a message to an unavailable node (its id set as a
-    grid's push would, so a strategy can match the reply to it)."""
-    from flwr.server.superlink.linkstate.utils import create_message_error_unavailable_res_message
-
-    if not m.metadata.message_id:
-        try:
-            m.metadata.__dict__["_message_id"] = m.object_id
-        except Exception:  # noqa: BLE001 - a message Flower cannot hash (a test double's): any unique id
-            m.metadata.__dict__["_message_id"] = uuid.uuid4().hex
-    return create_message_error_unavailable_res_message(m.metadata, "node_unavail")
 
 
 class _FlowerLogWatch(logging.Handler):
@@ -316,7 +281,7 @@ class ChurnGrid(AvailabilityGrid):
                 info = row.setdefault("secure", {"status": "running", "stages": {}})
                 info["stages"][stage] = ok
                 info["last-stage"] = stage
-                if stage == Stage.SETUP:
+                if stage == STAGES[0]:
                     row["addressed"] = self.clients(m.metadata.dst_node_id for m in batch)
             if training:
                 row["sent"] = sent

@@ -57,7 +57,8 @@ from availability import Schedule, build_schedule
 from availability.base import ScheduleError
 from runconfig import AVAILABILITY_GATES
 
-from .churngrid import AVAILABILITY, ROUNDS, ChurnGrid, NoWorkDone, RoundUnknown
+from .churngrid import AVAILABILITY, ROUNDS, ChurnGrid, NoWorkDone
+from .messages import RoundUnknown
 from .results import METRICS
 
 __all__ = ["AVAILABILITY", "ROUNDS", "ChurnGrid", "Deployed", "NoWorkDone", "RoundUnknown", "with_availability"]
