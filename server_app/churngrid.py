@@ -230,6 +230,7 @@ class ChurnGrid(AvailabilityGrid):
             if not messages:
                 return []
             self.date(messages)
+            self.listings.clear()  # the loop moves on: no wait to explain
             stages = {id(m): stage_of(m) for m in messages}  # before delivery: secaggplus_mod pops it
             sent = time.time()
             keep = self.reachable(messages)

@@ -5,6 +5,7 @@ ClientApp on an in-process grid (Flower's messages without Ray), offline CIFAR-1
 
 import importlib
 import json
+import shutil
 import sys
 
 import numpy as np
@@ -79,3 +80,24 @@ def test_the_custom_mods_example_keeps_its_own_mod_and_realises_the_schedule(tmp
               for line in (node / "scalars.jsonl").read_text().splitlines() if '"fit_time"' in line}
     assert {(grid.partition_of[n], r) for n, r in logged} == {(c, r + 1) for r, c in zip(*np.nonzero(schedule), strict=True)}
     assert (tmp_path / "out" / "final_model.pt").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("flwr") is None, reason="the flwr CLI is not on PATH")
+def test_the_secure_aggregation_example_under_flwr_run(tmp_path_factory, tmp_path):
+    """The same example with the real `flwr run` (Ray simulation, a SuperLink of its own): Ray's
+    ClientApp workers answer the identity query through the client_fn app's mod, SecAgg+ completes
+    the rounds above threshold with the online clients and the halted round is recorded."""
+    from flower_link import flwr_run, local_superlink
+
+    config = (f"num-server-rounds={ROUNDS} is-demo=false data-dir='{DATA_DIR}' max-examples=500 "
+              f"availability='{SPEC}' schedule-seed={SEED} results-dir='{tmp_path / 'out'}'")
+    with local_superlink(tmp_path_factory.mktemp("flwr-home")) as env:
+        log, status = flwr_run(ROOT / "examples" / "flower-secure-aggregation-flchurn", env, tmp_path, config,
+                               num_supernodes=N, timeout=500)
+    assert status == "finished:completed", log[-3000:]
+    schedule = build_schedule(SPEC, N, SEED).matrix(ROUNDS)
+    got = rows(tmp_path / "out")
+    assert [got[r]["secure"]["status"] for r in (1, 2, 3)] == ["completed", "halted", "completed"], log[-3000:]
+    assert (read_matrix(tmp_path / "out" / "participation.csv") == np.array(
+        [schedule[0], np.zeros(N, bool), schedule[2]])).all()
