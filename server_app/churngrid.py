@@ -327,7 +327,10 @@ class ChurnGrid(AvailabilityGrid):
                 return
             info = self.rounds[rnd]["secure"]
             info["status"] = "completed" if completed else "halted"
-            if not completed:
+            if not completed and info.get("last-stage") is None:
+                self.rounds[rnd]["problems"].append("SecAgg+ halted before its first stage (fewer than 2 nodes "
+                                                    "to sample: see Flower's log above)")
+            elif not completed:
                 self.rounds[rnd]["problems"].append(
                     f"SecAgg+ halted after its '{info.get('last-stage')}' stage (fewer than its reconstruction "
                     f"threshold of clients answered: see Flower's log above)")
