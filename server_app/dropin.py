@@ -59,6 +59,7 @@ from runconfig import AVAILABILITY_GATES
 
 from .churngrid import AVAILABILITY, ROUNDS, ChurnGrid, NoWorkDone
 from .messages import RoundUnknown
+from .network import fast_pull
 from .results import METRICS
 
 __all__ = ["AVAILABILITY", "ROUNDS", "ChurnGrid", "Deployed", "NoWorkDone", "RoundUnknown", "with_availability"]
@@ -111,6 +112,7 @@ def with_availability(grid: Grid, availability: str | Schedule, *, num_clients: 
                       "schedule (nothing filtered here); rounds recorded in %s", deployed.run_dir)
         deployed.check(schedule)
         deployed.start(schedule)
+        grid = fast_pull(grid)  # as the project's ServerApp: replies looked for every 0.1 s, not Flower's 3 s
     return ChurnGrid(grid, schedule, gate, None if results_dir is None else Path(results_dir), identity_timeout,
                      deployed, count_rounds=count_rounds, max_idle_rounds=max_idle_rounds, departures=departures)
 
