@@ -5,6 +5,11 @@
     app = ClientApp(mods=[availability_mod])   # was: ClientApp()
     app.query("identity")(identity)            # "which client are you?"
 
+An app built on ``client_fn`` (a ``NumPyClient``) cannot register a handler (Flower: "Use either
+@app.query() or client_fn, but not both") and needs none: its mods see every message, and
+``availability_mod`` answers the identity query itself, so the one line is
+``ClientApp(client_fn=client_fn, mods=[..., availability_mod])``.
+
 ``identity`` answers the server's identity query with the node's ``partition-id`` (node config;
 Flower's simulation sets it), so the server applies the schedule by client id; a node without
 one answers with an error naming the fix, and the server, failing closed, sends it nothing. (It
@@ -196,7 +201,7 @@ def declines(msg: Message, context: Context) -> bool:
     closed, not open)."""
     gate = context.run_config.get("availability-gate", "server")
     rnd = server_round_of(msg.content)
-    if gate == "server" or gate == "none" or rnd is None:
+    if gate == "server" or gate == "none" or rnd is None or msg.metadata.message_type == IDENTITY_QUERY:
         return False
     if gate not in AVAILABILITY_GATES:
         raise ConfigError(f"run config 'availability-gate' = {gate!r}: expected one of {AVAILABILITY_GATES}")
@@ -213,7 +218,11 @@ def declines(msg: Message, context: Context) -> bool:
 
 
 def availability_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
-    """A Flower mod: under the client gate, declines the rounds in which this client is offline."""
+    """A Flower mod: answers the server's identity query itself (so a ``client_fn`` app, which
+    cannot register a query handler, needs only this mod) and, under the client gate, declines the
+    rounds in which this client is offline."""
+    if msg.metadata.message_type == IDENTITY_QUERY:
+        return identity(msg, context)
     if declines(msg, context):
         return Message(Error(code=UNAVAILABLE, reason=f"client {client_id_of(context)} unavailable in round "
                                                       f"{server_round_of(msg.content)}"), reply_to=msg)

@@ -19,9 +19,10 @@ from .internals import (
     set_task_heartbeat_window,
     set_task_identity,
     task_identity,
+    unavailable_node_reply,
     wrap_http_grid_object_pulls,
 )
 
 __all__ = ["TOUCHES", "cap_supernode_sleeps", "is_http_grid", "recorddict_from_bytes", "recorddict_to_bytes",
-           "run_flower_superlink", "run_flower_supernode", "set_message_id", "set_task_heartbeat_window", "set_task_identity", "task_identity",
-           "wrap_http_grid_object_pulls"]
+           "run_flower_superlink", "run_flower_supernode", "set_message_id", "set_task_heartbeat_window",
+           "set_task_identity", "task_identity", "unavailable_node_reply", "wrap_http_grid_object_pulls"]

@@ -40,6 +40,10 @@ TOUCHES: dict[str, tuple[str, str]] = {
     "run_flower_superlink": (
         "flwr.superlink.cli.flower_superlink",
         "the tuned SuperLink runs Flower's own entry point (deploy.tuning superlink)"),
+    "unavailable_node_reply": (
+        "flwr.server.superlink.linkstate.utils.create_message_error_unavailable_res_message",
+        "in simulation a message to an offline node gets the error reply Flower's SuperLink gives for an "
+        "unavailable node (server_app.messages, the drop-in's churn grid)"),
     "recorddict_to_bytes / recorddict_from_bytes": (
         "flwr.common.serde.recorddict_to_proto / recorddict_from_proto, flwr.proto.recorddict_pb2",
         "an asynchronous run's checkpoint holds the replies of jobs in flight (server_app.async_resume)"),
@@ -120,6 +124,13 @@ def run_flower_superlink(argv: list[str]) -> None:
 
     sys.argv = ["flower-superlink", *argv]
     flower_superlink()
+
+
+def unavailable_node_reply(msg: Any) -> Any:
+    """The reply Flower's SuperLink writes for ``msg`` when its node is unavailable (it must have its id)."""
+    from flwr.server.superlink.linkstate.utils import create_message_error_unavailable_res_message
+
+    return create_message_error_unavailable_res_message(msg.metadata, "node_unavail")
 
 
 def recorddict_to_bytes(record: Any) -> bytes:

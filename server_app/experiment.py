@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from runconfig import ConfigError
+from strategies import StrategyFailure
 from strategies.protocol import NUM_STEPS, TRAIN_TIME
 from strategies.registry import is_asynchronous
 from strategies.replies import brief, finite
@@ -247,6 +248,10 @@ def _run_rounds(grid: Grid, setup: Setup, client_of_node: dict[int, int], consol
     final = arrays.to_torch_state_dict()
     recorder.finish(final, setup.schedule.matrix(s.num_server_rounds))
     last = recorder.rows[-1]
+    if not any(r["participants"] for r in recorder.rows):  # no success without work (issue 35)
+        raise StrategyFailure(f"no client's update was applied in any of the {len(recorder.rows)} rounds (0 "
+                              f"participants in each; last round: {last['unavailable-nodes']} node(s) unavailable, "
+                              f"rejected {last['rejected'][:3]}): the record is in {setup.run_dir}")
     summary = ", ".join(f"{k} {last[k]:.4f}" for k in ("test-accuracy", "test-loss") if k in last)
     console.print(f"[bold green]done[/]: {s.num_server_rounds} rounds in "
                   f"{time.monotonic() - t_run:.1f} s; {summary}", soft_wrap=True)

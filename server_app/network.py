@@ -17,19 +17,20 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextvars import ContextVar
 from typing import Any
 
-from flwr.app import Message, RecordDict
+from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 
 from availability import Schedule
 from flowerlink import is_http_grid, wrap_http_grid_object_pulls
-from strategies.protocol import CLIENT_ID, IDENTITY_QUERY, IGNORE_AVAILABILITY, server_round_of
-from strategies.replies import ReplyRejected, count, shown
+from strategies.protocol import CLIENT_ID, IDENTITY_QUERY, IGNORE_AVAILABILITY, SERVER_ROUND, server_round_of
+from strategies.replies import ReplyRejected, count
 
 IDENTITY = "identity"  # the record of a QUERY reply (client_app.app: client-id, num-partitions)
 
@@ -57,17 +58,45 @@ def wait_for_nodes(grid: Grid, expected: int, timeout: float, poll: float = 0.2)
         time.sleep(poll)
 
 
-def identity_query(node: int) -> Message:
+def identity_query(node: int, server_round: int = 1) -> Message:
     """The query that asks ``node`` which client it is (``query.identity``: answered by the
-    project's ClientApp and by ``client_app.dropin.identity``)."""
-    return Message(RecordDict(), dst_node_id=node, message_type=IDENTITY_QUERY)
+    project's ClientApp and by ``client_app.dropin``). It carries what Flower's own messages carry,
+    a ConfigRecord named ``config`` with ``server-round`` (the round the answer is needed for), so
+    a user's mod that reads ``msg.content["config"]["server-round"]`` works on it too."""
+    content = RecordDict({"config": ConfigRecord({SERVER_ROUND: int(server_round)})})
+    return Message(content, dst_node_id=node, message_type=IDENTITY_QUERY)
+
+
+_TRACEBACK_LAST = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning)): ?(.*)$")
+_WRAPPERS = ("ClientAppException", "RayTaskError")  # Flower's and Ray's wrappers around the real exception
+_FLOWER_REASON = re.compile(r"^<class '([\w.]+)'>:<'(.*)'>$", re.S)
+
+
+def quoted_error(reason: str | None) -> str:
+    """The exception behind a Flower error reply, as ``Type: first line`` (Flower writes
+    ``<class 'T'>:<'message'>``; in simulation the message holds Ray's traceback, whose first
+    ``Type: ...`` line that is not a wrapper is the real exception); the reason's first line where
+    it holds none."""
+    text = (reason or "").strip()
+    if not text:
+        return "(no reason given)"
+    found = [m for line in text.splitlines() if (m := _TRACEBACK_LAST.match(line.strip()))
+             and not m.group(1).endswith(_WRAPPERS)]
+    if found:  # a traceback (Ray's, in simulation): its first exception, the root of the chain
+        kind, message = found[0].group(1), found[0].group(2)
+        return f"{kind.rsplit('.', 1)[-1]}: {message.strip()}"[:300]
+    outer = _FLOWER_REASON.match(text)
+    if outer:
+        first = next((line.strip() for line in outer.group(2).splitlines() if line.strip()), "")
+        return f"{outer.group(1).rsplit('.', 1)[-1]}: {first}"[:300]
+    return next(line.strip() for line in text.splitlines() if line.strip())[:300]
 
 
 def identity(reply: Message) -> int:
     """The client id a QUERY reply states: ``identity["client-id"]``, an integer >= 0;
     ReplyRejected (naming the problem, the value summarised) for anything else."""
     if reply.has_error():
-        raise ReplyRejected(f"error reply: {shown(reply.error.reason)}")
+        raise ReplyRejected(f"error reply: {quoted_error(reply.error.reason)}")
     if IDENTITY not in reply.content:
         raise ReplyRejected(f"no '{IDENTITY}' record in its reply")
     record = reply.content[IDENTITY]
@@ -78,19 +107,23 @@ def identity(reply: Message) -> int:
 
 
 def discover_clients(grid: Grid, known: dict[int, int], timeout: float,
-                     refused: set[int] | None = None) -> dict[int, int]:
-    """Update ``known`` (node id -> client id) for connected nodes not in it yet nor in ``refused``
-    (waiting at most ``timeout`` s for their answers).
+                     refused: set[int] | None = None, server_round: int = 1,
+                     nodes: Iterable[int] | None = None, errors: dict[int, str] | None = None) -> dict[int, int]:
+    """Update ``known`` (node id -> client id) for connected nodes (or ``nodes``) not in it yet nor
+    in ``refused`` (waiting at most ``timeout`` s for their answers; the query names
+    ``server_round``).
 
-    A reply counts only when it answers one of these queries, from the node asked. A node whose
+    A reply counts only when it answers one of these queries, from the node asked; ``errors`` (when
+    given) keeps, per node, why its answer was refused (an error reply: the exception, quoted). A node whose
     reply states no usable client id (:func:`identity`) is logged and added to ``refused`` (not
     asked again); a node that did not reply is asked again next time. Never raises on a reply.
     """
     refused = set() if refused is None else refused
-    unknown = [n for n in sorted(grid.get_node_ids()) if n not in known and n not in refused]
+    listed = grid.get_node_ids() if nodes is None else nodes
+    unknown = [n for n in sorted(listed) if n not in known and n not in refused]
     if not unknown:
         return known
-    queries = [identity_query(n) for n in unknown]
+    queries = [identity_query(n, server_round) for n in unknown]
     replies = list(grid.send_and_receive(queries, timeout=timeout))
     asked = {q.metadata.message_id: q.metadata.dst_node_id for q in queries}
     for reply in replies:
@@ -105,6 +138,8 @@ def discover_clients(grid: Grid, known: dict[int, int], timeout: float,
             known[node] = identity(reply)
         except ReplyRejected as exc:
             flwr_log.warning("node %d did not say which client it is: %s", node, exc)
+            if errors is not None:
+                errors[node] = str(exc)
             if not reply.has_error():  # an error (node gone) may answer next time
                 refused.add(node)
     return known
@@ -264,7 +299,9 @@ class AvailabilityGrid(DelegatingGrid):
     yet is asked (:func:`discover_clients`, at most ``discovery_timeout`` s the first time, at most
     ``retry_timeout`` s in later rounds) and receives nothing until it has answered; each round
     that withholds messages so says on Flower's logger (WARNING: ``flwr run --stream`` shows it).
-    Messages without a round (queries, the user's own) pass unchanged.
+    Messages without a round (queries, the user's own) pass unchanged. The round of a message is
+    :meth:`round_of` (here ``server-round``; :class:`server_app.churngrid.ChurnGrid` dates more);
+    each call of :meth:`reachable` leaves the messages it held back in ``withheld``.
     """
 
     def __init__(self, grid: Grid, schedule: Schedule, client_of_node: dict[int, int],
@@ -277,6 +314,16 @@ class AvailabilityGrid(DelegatingGrid):
         self.asked: set[int] = set()  # nodes asked who they are at least once
         self.refused: set[int] = set()  # nodes whose QUERY reply stated no usable client id
         self.out_of_range: set[int] = set()  # nodes that stated a client id the schedule lacks (logged once)
+        self.withheld: list[Message] = []  # of the last reachable(): the messages not delivered
+        self.identity_errors: dict[int, str] = {}  # node -> why its identity answer was refused
+
+    def round_of(self, m: Message) -> int | None:
+        """The 1-based round of message ``m`` (None: not a round message)."""
+        return server_round_of(m.content)
+
+    def availability_round(self, rnd: int) -> int:
+        """The round whose schedule decides whether a message of round ``rnd`` is delivered."""
+        return rnd
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:  # noqa: D102
         return self.grid.push_messages(self.reachable(list(messages)))
@@ -287,21 +334,22 @@ class AvailabilityGrid(DelegatingGrid):
 
     def identify(self, messages: list[Message]) -> None:
         """Ask the destinations of round messages whose client id is unknown (bounded wait)."""
-        unknown = {m.metadata.dst_node_id for m in messages if server_round_of(m.content) is not None
+        unknown = {m.metadata.dst_node_id for m in messages if self.round_of(m) is not None
                    and m.metadata.dst_node_id not in self.client_of_node} - self.refused
         if unknown:
             wait = self.retry_timeout if unknown <= self.asked else self.discovery_timeout
             self.asked |= unknown
-            discover_clients(self.grid, self.client_of_node, wait, self.refused)
+            discover_clients(self.grid, self.client_of_node, wait, self.refused, errors=self.identity_errors)
 
     def reachable(self, messages: list[Message]) -> list[Message]:
         """The messages whose destination is online in the message's round."""
         self.identify(messages)
         keep: list[Message] = []
+        self.withheld = []
         online: dict[int, Any] = {}  # 0-based round -> A(·, t), computed once per round
         withheld: dict[int, list[int]] = {}  # round -> nodes whose client id is unknown
         for m in messages:
-            rnd = server_round_of(m.content)
+            rnd = self.round_of(m)
             node = m.metadata.dst_node_id
             client = self.client_of_node.get(node)
             oracle = any(r.get(IGNORE_AVAILABILITY, False) for r in m.content.config_records.values())
@@ -309,20 +357,32 @@ class AvailabilityGrid(DelegatingGrid):
                 keep.append(m)  # not a round message, or an oracle round (FL-FDMS's round 0, Full)
             elif client is None:
                 withheld.setdefault(rnd, []).append(node)  # fail closed: unknown until it says
+                self.withheld.append(m)
             else:
-                t = rnd - 1
+                t = max(self.availability_round(rnd), 1) - 1  # round 0 (initial parameters): round 1's
                 if t not in online:
                     online[t] = self.schedule.available(t)
                 if not 0 <= client < len(online[t]):
                     self.unscheduled(node, client, len(online[t]))  # fail closed, as an unknown node
+                    self.withheld.append(m)
                 elif online[t][client]:
                     keep.append(m)
+                else:
+                    self.withheld.append(m)
         for rnd, nodes in withheld.items():
             flwr_log.warning("availability, round %d: %d node(s) have not said which client they are (%s): they "
-                             "receive nothing until they do (does their ClientApp use "
-                             "client_app.dropin.availability_mod, with a partition-id in its node config?)",
-                             rnd, len(nodes), ", ".join(str(n) for n in sorted(nodes)[:5]))
+                             "receive nothing until they do (%s)", rnd, len(nodes),
+                             ", ".join(str(n) for n in sorted(nodes)[:5]), self.why_unknown(nodes))
         return keep
+
+    def why_unknown(self, nodes: list[int]) -> str:
+        """Why these nodes' client ids are unknown: the exception their identity answer raised, else
+        the likely fix."""
+        said = sorted({self.identity_errors[n] for n in nodes if n in self.identity_errors})
+        if said:
+            return "their answer: " + "; ".join(said[:3])
+        return ("no answer: does their ClientApp use client_app.dropin.availability_mod (and, with "
+                "@app.train handlers, app.query(\"identity\")(identity)), with a partition-id in its node config?")
 
     def unscheduled(self, node: int, client: int, n: int) -> None:
         """Log once that ``node`` states a client id outside the schedule's [0, n)."""

@@ -22,11 +22,18 @@ from strategies import ORACLES, STRATEGIES, build_strategy
 N, ROUNDS, SPEC, SEED = 6, 5, "bernoulli:p=0.5", 3
 
 
-def foreign_app(**kwargs) -> ClientApp:
-    """Flower's template ClientApp (tests.test_dropin) with the two churn lines added."""
-    app = tiny_app(mods=(availability_mod,), **kwargs)
+def foreign_app(extra_mods: tuple = (), **kwargs) -> ClientApp:
+    """Flower's template ClientApp (tests.test_dropin) with the two churn lines added (after the
+    user's own ``extra_mods``)."""
+    app = tiny_app(mods=(*extra_mods, availability_mod), **kwargs)
     app.query("identity")(identity)
     return app
+
+
+def flower_fedavg() -> FedAvg:
+    """Flower's FedAvg taking whoever is online: its defaults (2 nodes) wait for ever when fewer are
+    connected, under churn as in a deployment."""
+    return FedAvg(min_available_nodes=0, min_train_nodes=0, min_evaluate_nodes=0)
 
 
 def start(strategy, grid, rounds=ROUNDS):
@@ -64,7 +71,7 @@ def test_churn_in_a_foreign_app_equals_churn_in_the_projects_app(strategy, tmp_p
                           "availability": SPEC, "schedule-seed": SEED, "progress": False, "checkpoint-every": 0,
                           "results-dir": str(tmp_path), "run-name": "ours", "strategy": "fedavg-active"},
                          console=Console(quiet=True))
-    rule = FedAvg(min_available_nodes=N) if strategy == "flower-fedavg" else build_strategy(strategy, num_clients=N)
+    rule = flower_fedavg() if strategy == "flower-fedavg" else build_strategy(strategy, num_clients=N)
     inner = Recording(N, {}, client_app=foreign_app())
     grid = with_availability(inner, SPEC, num_clients=N, seed=SEED, results_dir=tmp_path / "foreign")
     start(rule, grid)
@@ -100,7 +107,7 @@ def test_a_node_that_never_says_who_it_is_receives_nothing_and_the_log_says_so(s
     always online, yet it gets no round message, and Flower's logger says why, every round."""
     inner = Silent(4, {}, client_app=foreign_app(), mute=2)
     grid = with_availability(inner, "always", num_clients=4, identity_timeout=0.5)
-    rule = FedAvg(min_available_nodes=4) if strategy == "flower-fedavg" else build_strategy(strategy, num_clients=4)
+    rule = flower_fedavg() if strategy == "flower-fedavg" else build_strategy(strategy, num_clients=4)
     with caplog.at_level(logging.WARNING, logger="flwr"):
         start(rule, grid, rounds=2)
     round_messages = [m for m in inner.delivered if not m.metadata.message_type.startswith(MessageType.QUERY)]
@@ -117,7 +124,7 @@ def test_a_node_without_a_partition_id_answers_with_the_fix_and_receives_nothing
     inner.contexts[node].node_config.pop("partition-id")
     grid = with_availability(inner, "always", num_clients=3, identity_timeout=0.5)
     with caplog.at_level(logging.WARNING, logger="flwr"):
-        start(FedAvg(min_available_nodes=3), grid, rounds=1)
+        start(flower_fedavg(), grid, rounds=1)
     assert "has no 'partition-id' in its node config" in caplog.text
     assert all(m.metadata.dst_node_id != node for m in inner.delivered
                if m.metadata.message_type == MessageType.TRAIN)
@@ -195,3 +202,75 @@ def test_every_rule_trains_only_the_online_clients_through_the_wrapper(spec):
     else:
         assert delivered == online
         assert [grid.rounds[r]["replied"] for r in (1, 2, 3)] == online
+
+
+class Deployment(Recording):
+    """What ``deploy launch --app`` leaves running: only the nodes of the clients online in round r,
+    where r - 1 is the number of rounds the wrapper has recorded in the launcher's metrics.jsonl
+    (the round churn driver starts round r's nodes once round r - 1's line is written)."""
+
+    def __init__(self, *args, run_dir, schedule, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.run_dir, self.schedule = run_dir, schedule
+
+    def get_node_ids(self):
+        metrics = self.run_dir / "metrics.jsonl"
+        done = len(metrics.read_text().splitlines()) if metrics.is_file() else 0
+        online = self.schedule.available(done)
+        return [n for n, c in self.partition_of.items() if online[c]]
+
+
+@pytest.mark.parametrize("strategy", ["flower-fedavg", "fedau"])
+def test_fraction_train_samples_among_the_online_as_in_a_deployment(strategy, tmp_path, monkeypatch):
+    """fraction_train=0.5: in simulation the grid lists only the online, so the strategy draws among
+    them, and the addressed sets equal those of a deployment (offline nodes really gone) for the
+    same schedule and seed, round by round, evaluation included."""
+    import random
+
+    from server_app.dropin import Deployed
+
+    def rule():
+        random.seed(0)  # Flower's FedAvg samples with random.sample; the rules with their own seeded generator
+        if strategy == "flower-fedavg":
+            return FedAvg(fraction_train=0.5, fraction_evaluate=0.5, min_available_nodes=0, min_train_nodes=1,
+                          min_evaluate_nodes=1)
+        return build_strategy("fedau", num_clients=N, fraction_train=0.5, min_train_nodes=1)
+
+    schedule = build_schedule(SPEC, N, SEED)
+    sim = Recording(N, {}, client_app=foreign_app())
+    start(rule(), with_availability(sim, SPEC, num_clients=N, seed=SEED))
+
+    deployed = Deployed(tmp_path / "run", None, 0.0, {"spec": SPEC, "seed": SEED, "num_clients": N})
+    for key, value in deployed.env().items():
+        monkeypatch.setenv(key, value)
+    real = Deployment(N, {}, client_app=foreign_app(), run_dir=tmp_path / "run", schedule=schedule)
+    start(rule(), with_availability(real, SPEC, num_clients=N, seed=SEED))
+
+    online = [np.flatnonzero(row).tolist() for row in schedule.matrix(ROUNDS)]
+    addressed = trained(sim)
+    assert addressed == trained(real)
+    assert all(set(a) <= set(o) and len(a) == max(len(o) // 2, min(1, len(o))) for a, o in zip(addressed, online,
+                                                                                               strict=True))
+    assert any(len(a) < len(o) for a, o in zip(addressed, online, strict=True))  # a real draw among the online
+    evaluated = [sorted(sim.partition_of[m.metadata.dst_node_id] for m in grid.delivered
+                        if m.metadata.message_type == MessageType.EVALUATE) for grid in (sim, real)]
+    assert evaluated[0] == evaluated[1]
+
+
+def test_cyclic_in_a_foreign_app_takes_label_distributions_or_says_how(tmp_path):
+    """cyclic needs the clients' label distributions: without them the error says how to give
+    them; an array, a .npy file and a function of N give the same schedule."""
+    from availability.base import ScheduleError
+
+    spec = "cyclic"
+    with pytest.raises(ScheduleError, match=r"label_dists=D.*\.npy or \.csv file.*function of N"):
+        with_availability(InProcessGrid(N, {}), spec, num_clients=N)
+    dists = np.random.default_rng(0).dirichlet(np.ones(10), size=N)
+    np.save(tmp_path / "dists.npy", dists)
+    grids = [with_availability(InProcessGrid(N, {}, client_app=foreign_app()), spec, num_clients=N, seed=1,
+                               label_dists=given) for given in (dists, tmp_path / "dists.npy", lambda n: dists[:n])]
+    matrices = [g.schedule.matrix(6) for g in grids]
+    assert all((m == matrices[0]).all() for m in matrices) and 0 < matrices[0].sum() < matrices[0].size
+    start(flower_fedavg(), grids[0], rounds=3)
+    assert [grids[0].rounds[r]["participants"] for r in (1, 2, 3)] == [np.flatnonzero(row).tolist()
+                                                                        for row in matrices[0][:3]]

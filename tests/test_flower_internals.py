@@ -35,7 +35,7 @@ def test_no_module_of_ours_reaches_flowers_private_objects_outside_flowerlink():
 
     root = Path(__file__).resolve().parent.parent
     private = ('"_message_id"', "TaskIdentity", "grid.http_grid", "import start_client_internal",
-               "flwr.supernode.cli", "flwr.superlink.cli", "flwr.supercore.corestate", "flwr.common.serde",
+               "flwr.supernode.cli", "flwr.superlink.cli", "flwr.supercore.corestate", "flwr.common.serde", "linkstate.utils",
                "recorddict_pb2")
     found = [f"{p.relative_to(root)}: {name}" for p in root.glob("*/**/*.py")
              if p.parts[len(root.parts)] not in {"flowerlink", "tests", ".venv", "examples", "benchmarks"}
@@ -126,6 +126,14 @@ def test_set_task_heartbeat_window(monkeypatch):
     assert in_memory_corestate.HEARTBEAT_DEFAULT_INTERVAL == sql_corestate.HEARTBEAT_DEFAULT_INTERVAL == 77.0
     assert in_memory_corestate.HEARTBEAT_PATIENCE == 1
     assert "HEARTBEAT_DEFAULT_INTERVAL" in inspect.getsource(in_memory_corestate)  # read where tokens expire
+
+
+def test_unavailable_node_reply():
+    msg = make_message()
+    internals.set_message_id(msg, "m-1")
+    reply = internals.unavailable_node_reply(msg)
+    assert reply.has_error() and reply.metadata.reply_to_message_id == "m-1"
+    assert reply.metadata.dst_node_id == msg.metadata.src_node_id
 
 
 def test_run_flower_superlink():

@@ -28,15 +28,17 @@ def main(grid: Grid, context: Context) -> None:
     global_model = Net()
     arrays = ArrayRecord(global_model.state_dict())
 
-    # Initialize the strategy: Flower's FedAvg, or one of flchurn's rules, under the same subclass
+    # Initialize the strategy: Flower's FedAvg, or one of flchurn's rules, under the same subclass.
+    # Under churn only the online nodes are connected (in simulation as deployed): Flower's FedAvg
+    # would wait for ever for min_available_nodes / min_train_nodes of them, so take whoever is online
     if spec == "fedavg":
         strategy = CustomFedAvg(fraction_train=fraction_train, fraction_evaluate=fraction_eval,
-                                min_available_nodes=context.run_config["num-clients"])
+                                min_available_nodes=0, min_train_nodes=0, min_evaluate_nodes=0)
     else:
         rule, params = rule_spec(spec)  # e.g. "fedau" -> (FedAU, {}); "fedexp:epsilon=0.01" -> (FedExP, {...})
         strategy = custom_strategy(rule)(**params, num_clients=context.run_config["num-clients"],
                                          fraction_train=fraction_train, fraction_evaluate=fraction_eval,
-                                         min_available_nodes=context.run_config["num-clients"])
+                                         min_available_nodes=1)
 
     # Define directory for results and save config
     save_path, run_dir = create_run_dir(config=context.run_config)

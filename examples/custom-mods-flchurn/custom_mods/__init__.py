@@ -1,0 +1,1 @@
+"""custom_mods: A Flower app with custom mods."""

@@ -1,0 +1,1 @@
+"""secaggexample: A Flower with SecAgg+ app."""

@@ -1,0 +1,375 @@
+"""The drop-in's grid (:func:`server_app.dropin.with_availability`): churn any Flower app can trust.
+
+- **Offline is not connected.** ``get_node_ids()`` lists only the nodes whose client is online in
+  the round about to be addressed (the grid's clock, below), so Flower's, a user's and SecAgg+'s
+  sampling choose among the online, as in a deployment where offline SuperNodes are stopped. A
+  message to an offline (or never identified) node is not delivered and gets at once the error
+  reply Flower's SuperLink gives for an unavailable node (``NODE_UNAVAILABLE``).
+- **Every message is dated, or refused.** A message's round is its ``server-round`` (Flower's
+  Message-API strategies and the project's rules), else its numeric ``group_id`` (Flower's legacy
+  workflows, ``DefaultWorkflow`` and ``SecAggPlusWorkflow``: every stage), else, with
+  ``count_rounds=True``, the grid's own count (each send of undated TRAIN messages starts the next
+  round; other undated messages belong to the current one). Anything else is refused
+  (:class:`RoundUnknown`, naming the fixes) before any message is sent.
+- **The clock.** The nodes listed are those online in ``max(latest dated round, last trained round
+  + 1)``: a loop's evaluation of round r, sent after its training, addresses round r + 1's nodes,
+  exactly as in a deployment (``deploy launch --app``), where round r + 1's nodes are started as
+  soon as round r's training is in.
+- **Participation counts the stage that trains**: plain TRAIN messages, and of SecAgg+ only the
+  ``collect_masked_vectors`` stage (key exchange, unmasking and evaluation are not training). A
+  SecAgg+ round is closed by the workflow's own log line (``Secure aggregation completed.`` or
+  ``halted.``): a halted round has no participants and says where it stopped. One ``rounds.jsonl``
+  line per round.
+- **Leaving between stages.** ``departures`` {(round, client): stage}: the client's node is gone
+  from that SecAgg+ stage of that round on (its messages get the unavailable reply), as a session
+  that ends mid-round; SecAgg+ recovers its masks from the shares.
+- **No success without work.** When ``max_idle_rounds`` rounds with clients scheduled online have
+  passed and no round ever had a participant, the run fails (:class:`NoWorkDone`) with the reasons
+  (what the nodes' identity answers raised, the training replies' errors, a halted SecAgg+).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import weakref
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from flwr.app import Message, MessageType
+from flwr.serverapp import Grid
+
+from availability import Schedule
+
+from .messages import (
+    ROUND_STARTS,
+    SECURE_DONE,
+    STAGES,
+    RoundUnknown,
+    dated_round,
+    is_training,
+    stage_of,
+    unavailable_reply,
+)
+from .network import AvailabilityGrid, discover_clients, quoted_error
+from .results import PARTICIPATION, write_matrix
+
+flwr_log = logging.getLogger("flwr")
+AVAILABILITY = "availability.csv"
+ROUNDS = "rounds.jsonl"
+LISTING_WARN = 30  # listings of one round, with no message sent, after which the wait is explained once
+
+
+class NoWorkDone(RuntimeError):
+    """No client's update was applied in any round: the run must not end as a success."""
+
+
+class _FlowerLogWatch(logging.Handler):
+    """What Flower's loops say only on its logger: the round they start (``[ROUND r]`` of
+    ``DefaultWorkflow``, ``[ROUND r/R]`` of ``Strategy.start``: the clock then follows a round in
+    which the strategy sent nothing) and SecAgg+'s outcome (``Secure aggregation completed.`` /
+    ``halted.``); ``tests/test_churn_workflows.py`` runs both against the pinned Flower."""
+
+    def __init__(self, grid: ChurnGrid) -> None:
+        super().__init__(logging.DEBUG)
+        self.grid = weakref.ref(grid)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        grid = self.grid()
+        if grid is None or not isinstance(record.msg, str):
+            return
+        if record.msg in SECURE_DONE:
+            grid.secure_ended(SECURE_DONE[record.msg])  # may raise NoWorkDone: it ends the workflow
+        elif record.msg in ROUND_STARTS and isinstance(record.args, tuple) and record.args:
+            grid.announce(int(str(record.args[0])))  # may raise NoWorkDone too
+
+
+class ChurnGrid(AvailabilityGrid):
+    """:class:`AvailabilityGrid` with the drop-in's guarantees (see the module); gate ``client``:
+    every message is delivered and the client declines (identities still learnt for the record);
+    gate ``none`` (deployed): nothing filtered, offline nodes are really gone."""
+
+    def __init__(self, grid: Grid, schedule: Schedule, gate: str, results_dir: Path | None,
+                 identity_timeout: float, deployed: Any = None, *, count_rounds: bool = False,
+                 max_idle_rounds: int = 3, departures: Mapping[tuple[int, int], str] | None = None) -> None:
+        super().__init__(grid, schedule, {}, identity_timeout)
+        self.gate = "none" if deployed is not None else gate
+        self.results_dir = results_dir
+        self.deployed = deployed
+        self.count_rounds = count_rounds
+        self.max_idle_rounds = max_idle_rounds
+        self.departures = dict(departures or {})  # (round, client) -> the SecAgg+ stage it is gone by
+        bad = {stage for stage in self.departures.values() if stage not in STAGES}
+        if bad:
+            raise ValueError(f"departures: stages must be among {STAGES} (SecAgg+'s), got {sorted(bad)}")
+        self.lock = threading.RLock()  # Flower's legacy workflows list nodes from a thread of their own
+        self.rounds: dict[int, dict[str, Any]] = {}  # round -> its record
+        self.latest = 0  # the latest round a message was dated with
+        self.trained_through = 0  # the latest round whose training stage is over
+        self.open_secure: int | None = None  # the SecAgg+ round under way
+        self.worked = False  # a round had a participant
+        self.idle: list[int] = []  # rounds with clients online and no participant, while none ever had one
+        self.signalled = 0  # deployed: the last round whose start signal was waited for
+        self.asked_in: dict[int, int] = {}  # node -> the listing round it was last asked who it is
+        self.listings: Counter[int] = Counter()  # listing round -> times listed
+        self.pending: dict[str, Message] = {}  # push/pull: message id -> its unavailable reply
+        self._dates: dict[int, int] = {}  # id(message) -> round, for the batch being sent
+        if results_dir is not None:
+            results_dir.mkdir(parents=True, exist_ok=True)
+            (results_dir / ROUNDS).write_text("")
+        self.announced = 0  # the round Flower's loop said it starts (its log line)
+        for old in [h for h in flwr_log.handlers if isinstance(h, _FlowerLogWatch)]:
+            flwr_log.removeHandler(old)  # one wrapped grid per ServerApp: the latest follows Flower's loop
+        self.watch = _FlowerLogWatch(self)
+        flwr_log.addHandler(self.watch)
+
+    # ------------------------------------------------------------------ listing
+    def listing_round(self) -> int:
+        """The round whose online nodes ``get_node_ids`` lists (see the module: the clock)."""
+        return max(self.latest, self.trained_through + 1, self.announced, 1)
+
+    def get_node_ids(self) -> Iterable[int]:
+        """The connected nodes whose client is online in :meth:`listing_round` (gate ``server``);
+        every connected node otherwise (deployed: after the round-start signal)."""
+        with self.lock:
+            upcoming = self.listing_round()
+            if self.deployed is not None:
+                if self.signalled < upcoming:
+                    self.signalled = upcoming
+                    self.deployed.wait_signal(upcoming)
+                return self.grid.get_node_ids()
+            nodes = sorted(self.grid.get_node_ids())
+            self.learn(nodes, upcoming)
+            if self.gate != "server":
+                return nodes
+            online = self.schedule.available(upcoming - 1)
+            listed = [n for n in nodes if (c := self.client_of_node.get(n)) is not None
+                      and 0 <= c < len(online) and online[c]]
+            self.listings[upcoming] += 1
+            unknown = [n for n in nodes if n not in self.client_of_node]
+            if unknown and self.listings[upcoming] == 1:
+                flwr_log.warning("availability, round %d: %d node(s) have not said which client they are (%s): not "
+                                 "listed, they receive nothing until they do (%s)", upcoming, len(unknown),
+                                 ", ".join(str(n) for n in unknown[:5]), self.why_unknown(unknown))
+            if self.listings[upcoming] == LISTING_WARN:
+                flwr_log.warning(
+                    "availability, round %d: %d of %d clients online, and the strategy keeps listing nodes: "
+                    "Flower's strategies wait for min_available_nodes / min_fit_clients, for ever, as they "
+                    "would in a deployment. Lower them (or use a rule of strategies/, whose wait is bounded)",
+                    upcoming, len(listed), self.schedule.num_clients)
+            return listed
+
+    def learn(self, nodes: list[int], rnd: int) -> None:
+        """Ask the listed nodes whose client id is unknown (each at most once per listing round)."""
+        unknown = [n for n in nodes if n not in self.client_of_node and n not in self.refused
+                   and self.asked_in.get(n) != rnd]
+        if not unknown:
+            return
+        wait = self.retry_timeout if all(n in self.asked_in for n in unknown) else self.discovery_timeout
+        for n in unknown:
+            self.asked_in[n] = rnd
+        self.asked |= set(unknown)
+        discover_clients(self.grid, self.client_of_node, wait, self.refused, rnd, nodes=unknown,
+                         errors=self.identity_errors)
+
+    # ------------------------------------------------------------------ dating
+    def round_of(self, m: Message) -> int | None:  # noqa: D102
+        return self._dates.get(id(m))
+
+    def availability_round(self, rnd: int) -> int:
+        """The clock's round when it is later than the message's: an evaluation of round r, sent
+        after its training, reaches the nodes up in round r + 1, as in a deployment."""
+        return max(rnd, self.listing_round())
+
+    def date(self, messages: list[Message]) -> None:
+        """Date every message (see the module), or refuse the whole batch with the fix."""
+        dates: dict[int, int] = {}
+        undated = [m for m in messages if dated_round(m) is None]
+        if undated and not self.count_rounds:
+            m = undated[0]
+            raise RoundUnknown(
+                f"availability: a '{m.metadata.message_type}' message to node {m.metadata.dst_node_id} names no "
+                f"round, so the schedule cannot be applied to it (refused, not passed through). Put "
+                f"'server-round' in its ConfigRecord (Flower's strategies do), or set its group_id to the "
+                f"round (str(r): Flower's workflows do), or let the grid count train rounds: "
+                f"with_availability(..., count_rounds=True)")
+        counted = self.trained_through + 1 if any(m.metadata.message_type == MessageType.TRAIN
+                                                  for m in undated) else max(self.latest, 1)
+        for m in messages:
+            rnd = dated_round(m)
+            dates[id(m)] = counted if rnd is None else rnd
+        self._dates = dates
+        self.latest = max([self.latest, *dates.values()])
+
+    def departed(self, m: Message) -> bool:
+        """Whether ``m``'s node has left its round before ``m``'s SecAgg+ stage (``departures``)."""
+        stage = stage_of(m)
+        client = self.client_of_node.get(m.metadata.dst_node_id)
+        left = self.departures.get((self._dates.get(id(m), 0), client)) if client is not None else None
+        return stage in STAGES and left is not None and STAGES.index(stage) >= STAGES.index(left)
+
+    # ------------------------------------------------------------------ sending
+    def reachable(self, messages: list[Message]) -> list[Message]:  # noqa: D102
+        if self.gate == "server":
+            keep = super().reachable(messages)
+            gone = [m for m in keep if self.departed(m)]
+            self.withheld += gone
+            return [m for m in keep if not any(m is g for g in gone)]
+        self.withheld = []
+        self.identify(messages)  # the client gates itself, or the node is gone: ids for the record only
+        return messages
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+        with self.lock:
+            messages = list(messages)
+            if not messages:
+                return []
+            self.date(messages)
+            self.listings.clear()  # the loop moves on: no wait to explain
+            stages = {id(m): stage_of(m) for m in messages}  # before delivery: secaggplus_mod pops it
+            sent = time.time()
+            keep = self.reachable(messages)
+            errors = [unavailable_reply(m) for m in self.withheld]
+            replies = list(self.grid.send_and_receive(keep, timeout=timeout)) if keep else []
+            self.note(messages, keep, replies, stages, sent)
+            return replies + errors
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:  # noqa: D102
+        with self.lock:
+            messages = list(messages)
+            self.date(messages)
+            keep = self.reachable(messages)
+            for reply in map(unavailable_reply, self.withheld):
+                self.pending[reply.metadata.reply_to_message_id] = reply
+            return [*self.grid.push_messages(keep), *(m.metadata.message_id for m in self.withheld)]
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:  # noqa: D102
+        ids = list(message_ids)
+        mine = [i for i in ids if i in self.pending]
+        rest = [i for i in ids if i not in self.pending]
+        return [*(self.grid.pull_messages(rest) if rest else []), *(self.pending.pop(i) for i in mine)]
+
+    # ------------------------------------------------------------------ recording
+    def clients(self, nodes: Iterable[int]) -> list[int]:
+        return sorted(self.client_of_node[n] for n in nodes if n in self.client_of_node)
+
+    def note(self, messages: list[Message], keep: list[Message], replies: list[Message],
+             stages: dict[int, str | None], sent: float) -> None:
+        """Record the rounds these messages belong to: the training stage's addressed, reached and
+        replied clients; a SecAgg+ round's stages."""
+        kept = {id(m) for m in keep}
+        by_round: dict[int, list[Message]] = {}
+        for m in messages:
+            by_round.setdefault(self._dates[id(m)], []).append(m)
+        for rnd, batch in sorted(by_round.items()):
+            secure = {s for m in batch if (s := stages[id(m)]) is not None}
+            training = [m for m in batch if is_training(m, stages[id(m)])]
+            if not secure and not training:
+                continue
+            row = self.rounds.setdefault(rnd, {"round": rnd, "sent": sent, "addressed": [], "reached": [],
+                                               "replied": [], "problems": []})
+            reached = {m.metadata.dst_node_id for m in batch if id(m) in kept}
+            answered = [r for r in replies if r.metadata.src_node_id in reached]
+            ok = self.clients(r.metadata.src_node_id for r in answered if not r.has_error())
+            if secure:
+                self.open_secure = rnd
+                stage = sorted(secure)[0]
+                info = row.setdefault("secure", {"status": "running", "stages": {}})
+                info["stages"][stage] = ok
+                info["last-stage"] = stage
+                if stage == STAGES[0]:
+                    row["addressed"] = self.clients(m.metadata.dst_node_id for m in batch)
+            if training:
+                row["sent"] = sent
+                if not secure:
+                    row["addressed"] = self.clients(m.metadata.dst_node_id for m in training)
+                row["reached"] = self.clients(reached)
+                row["replied"] = ok
+            row["problems"] += [f"{self.describe(r)}" for r in answered if r.has_error()]
+            row["problems"] += [f"withheld from node {m.metadata.dst_node_id}: {self.why_unknown([m.metadata.dst_node_id])}"
+                                for m in batch if id(m) not in kept and m.metadata.dst_node_id not in self.client_of_node]
+            if training and not secure:
+                self.close(rnd, completed=True)
+            else:
+                self.write()
+
+    def describe(self, reply: Message) -> str:
+        return f"error reply from node {reply.metadata.src_node_id}: {quoted_error(reply.error.reason)}"
+
+    def announce(self, rnd: int) -> None:
+        """Flower's loop starts round ``rnd``: the rounds before it in which no training was sent
+        (the strategy sampled nobody) are recorded, as rounds without participants."""
+        with self.lock:
+            for skipped in range(self.trained_through + 1, rnd):
+                if skipped not in self.rounds and skipped > 0:
+                    unknown = [n for n in self.grid.get_node_ids() if n not in self.client_of_node]
+                    why = (f"no training sent: {len(unknown)} node(s) never said which client they are "
+                           f"({self.why_unknown(unknown)})" if unknown else "the strategy sent no training message")
+                    self.rounds[skipped] = {"round": skipped, "sent": time.time(), "addressed": [], "reached": [],
+                                            "replied": [], "problems": [why]}
+                    self.close(skipped, completed=True)
+            self.announced = max(self.announced, rnd)
+
+    def secure_ended(self, completed: bool) -> None:
+        """SecAggPlusWorkflow said its round completed or halted (:class:`_SecureWatch`)."""
+        with self.lock:
+            rnd, self.open_secure = self.open_secure, None
+            if rnd is None and not completed and self.announced > self.trained_through:
+                rnd = self.announced  # halted before any message: fewer than 2 nodes to sample
+                self.rounds[rnd] = {"round": rnd, "sent": time.time(), "addressed": [], "reached": [], "replied": [],
+                                    "problems": [], "secure": {"status": "running", "stages": {}}}
+            if rnd is None or rnd not in self.rounds:
+                return
+            info = self.rounds[rnd]["secure"]
+            info["status"] = "completed" if completed else "halted"
+            if not completed and info.get("last-stage") is None:
+                self.rounds[rnd]["problems"].append("SecAgg+ halted before its first stage (fewer than 2 nodes "
+                                                    "to sample: see Flower's log above)")
+            elif not completed:
+                self.rounds[rnd]["problems"].append(
+                    f"SecAgg+ halted after its '{info.get('last-stage')}' stage (fewer than its reconstruction "
+                    f"threshold of clients answered: see Flower's log above)")
+            self.close(rnd, completed)
+
+    def close(self, rnd: int, completed: bool) -> None:
+        """Round ``rnd``'s training is over: its participants are fixed, its files written."""
+        row = self.rounds[rnd]
+        row["participants"] = row["replied"] if completed else []
+        self.trained_through = max(self.trained_through, rnd)
+        if self.deployed is not None:
+            self.deployed.record(row)
+        self.write()
+        if row["participants"]:
+            self.worked, self.idle = True, []
+        elif not self.worked and self.schedule.available(rnd - 1).any():
+            self.idle.append(rnd)
+            if self.max_idle_rounds and len(self.idle) >= self.max_idle_rounds:
+                problems = Counter(row["problems"])
+                raise NoWorkDone(
+                    f"availability: no client's update was applied in rounds {self.idle[0]}-{self.idle[-1]} "
+                    f"although clients were scheduled online (max_idle_rounds={self.max_idle_rounds}; 0: never "
+                    f"stops). Round {rnd}: " + ("; ".join(f"{why} ({n}x)" for why, n in problems.most_common(4))
+                                                 or f"addressed {row['addressed']}, none replied"))
+
+    def write(self) -> None:
+        if self.results_dir is None:
+            return
+        lines = [json.dumps(self.rounds[r]) + "\n" for r in sorted(self.rounds)]
+        (self.results_dir / ROUNDS).write_text("".join(lines))
+        last = max(self.rounds)
+        write_matrix(self.results_dir / AVAILABILITY, self.schedule.matrix(last))
+        write_matrix(self.results_dir / PARTICIPATION, self.participation(last))
+
+    def participation(self, num_rounds: int) -> np.ndarray:
+        """Realised participation: (rounds, N) bool, row t = the clients whose round-(t+1) training
+        reply came back without error, in a round that completed."""
+        out = np.zeros((num_rounds, self.schedule.num_clients), dtype=bool)
+        for rnd, row in self.rounds.items():
+            if 1 <= rnd <= num_rounds:
+                out[rnd - 1, [c for c in row.get("participants", []) if 0 <= c < out.shape[1]]] = True
+        return out
