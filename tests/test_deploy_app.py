@@ -3,6 +3,7 @@ advanced-pytorch example (examples/advanced-pytorch-flchurn) deployed as a Super
 SuperNode processes, its SuperNodes stopped and restarted by the schedule, the rounds known from
 the example's own wrapper (server_app.dropin), realised participation = the schedule."""
 
+import os
 import shutil
 
 import pytest
