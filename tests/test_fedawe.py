@@ -185,9 +185,9 @@ def test_broadcast_goes_only_to_the_nodes_of_valid_replies():
     ("factor", "update", "extra", "why"),
     [
         (None, None, {}, "does not run FedAWE's client rule"),
-        (0, None, {}, "outside [1, 2]"),
-        (3, None, {}, "outside [1, 2]"),
-        (1.5, None, {}, "one integer"),
+        (0, [0.5], {}, "outside [1, 2]"),
+        (3, [0.5], {}, "outside [1, 2]"),
+        (1.5, [0.5], {}, "one integer"),
         (1, [0.5], {"fedawe.bogus": np.ones(1, np.float32)}, "unknown FedAWE reply keys"),
         (1, None, {}, "lacks 'fedawe.update.w'"),
     ],

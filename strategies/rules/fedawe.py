@@ -66,12 +66,10 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message
-from flwr.serverapp import Grid
+from flwr.app import ArrayRecord
 
 from ..base import AvailabilityStrategy, ClientReport, Layout, ReplyRejected, named_arrays, safe_norm
 from ..bounds import NormBounds
-from ..intake import RoundIntake
 from ..protocol import (  # noqa: F401  (re-exported: FedAWE's wire format)
     ADOPT,
     CLIENT_RULE,
@@ -85,7 +83,7 @@ from ..protocol import (  # noqa: F401  (re-exported: FedAWE's wire format)
     FEDAWE_UPDATE_PREFIX as UPDATE_PREFIX,
     SERVER_ROUND,
 )
-from ..replies import decode, model_sized, split
+from ..rule import Payload
 
 DISTANCE_RATIO = 1e3  # x the median of recent ‖x_i^† − x^t‖ (bounds.py: honest up to 157)
 SKETCH = 2  # rows of the secret projection that checks x_i^† − η_g u_i (FedAWE._check_start)
@@ -103,8 +101,8 @@ def clip_norm(v: np.ndarray, threshold: float) -> np.ndarray:
 
 @dataclass(kw_only=True)
 class EchoReport(ClientReport):
-    """A FedAWE reply, parsed once (:meth:`FedAWE.parse_reply`): ``delta`` = x_i^† − x^t, the echo
-    factor t − τ_i, u_i = (t − τ_i) Δ_i (flat float32) and ‖u_i‖."""
+    """A FedAWE reply's view (:meth:`of`): ``delta`` = x_i^† − x^t, the echo factor t − τ_i,
+    u_i = (t − τ_i) Δ_i (flat float32) and ‖u_i‖, from the report's declared payloads."""
 
     echo_factor: int
     echo_update: np.ndarray
@@ -112,13 +110,19 @@ class EchoReport(ClientReport):
 
     @classmethod
     def of(cls, report: ClientReport) -> EchoReport:
-        """``report`` itself, or a plain report as a client that started from x^t with echo
-        factor 1 (u_i = Δ_i)."""
+        """``report`` itself, its payloads (``echo-factor``, ``update``) as fields, or a plain
+        report as a client that started from x^t with echo factor 1 (u_i = Δ_i)."""
         if isinstance(report, EchoReport):
             return report
         values = {f.name: getattr(report, f.name) for f in fields(ClientReport)}
+        if FACTOR in report.payloads:
+            return cls(**values, echo_factor=int(report.payloads[FACTOR][0]), echo_update=report.payloads[UPDATE],
+                       echo_norm=report.payload_norms[UPDATE])
         norm = report.norm if report.norm is not None else safe_norm(report.delta)
         return cls(**values, echo_factor=1, echo_update=report.delta, echo_norm=norm)
+
+
+FACTOR, UPDATE = "echo-factor", "update"  # FedAWE's declared payloads' names (report.payloads)
 
 
 @dataclass
@@ -159,6 +163,16 @@ class FedAWE(AvailabilityStrategy):
 
     name = "fedawe"
     State = FedAWEState
+    client_rule = RULE  # its client half: client_app.fedawe.FedAWERule
+    namespace = META_PREFIX
+    reads = (Payload(FACTOR, ECHO_FACTOR, "echo factor t − τ_i", scalar=True, bounded=False,
+                     missing=f"this node does not run FedAWE's client rule ('{RULE}'). A ClientApp takes part "
+                             "with client_app.dropin: ClientApp(mods=[client_rule_mod]) and "
+                             "app.train(\"adopt\")(adopt)"),
+             # bounded as the rule's update_norm: ‖u_i‖ / (t − τ_i), the client's own step
+             Payload(UPDATE, UPDATE_PREFIX, "echoed update", bounded=False,
+                     missing="the server needs the client's echoed update u_i (config fedawe-send-update) "
+                             "for its clip and x̄"))
     robust_clip = False  # its first norm is ‖u_i‖/(t − τ_i), not ‖Δ_i‖ = ‖x_i^† − x^t‖
     needs_num_clients = True  # x̄ is the mean over all N clients' copies
     # ‖u_i‖/(t − τ_i) of a client back from a stale copy: honest up to 12.3 x the reference
@@ -189,7 +203,7 @@ class FedAWE(AvailabilityStrategy):
     # ------------------------------------------------------------------ messages out
     def client_config(self) -> dict[str, Any]:
         """What the client rule needs, in train and adopt messages alike."""
-        return {CLIENT_RULE: RULE, SERVER_LR: self.server_lr, SEND_UPDATE: True, RUN_KEY: self.run_key}
+        return {CLIENT_RULE: self.client_rule, SERVER_LR: self.server_lr, SEND_UPDATE: True, RUN_KEY: self.run_key}
 
     def train_config(self, t: int, node_ids: list[int]) -> dict[str, Any]:
         return self.client_config()
@@ -215,60 +229,33 @@ class FedAWE(AvailabilityStrategy):
         self._abs_sketch = None
         return initial
 
-    def configure_broadcast(self, server_round: int, arrays: ArrayRecord, grid: Grid) -> list[Message]:
-        """x^{t+1} to the round's participants only (the nodes of its valid replies), once: the
-        project's ServerApp sends them itself, Flower's ``start`` through ``configure_evaluate``."""
+    def broadcast_nodes(self, server_round: int) -> list[int]:
+        """x^{t+1} goes to the round's participants only (the nodes of its valid replies), once:
+        the project's ServerApp sends it itself, Flower's ``start`` through ``configure_evaluate``."""
         rnd, nodes = self._adopters
         if rnd != server_round or not nodes:
             return []
         self._adopters = (0, [])
-        config = ConfigRecord({SERVER_ROUND: server_round, **self.client_config()})
-        content = self.keys.content(arrays, config)
-        return [Message(content, dst_node_id=n, message_type=ADOPT) for n in nodes]
+        return nodes
 
     # -------------------------------------------------------------------- replies in
-    def parse_reply(self, msg: Message, node: int, rnd: RoundIntake) -> EchoReport:
-        """The model part through the base's parser; the echo factor and u_i decoded and checked
-        like model arrays (junk is a rejection), the factor capped by the client's history."""
-        assert self.layout is not None and rnd.current is not None
-        _, record, metrics = split(msg.content)
-        keys = list(record.keys())
-        updates = {UPDATE_PREFIX + k for k in self.layout.keys}
-        unknown = sorted(k for k in keys if k.startswith(META_PREFIX) and k != ECHO_FACTOR and k not in updates)
-        if unknown:
-            raise ReplyRejected(f"unknown FedAWE reply keys {unknown[:5]}")
-        model = ArrayRecord({k: record[k] for k in keys if not k.startswith(META_PREFIX)})
-        report = self.intake.parser.report(model, metrics, node, self.layout, rnd.current, rnd.buffer())
-        factor = self._echo_factor(record, report.client_id)
-        update, norm = self._echo_update(record, rnd.buffer())
-        self._check_start(report, update)
-        base = {f.name: getattr(report, f.name) for f in fields(ClientReport)}
-        return EchoReport(**base, echo_factor=factor, echo_update=update, echo_norm=norm)
+    def check_report(self, report: ClientReport) -> None:
+        """The echo factor (an integer, capped by the client's history) and the echoed start
+        (:meth:`_check_start`) of a reply whose payloads the base decoded (``reads``)."""
+        self._echo_factor(report)
+        self._check_start(report, report.payloads[UPDATE])
 
-    def _echo_factor(self, record: ArrayRecord, client: int) -> int:
+    def _echo_factor(self, report: ClientReport) -> int:
         """t − τ_i, at most t − (the last round whose reply from this client was accepted)."""
-        if ECHO_FACTOR not in record:
-            raise ReplyRejected(
-                f"reply lacks '{ECHO_FACTOR}': this node does not run FedAWE's client rule "
-                f"('{RULE}'). A ClientApp takes part with client_app.dropin: "
-                f"ClientApp(mods=[client_rule_mod]) and app.train(\"adopt\")(adopt)")
-        value = decode(record[ECHO_FACTOR], ECHO_FACTOR)
-        if value.size != 1 or not np.isfinite(value).all() or float(value.flat[0]) != int(value.flat[0]):
-            raise ReplyRejected(f"'{ECHO_FACTOR}' must be one integer, got {value.ravel()[:3]}")
-        factor = int(value.flat[0])
-        cap = self._t - self.last_accepted.get(client, -1)
+        value = float(report.payloads[FACTOR][0])
+        if value != int(value):
+            raise ReplyRejected(f"'{ECHO_FACTOR}' must be one integer, got {value}")
+        factor = int(value)
+        cap = self._t - self.last_accepted.get(report.client_id, -1)
         if not 1 <= factor <= cap:
             raise ReplyRejected(f"'{ECHO_FACTOR}'={factor} is outside [1, {cap}]: t − the round of client "
-                                f"{client}'s last accepted reply (t + 1 when none)")
+                                f"{report.client_id}'s last accepted reply (t + 1 when none)")
         return factor
-
-    def _echo_update(self, record: ArrayRecord, update: np.ndarray) -> tuple[np.ndarray, float]:
-        """u_i as one flat float32 vector, and ‖u_i‖ (finite after the cast, or a rejection)."""
-        assert self.layout is not None
-        norm = model_sized(record, self.layout, UPDATE_PREFIX, update, what="echoed update",
-                           missing="the server needs the client's echoed update u_i (config "
-                                   "fedawe-send-update) for its clip and x̄")
-        return update, norm
 
     def projection(self) -> np.ndarray:
         """P: SKETCH rows of standard normals over the flat model, from the secret ``sketch_seed``."""

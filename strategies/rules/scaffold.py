@@ -31,19 +31,14 @@ from __future__ import annotations
 
 import math
 import secrets
-from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, Message
 
-from ..base import AvailabilityStrategy, ClientReport, ReplyRejected
-from ..bounds import NormBounds
-from ..intake import RoundIntake
+from ..base import AvailabilityStrategy, ClientReport
 from ..protocol import (
     AMPLIFIED_SCAFFOLD_RULE,
-    CLIENT_RULE,
     FEDAWE_RUN_KEY_PATTERN as RUN_KEY_PATTERN,
     SCAFFOLD_C_PREFIX,
     SCAFFOLD_DC_PREFIX,
@@ -53,7 +48,7 @@ from ..protocol import (
     SCAFFOLD_RULE,
     SCAFFOLD_RUN_KEY,
 )
-from ..replies import model_sized, split
+from ..rule import Payload
 
 
 def scaffold_step(x: np.ndarray, c: np.ndarray, dys: np.ndarray, dcs: np.ndarray, weights: np.ndarray,
@@ -68,14 +63,6 @@ def amplify(x: np.ndarray, anchor: np.ndarray, gamma: float) -> np.ndarray:
     """Amplified SCAFFOLD's period end: x_r + γ (x − x_r), float64."""
     anchor = np.asarray(anchor, np.float64)
     return anchor + gamma * (np.asarray(x, np.float64) - anchor)
-
-
-@dataclass
-class VariateReport(ClientReport):
-    """A SCAFFOLD reply: Δy_i (``delta``) and Δc_i, flat, with its norm."""
-
-    dc: np.ndarray | None = None
-    dc_norm: float = 0.0
 
 
 @dataclass
@@ -103,58 +90,34 @@ class Scaffold(AvailabilityStrategy):
     name = "scaffold"
     State: ClassVar[type] = ScaffoldState
     needs_num_clients = True  # c ← c + (1/N) Σ Δc_i
-    client_rule = SCAFFOLD_RULE
+    client_rule = SCAFFOLD_RULE  # its client half: client_app.scaffold.ScaffoldRule
+    namespace = SCAFFOLD_META_PREFIX
+    sends = (Payload("c", SCAFFOLD_C_PREFIX, "control variate"),)
+    reads = (Payload("dc", SCAFFOLD_DC_PREFIX, "control-variate update",
+                     missing="this node does not run scaffold's client rule. A ClientApp takes part with "
+                             "client_app.dropin: ClientApp(mods=[client_rule_mod]) and "
+                             "correct_gradients(model, context) in its train function"),)
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.run_key = secrets.token_hex(8)  # new run, new client variates; kept by checkpoints
         self.c: np.ndarray | None = None
-        self.variate_bounds = self.params.bounds()  # ‖Δc_i‖, the same bounds, its own median
 
     # ------------------------------------------------------------------ messages out
     def train_config(self, t: int, node_ids: list[int]) -> dict[str, Any]:
-        return {CLIENT_RULE: self.client_rule, SCAFFOLD_RUN_KEY: self.run_key, SCAFFOLD_GAMMA: 1.0,
-                SCAFFOLD_PERIOD: 1}
+        return {SCAFFOLD_RUN_KEY: self.run_key, SCAFFOLD_GAMMA: 1.0, SCAFFOLD_PERIOD: 1}
 
-    def train_arrays(self, t: int, arrays: ArrayRecord) -> ArrayRecord:
-        """x^t and c (as ``SCAFFOLD_C_PREFIX`` + each floating array's name)."""
-        assert self.layout is not None and self.current is not None
+    def send_payloads(self, t: int) -> dict[str, np.ndarray]:
+        """c, beside x^t."""
+        assert self.current is not None
         if self.c is None or self.c.size != self.current.size:
             self.c = np.zeros(self.current.size, np.float64)
-        c_arrays = self.layout.unflatten(self.c, self.current_integers)
-        record = {k: arrays[k] for k in arrays.keys()}
-        record |= {SCAFFOLD_C_PREFIX + k: Array(c_arrays[k].numpy())
-                   for k, floating in zip(self.layout.keys, self.layout.floating, strict=True) if floating}
-        return ArrayRecord(record)
-
-    # -------------------------------------------------------------------- replies in
-    def parse_reply(self, msg: Message, node: int, rnd: RoundIntake) -> VariateReport:
-        """The model through the base's parser; Δc_i decoded and checked like model arrays."""
-        assert self.layout is not None and rnd.current is not None
-        _, record, metrics = split(msg.content)
-        keys = list(record.keys())
-        expected = {SCAFFOLD_DC_PREFIX + k for k, f in zip(self.layout.keys, self.layout.floating, strict=True) if f}
-        unknown = sorted(k for k in keys if k.startswith(SCAFFOLD_META_PREFIX) and k not in expected)
-        if unknown:
-            raise ReplyRejected(f"unknown SCAFFOLD reply keys {unknown[:5]}")
-        model = ArrayRecord({k: record[k] for k in keys if not k.startswith(SCAFFOLD_META_PREFIX)})
-        report = self.intake.parser.report(model, metrics, node, self.layout, rnd.current, rnd.buffer())
-        dc = rnd.buffer()
-        norm = model_sized(record, self.layout, SCAFFOLD_DC_PREFIX, dc, what="control-variate update",
-                           missing=f"this node does not run {self.name}'s client rule. A ClientApp takes part "
-                                   "with client_app.dropin: ClientApp(mods=[client_rule_mod]) and "
-                                   "correct_gradients(model, context) in its train function")
-        base = {f.name: getattr(report, f.name) for f in fields(ClientReport)}
-        return VariateReport(**base, dc=dc, dc_norm=norm)
-
-    def norm_checks(self) -> list[tuple[NormBounds, Callable[[ClientReport], float]]]:
-        """Δy_i through the base's bounds, then ‖Δc_i‖ through the same bounds, own median."""
-        return [*super().norm_checks(), (self.variate_bounds, lambda r: getattr(r, "dc_norm", 0.0))]
+        return {"c": self.c}
 
     # ------------------------------------------------------------------------ the rule
     def _variates(self, reports: list[ClientReport], size: int) -> np.ndarray:
         """Δc_i per report (zeros for a plain report: a client without the rule changes no c_i)."""
-        return self.stacked("dcs", [dc if (dc := getattr(r, "dc", None)) is not None else np.zeros(size, np.float32)
+        return self.stacked("dcs", [dc if (dc := r.payloads.get("dc")) is not None else np.zeros(size, np.float32)
                                     for r in reports])
 
     def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
@@ -167,7 +130,7 @@ class Scaffold(AvailabilityStrategy):
         new, self.c = scaffold_step(x, self.c, dys, dcs, self.weights(reports), self.require_num_clients(),
                                     self.server_lr)
         return new.astype(np.float32), {"c-norm": float(np.linalg.norm(self.c)),
-                                        "mean-dc-norm": float(np.mean([getattr(r, "dc_norm", 0.0) for r in reports]))}
+                                        "mean-dc-norm": float(np.mean([r.payload_norms.get("dc", 0.0) for r in reports]))}
 
 
 @dataclass
