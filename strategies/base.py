@@ -226,8 +226,11 @@ class AvailabilityStrategy(EvaluateRound):
         config[CLIENT_RULE] = self.client_rule
         for key, value in self.train_config(server_round - 1, node_ids).items():
             config[key] = value
-        content = self.keys.content(self.train_record(server_round - 1, arrays), config)
-        sent = [Message(content, dst_node_id=n, message_type=MessageType.TRAIN) for n in node_ids]
+        record = self.train_record(server_round - 1, arrays)
+        content = self.keys.content(record, config)
+        own = {n: extra for n in node_ids if (extra := self.node_config(server_round - 1, n))}
+        sent = [Message(self.keys.content(record, ConfigRecord({**config, **own[n]})) if n in own else content,
+                        dst_node_id=n, message_type=MessageType.TRAIN) for n in node_ids]
         problems = self.round.problems
         self.round = self.intake.new_round(sent, set(connected), self.current, self.layout)
         self.round.problems += problems

@@ -93,6 +93,12 @@ class Rule:
         """Extra config entries sent with round t's train messages (hook)."""
         return {}
 
+    def node_config(self, t: int, node: int) -> dict[str, Any]:
+        """Extra config entries for node ``node``'s train message of round t alone (hook;
+        SCAFFOLD: the round of its client's last applied reply, so the client commits only
+        what the server applied). Nodes with entries get a message content of their own."""
+        return {}
+
     def train_arrays(self, t: int, arrays: ArrayRecord) -> ArrayRecord:
         """The arrays round t's train messages carry (hook): x^t; SCAFFOLD adds c, FedAWE sends
         x^0 (its clients train from their own copies)."""

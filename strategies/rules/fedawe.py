@@ -71,6 +71,7 @@ from flwr.app import ArrayRecord
 from ..base import AvailabilityStrategy, ClientReport, Layout, ReplyRejected, named_arrays, safe_norm
 from ..bounds import NormBounds
 from ..protocol import (  # noqa: F401  (re-exported: FedAWE's wire format)
+    ACCEPTED_ROUND,
     ADOPT,
     CLIENT_RULE,
     FEDAWE_ECHO_FACTOR as ECHO_FACTOR,
@@ -207,6 +208,11 @@ class FedAWE(AvailabilityStrategy):
 
     def train_config(self, t: int, node_ids: list[int]) -> dict[str, Any]:
         return self.client_config()
+
+    def node_config(self, t: int, node: int) -> dict[str, Any]:
+        """The round of this node's client's last applied reply (−1: none): its client moves
+        τ_i only to a round the server applied (client_app.fedawe)."""
+        return {ACCEPTED_ROUND: self.last_accepted.get(self.client_of_node.get(node, -1), -1)}
 
     def train_arrays(self, t: int, arrays: ArrayRecord) -> ArrayRecord:
         """x^0 (the clients train from their own copies, which start there); keeps the sketches

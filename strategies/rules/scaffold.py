@@ -31,13 +31,14 @@ from __future__ import annotations
 
 import math
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
 
 from ..base import AvailabilityStrategy, ClientReport
 from ..protocol import (
+    ACCEPTED_ROUND,
     AMPLIFIED_SCAFFOLD_RULE,
     FEDAWE_RUN_KEY_PATTERN as RUN_KEY_PATTERN,
     SCAFFOLD_C_PREFIX,
@@ -72,6 +73,7 @@ class ScaffoldState:
 
     run_key: str
     c: np.ndarray | None = None
+    accepted: dict[int, int] = field(default_factory=dict)  # client id -> round of its last applied reply
 
     def __post_init__(self) -> None:
         if not RUN_KEY_PATTERN.fullmatch(str(self.run_key)):
@@ -102,10 +104,16 @@ class Scaffold(AvailabilityStrategy):
         super().__init__(**kwargs)
         self.run_key = secrets.token_hex(8)  # new run, new client variates; kept by checkpoints
         self.c: np.ndarray | None = None
+        self.accepted: dict[int, int] = {}  # client id -> the round of its last applied reply
 
     # ------------------------------------------------------------------ messages out
     def train_config(self, t: int, node_ids: list[int]) -> dict[str, Any]:
         return {SCAFFOLD_RUN_KEY: self.run_key, SCAFFOLD_GAMMA: 1.0, SCAFFOLD_PERIOD: 1}
+
+    def node_config(self, t: int, node: int) -> dict[str, Any]:
+        """The round of this node's client's last applied reply (−1: none): the client commits
+        that reply's c_i^+ and drops any other pending one (client_app.scaffold)."""
+        return {ACCEPTED_ROUND: self.accepted.get(self.client_of_node.get(node, -1), -1)}
 
     def send_payloads(self, t: int) -> dict[str, np.ndarray]:
         """c, beside x^t."""
@@ -120,7 +128,13 @@ class Scaffold(AvailabilityStrategy):
         return self.stacked("dcs", [dc if (dc := r.payloads.get("dc")) is not None else np.zeros(size, np.float32)
                                     for r in reports])
 
+    def applied(self, t: int, reports: list[ClientReport]) -> None:
+        """Round t's accepted replies are applied: their clients commit their c_i^+ at their next message."""
+        for r in reports:
+            self.accepted[r.client_id] = t
+
     def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
+        self.applied(t, reports)
         if self.c is None or self.c.size != x.size:
             self.c = np.zeros(x.size, np.float64)
         if not reports:
@@ -169,6 +183,7 @@ class AmplifiedScaffold(Scaffold):
         return {**super().train_config(t, node_ids), SCAFFOLD_GAMMA: self.gamma, SCAFFOLD_PERIOD: self.period}
 
     def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
+        self.applied(t, reports)
         if self.anchor is None or self.anchor.size != x.size:
             self.anchor = np.asarray(x, np.float64).copy()  # x_0: the first period's start
             self.pending = np.zeros(x.size, np.float64)
