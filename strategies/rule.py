@@ -81,7 +81,17 @@ class Rule:
     def aggregate(
         self, t: int, x: np.ndarray, reports: list[ClientReport]
     ) -> tuple[np.ndarray, dict[str, float]]:
-        """Return x^{t+1} and the rule's metrics; t is 0-based (Flower round − 1)."""
+        """Return x^{t+1} and the rule's metrics; t is 0-based (Flower round − 1). A rule writes
+        this or :meth:`start_fold`, not both: by default every report is folded in, in client order."""
+        fold = self.start_fold(t, x)
+        if reports:
+            fold.held_weights = dict(zip((r.client_id for r in reports), map(float, self.weights(reports)), strict=True))
+        for report in reports:
+            fold.add(report)
+        return fold.finish()
+
+    def weights(self, reports: list[ClientReport]) -> np.ndarray:
+        """Per-report weights summing to 1 over the reports (the base's)."""
         raise NotImplementedError
 
     def start_fold(self, t: int, x: np.ndarray) -> Fold:

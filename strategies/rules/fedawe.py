@@ -85,6 +85,7 @@ from ..protocol import (  # noqa: F401  (re-exported: FedAWE's wire format)
     SERVER_ROUND,
 )
 from ..rule import Payload
+from ..weighting import weighted_sum
 
 DISTANCE_RATIO = 1e3  # x the median of recent ‖x_i^† − x^t‖ (bounds.py: honest up to 157)
 SKETCH = 2  # rows of the secret projection that checks x_i^† − η_g u_i (FedAWE._check_start)
@@ -317,11 +318,10 @@ class FedAWE(AvailabilityStrategy):
         if not echoes:
             return x, self._xbar_metrics(x)
         w = self.weights(reports)
-        deltas = self.stacked("deltas", [r.delta for r in echoes])  # x_i^† − x^t
-        updates = self.stacked("updates", [r.echo_update for r in echoes])
+        # float32 BLAS over the reply rows (strategies.weighting.weighted_sum), added in float64
         x64 = np.asarray(x, np.float64)
-        u = np.einsum("i,ij->j", w, updates)  # ū, float64 (einsum: no BLAS threads on a busy host)
-        new = x64 + np.einsum("i,ij->j", w, deltas)
+        u = np.asarray(weighted_sum(w, [r.echo_update for r in echoes]), np.float64)  # ū
+        new = x64 + np.asarray(weighted_sum(w, [r.delta for r in echoes]), np.float64)
         norm = float(np.linalg.norm(u))
         metrics = {"mean-echo-factor": float(np.mean([r.echo_factor for r in echoes])),
                    "echo-update-norm": norm}
@@ -333,7 +333,9 @@ class FedAWE(AvailabilityStrategy):
         if self.xbar is not None:
             # the clients of A_t move from x_i^{t,0} = x_i^† − η_g u_i to x^{t+1}; the others stay
             m = len(reports)
-            starts = m * x64 + deltas.sum(axis=0, dtype=np.float64) - self.server_lr * updates.sum(axis=0, dtype=np.float64)
+            ones = np.ones(m)
+            starts = (m * x64 + np.asarray(weighted_sum(ones, [r.delta for r in echoes]), np.float64)
+                      - self.server_lr * np.asarray(weighted_sum(ones, [r.echo_update for r in echoes]), np.float64))
             self.xbar = self.xbar + (m * new.astype(np.float64) - starts) / self.require_num_clients()
         return new, {**metrics, **self._xbar_metrics(new)}
 

@@ -50,14 +50,7 @@ from ..protocol import (
     SCAFFOLD_RUN_KEY,
 )
 from ..rule import Payload
-
-
-def scaffold_step(x: np.ndarray, c: np.ndarray, dys: np.ndarray, dcs: np.ndarray, weights: np.ndarray,
-                  num_clients: int, server_lr: float) -> tuple[np.ndarray, np.ndarray]:
-    """SCAFFOLD's server step (Alg. 1, lines 16-17): (x + η_g Σ w_i Δy_i, c + (1/N) Σ Δc_i), float64."""
-    x_new = np.asarray(x, np.float64) + server_lr * np.einsum("i,ij->j", weights, np.asarray(dys, np.float64))
-    c_new = np.asarray(c, np.float64) + np.asarray(dcs, np.float64).sum(axis=0) / num_clients
-    return x_new, c_new
+from ..streaming import Fold, RunningSum, example_weight, step
 
 
 def amplify(x: np.ndarray, anchor: np.ndarray, gamma: float) -> np.ndarray:
@@ -93,6 +86,7 @@ class Scaffold(AvailabilityStrategy):
     State: ClassVar[type] = ScaffoldState
     needs_num_clients = True  # c ← c + (1/N) Σ Δc_i
     client_rule = SCAFFOLD_RULE  # its client half: client_app.scaffold.ScaffoldRule
+    streams = True  # Δy and Δc are sums (VariateFold)
     namespace = SCAFFOLD_META_PREFIX
     sends = (Payload("c", SCAFFOLD_C_PREFIX, "control variate"),)
     reads = (Payload("dc", SCAFFOLD_DC_PREFIX, "control-variate update",
@@ -123,28 +117,44 @@ class Scaffold(AvailabilityStrategy):
         return {"c": self.c}
 
     # ------------------------------------------------------------------------ the rule
-    def _variates(self, reports: list[ClientReport], size: int) -> np.ndarray:
-        """Δc_i per report (zeros for a plain report: a client without the rule changes no c_i)."""
-        return self.stacked("dcs", [dc if (dc := r.payloads.get("dc")) is not None else np.zeros(size, np.float32)
-                                    for r in reports])
-
-    def applied(self, t: int, reports: list[ClientReport]) -> None:
-        """Round t's accepted replies are applied: their clients commit their c_i^+ at their next message."""
-        for r in reports:
-            self.accepted[r.client_id] = t
-
-    def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
-        self.applied(t, reports)
+    def start_fold(self, t: int, x: np.ndarray) -> Fold:
+        """x + η_g Σ w_i Δy_i and c + (1/N) Σ Δc_i, both sums folded in reply by reply."""
         if self.c is None or self.c.size != x.size:
             self.c = np.zeros(x.size, np.float64)
-        if not reports:
+        return VariateFold(self, t, x)
+
+    def finish_round(self, t: int, x: np.ndarray, fold: VariateFold) -> tuple[np.ndarray, dict[str, float]]:
+        """SCAFFOLD's server step (Alg. 1, lines 16-17) from the round's sums."""
+        assert self.c is not None
+        if not fold.dys.count:
             return x, {"c-norm": float(np.linalg.norm(self.c))}
-        dys = self.stacked("dys", [r.delta for r in reports])
-        dcs = self._variates(reports, x.size)
-        new, self.c = scaffold_step(x, self.c, dys, dcs, self.weights(reports), self.require_num_clients(),
-                                    self.server_lr)
-        return new.astype(np.float32), {"c-norm": float(np.linalg.norm(self.c)),
-                                        "mean-dc-norm": float(np.mean([r.payload_norms.get("dc", 0.0) for r in reports]))}
+        self.c = self.c + fold.dcs.total / self.require_num_clients()
+        return step(x, self.server_lr, fold.dys.total / fold.dys.weight), {
+            "c-norm": float(np.linalg.norm(self.c)), "mean-dc-norm": fold.dc_norms / fold.dys.count}
+
+
+class VariateFold(Fold):
+    """SCAFFOLD's round as running sums (:mod:`strategies.streaming`): Σ w_i Δy_i, Σ Δc_i (a plain
+    report, from a client without the rule, changes no c_i) and Σ ‖Δc_i‖; O(d) server memory.
+    Each accepted report's client is recorded as applied (its client commits c_i^+)."""
+
+    def __init__(self, rule: Scaffold, t: int, x: np.ndarray) -> None:
+        self.rule, self.t, self.x = rule, t, x
+        self.weight_of = example_weight(rule.weighting)
+        self.dys, self.dcs = RunningSum(x.size), RunningSum(x.size)
+        self.dc_norms = 0.0
+
+    def add(self, report: ClientReport) -> None:
+        self.rule.accepted[report.client_id] = self.t
+        weight = self.held_weights[report.client_id] if self.held_weights else float(self.weight_of(report))
+        self.dys.add(weight, report.delta)
+        dc = report.payloads.get("dc")
+        if dc is not None and dc.size == self.x.size:
+            self.dcs.add(1.0, dc)
+            self.dc_norms += report.payload_norms["dc"]
+
+    def finish(self) -> tuple[np.ndarray, dict[str, float]]:
+        return self.rule.finish_round(self.t, self.x, self)
 
 
 @dataclass
@@ -182,18 +192,21 @@ class AmplifiedScaffold(Scaffold):
     def train_config(self, t: int, node_ids: list[int]) -> dict[str, Any]:
         return {**super().train_config(t, node_ids), SCAFFOLD_GAMMA: self.gamma, SCAFFOLD_PERIOD: self.period}
 
-    def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
-        self.applied(t, reports)
+    def start_fold(self, t: int, x: np.ndarray) -> Fold:
         if self.anchor is None or self.anchor.size != x.size:
             self.anchor = np.asarray(x, np.float64).copy()  # x_0: the first period's start
             self.pending = np.zeros(x.size, np.float64)
             self.c = np.zeros(x.size, np.float64)
-        assert self.pending is not None and self.c is not None
+        return VariateFold(self, t, x)
+
+    def finish_round(self, t: int, x: np.ndarray, fold: VariateFold) -> tuple[np.ndarray, dict[str, float]]:
+        """x + η_g Σ w_i Δy_i each round, Σ Δc_i kept for the period; at the period's end
+        x_r + γ (x − x_r) and c + (1/N) Σ Δc_i."""
+        assert self.pending is not None and self.c is not None and self.anchor is not None
         new = np.asarray(x, np.float64)
-        if reports:
-            dys = self.stacked("dys", [r.delta for r in reports])
-            new = new + self.server_lr * np.einsum("i,ij->j", self.weights(reports), dys.astype(np.float64))
-            self.pending += self._variates(reports, x.size).sum(axis=0, dtype=np.float64)
+        if fold.dys.count:
+            new = new + self.server_lr * (fold.dys.total / fold.dys.weight)
+            self.pending += fold.dcs.total
         metrics = {"amplified": 0.0}
         if (t + 1) % self.period == 0:  # the period's end: amplify, refresh c
             new = amplify(new, self.anchor, self.gamma)
