@@ -321,7 +321,8 @@ class FedAWE(AvailabilityStrategy):
         # float32 BLAS over the reply rows (strategies.weighting.weighted_sum), added in float64
         x64 = np.asarray(x, np.float64)
         u = np.asarray(weighted_sum(w, [r.echo_update for r in echoes]), np.float64)  # ū
-        new = x64 + np.asarray(weighted_sum(w, [r.delta for r in echoes]), np.float64)
+        moved = np.asarray(weighted_sum(w, [r.delta for r in echoes]), np.float64)  # Σ w_i (x_i^† − x^t)
+        new = x64 + moved
         norm = float(np.linalg.norm(u))
         metrics = {"mean-echo-factor": float(np.mean([r.echo_factor for r in echoes])),
                    "echo-update-norm": norm}
@@ -333,9 +334,13 @@ class FedAWE(AvailabilityStrategy):
         if self.xbar is not None:
             # the clients of A_t move from x_i^{t,0} = x_i^† − η_g u_i to x^{t+1}; the others stay
             m = len(reports)
-            ones = np.ones(m)
-            starts = (m * x64 + np.asarray(weighted_sum(ones, [r.delta for r in echoes]), np.float64)
-                      - self.server_lr * np.asarray(weighted_sum(ones, [r.echo_update for r in echoes]), np.float64))
+            if self.weighting == "equal":  # Σ Δ_i = m Σ w_i Δ_i: the sums above, no second pass
+                sums = m * moved, m * u
+            else:
+                ones = np.ones(m)
+                sums = (np.asarray(weighted_sum(ones, [r.delta for r in echoes]), np.float64),
+                        np.asarray(weighted_sum(ones, [r.echo_update for r in echoes]), np.float64))
+            starts = m * x64 + sums[0] - self.server_lr * sums[1]
             self.xbar = self.xbar + (m * new.astype(np.float64) - starts) / self.require_num_clients()
         return new, {**metrics, **self._xbar_metrics(new)}
 
