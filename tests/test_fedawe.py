@@ -239,8 +239,9 @@ def test_server_memory_is_constant_per_client():
     # _sent: this round's messages; _scratch: the base's reusable rows for one round's replies
     # (Δ_i and u_i), O(replies per round), the memory the replies take while aggregated
     held = arrays_in({k: v for k, v in vars(s).items() if k not in ("_sent", "_scratch")})
-    # x^t, x^0, x̄, the layout's bookkeeping, the check's projection P and |P| (SKETCH x d each), sketches
-    assert sum(a.size for a in held) <= (4 + 2 * SKETCH) * d + SKETCH * (len(s.sketches) + 1)
+    # x^t, x^0, x̄, the layout's bookkeeping, the check's projection P and |P| (float64 and float32,
+    # SKETCH x d each), its two reused d-vectors (a reply's vector in float64, |v|), sketches
+    assert sum(a.size for a in held) <= (6 + 3 * SKETCH) * d + SKETCH * (len(s.sketches) + 1)
     assert len(s.client_of_node) == n  # the base's node -> client id map: one int each
 
 
