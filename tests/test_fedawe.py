@@ -240,8 +240,8 @@ def test_server_memory_is_constant_per_client():
     # (Δ_i and u_i), O(replies per round), the memory the replies take while aggregated
     held = arrays_in({k: v for k, v in vars(s).items() if k not in ("_sent", "_scratch")})
     # x^t, x^0, x̄, the layout's bookkeeping, the check's projection P and |P| (float64 and float32,
-    # SKETCH x d each), its two reused d-vectors (a reply's vector in float64, |v|), sketches
-    assert sum(a.size for a in held) <= (6 + 3 * SKETCH) * d + SKETCH * (len(s.sketches) + 1)
+    # SKETCH x d each), its three reused d-vectors (Δ_i − η_g u_i in float64, |Δ_i| + η_g |u_i|, η_g |u_i|), sketches
+    assert sum(a.size for a in held) <= (7 + 3 * SKETCH) * d + SKETCH * (len(s.sketches) + 1)
     assert len(s.client_of_node) == n  # the base's node -> client id map: one int each
 
 

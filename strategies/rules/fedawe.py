@@ -201,8 +201,9 @@ class FedAWE(AvailabilityStrategy):
         self._projection: np.ndarray | None = None  # P, SKETCH x d float64, from sketch_seed
         self._abs_p: np.ndarray | None = None  # |P|
         self._abs_p32: np.ndarray | None = None  # |P| in float32 (the slack's products)
-        self._wide = np.zeros(0)  # a reply's vector in float64, for P v (reused)
-        self._absolute = np.zeros(0, np.float32)  # |v| of a reply's vector (reused)
+        self._wide = np.zeros(0)  # Δ_i − η_g u_i in float64, for P (Δ_i − η_g u_i) (reused)
+        self._absolute = np.zeros(0, np.float32)  # |Δ_i| + η_g |u_i| (reused)
+        self._absolute_u = np.zeros(0, np.float32)  # η_g |u_i| (reused)
         self._abs_sketch: np.ndarray | None = None  # |P| |x^t|, this round's (reset by configure_train)
 
     # ------------------------------------------------------------------ messages out
@@ -304,23 +305,24 @@ class FedAWE(AvailabilityStrategy):
         magnitude = self._abs_p32
         assert magnitude is not None and self._abs_sketch is not None
         if self._wide.size != p.shape[1]:
-            self._wide, self._absolute = np.empty(p.shape[1]), np.empty(p.shape[1], np.float32)
-
-        def sketch(v: np.ndarray) -> np.ndarray:  # P v, float64 (into a kept buffer: no allocation)
-            np.copyto(self._wide, v)
-            return p @ self._wide
-
-        def bound(v: np.ndarray) -> np.ndarray:  # |P| |v|, float32 products of non-negative terms
-            np.abs(v, out=self._absolute)
-            return (magnitude @ self._absolute).astype(np.float64)
-
-        # P x_i^{t,0} = P x^t + P Δ_i − η_g P u_i (P x^t: this round's sketch), 4 products of 2 × d
-        got = self.sketches[self._t] + sketch(report.delta) - self.server_lr * sketch(update)
-        # the slack's float32 sums of d non-negative terms err by at most d 2^-24 relative (6% at
-        # d = 10^6): a 10% margin
-        slack = self._abs_sketch + 1.1 * (bound(report.delta) + self.server_lr * bound(update))
+            self._wide = np.empty(p.shape[1])
+            self._absolute, self._absolute_u = np.empty(p.shape[1], np.float32), np.empty(p.shape[1], np.float32)
+        # P x_i^{t,0} = P x^t + P (Δ_i − η_g u_i) (P x^t: this round's sketch): Δ_i − η_g u_i formed in
+        # float64 in a kept buffer, one product of 2 × d
+        np.copyto(self._wide, update)
+        self._wide *= -self.server_lr
+        self._wide += report.delta
+        got = self.sketches[self._t] + p @ self._wide
+        # the slack |P| (|Δ_i| + η_g |u_i|): float32 sums of d non-negative terms err by at most
+        # d 2^-24 relative (6% at d = 10^6): a 10% margin
+        np.abs(report.delta, out=self._absolute)
+        np.abs(update, out=self._absolute_u)
+        self._absolute_u *= np.float32(self.server_lr)
+        self._absolute += self._absolute_u
+        slack = self._abs_sketch + 1.1 * (magnitude @ self._absolute).astype(np.float64)
         tol = np.ldexp(slack, -23) + 1e-12
-        if not np.all(np.isfinite(got)) or not any(np.all(np.abs(got - s) <= tol) for s in known):
+        if not (np.all(np.isfinite(got)) and np.all(np.isfinite(tol))) or not any(np.all(np.abs(got - s) <= tol)
+                                                                                  for s in known):
             raise ReplyRejected("the returned model and the echoed update u_i disagree: x_i^† − η_g u_i is not x^0 "
                                 "nor a model broadcast to this client since (FedAWE's consistency check)")
 
