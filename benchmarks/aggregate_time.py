@@ -39,16 +39,8 @@ from flwr.serverapp.strategy import FedAvg
 from flwr.supercore.task_identity import TaskIdentity
 
 from strategies import ORACLES, STRATEGIES, build_strategy, named_arrays
-from strategies.protocol import (
-    A_NORM,
-    CLIENT_ID,
-    FEDAWE_ECHO_FACTOR,
-    FEDAWE_UPDATE_PREFIX,
-    LR,
-    NUM_EXAMPLES,
-    NUM_STEPS,
-    TRAIN_LOSS,
-)
+from strategies.payloads import Payload
+from strategies.protocol import A_NORM, CLIENT_ID, LR, NUM_EXAMPLES, NUM_STEPS, TRAIN_LOSS
 
 # how a rule is built here: every node trains (power-of-choice without probes, d = m = R)
 SPECS = {"pow-d": "pow-d:variant=rpow-d,d={r},m={r}", "mifa": "mifa:gradient-units=true"}
@@ -66,20 +58,29 @@ class Grid:
     def get_node_ids(self) -> list[int]:
         return self.nodes
 
+    def send_and_receive(self, messages, *, timeout=None) -> list:  # FedAWE's round-end broadcast: untimed, unanswered
+        return []
+
 
 def model_arrays(dim: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
     sizes = [dim // 2, dim // 4, dim // 8, dim - dim // 2 - dim // 4 - dim // 8]
     return {f"layer{i}": rng.normal(size=s).astype(np.float32) for i, s in enumerate(sizes)}
 
 
-def replies_for(sent: list[Message], x: dict[str, np.ndarray], fedawe: bool, seed: int) -> list[Message]:
+def replies_for(sent: list[Message], x: dict[str, np.ndarray], payloads: tuple[Payload, ...],
+                seed: int) -> list[Message]:
+    """Honest replies to ``sent``: x + small noise, with every payload the rule declares it reads
+    back (``Rule.reads``): a scalar as 1 (FedAWE's echo factor), a model-sized one as the reply's
+    own change (FedAWE's u_i with factor 1, SCAFFOLD's Δc_i)."""
     rng = np.random.default_rng(seed)
     out = []
     for c, msg in enumerate(sent):
         arrays = {k: v + np.float32(0.01) * (rng.random(v.shape, np.float32) - np.float32(0.5)) for k, v in x.items()}
-        if fedawe:
-            arrays[FEDAWE_ECHO_FACTOR] = np.array([1.0], np.float32)
-            arrays.update({FEDAWE_UPDATE_PREFIX + k: arrays[k] - x[k] for k in x})
+        for p in payloads:
+            if p.scalar:
+                arrays[p.key] = np.array([1.0], np.float32)
+            else:
+                arrays.update({p.key + k: arrays[k] - x[k] for k in x})
         metrics = {NUM_EXAMPLES: 50 + c, CLIENT_ID: c, NUM_STEPS: 10, A_NORM: 10.0, LR: 0.1, TRAIN_LOSS: 1.0}
         reply = Message(RecordDict({"arrays": named_arrays(arrays), "metrics": MetricRecord(metrics)}),
                         reply_to=msg)
@@ -93,7 +94,7 @@ def flower_round(strategy: FedAvg, rnd: int, x: dict[str, np.ndarray], n: int) -
                     message_type="train") for i in range(n)]
     for m in sent:
         m.metadata.__dict__["_message_id"] = uuid.uuid4().hex
-    replies = replies_for(sent, x, False, rnd)
+    replies = replies_for(sent, x, (), rnd)
     gc.collect()
     start, cpu = time.perf_counter(), time.process_time()
     strategy.aggregate_train(rnd, replies)
@@ -169,7 +170,7 @@ def time_side_by_side(spec: str, n: int, x: dict[str, np.ndarray],
         for m in sent:
             m.metadata.__dict__["_message_id"] = uuid.uuid4().hex
         current = {k: arrays[k].numpy() for k in arrays.keys()}
-        replies = replies_for(sent, current, spec.startswith("fedawe"), rnd)
+        replies = replies_for(sent, current, strategy.reads, rnd)
         gc.collect()
         start, cpu = time.perf_counter(), time.process_time()
         out, _ = strategy.aggregate_train(rnd, replies)
@@ -180,7 +181,7 @@ def time_side_by_side(spec: str, n: int, x: dict[str, np.ndarray],
         gc.collect()
         flower_time = flower_round(flower, rnd, current, n)
         if math is not None:
-            deltas = stacked_deltas(replies_for(sent, current, False, rnd), current)
+            deltas = stacked_deltas(replies_for(sent, current, (), rnd), current)
             gc.collect()
             start, cpu = time.perf_counter(), time.process_time()
             math(state, deltas)

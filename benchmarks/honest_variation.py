@@ -110,7 +110,7 @@ class Recorder:
         steps = [r.num_steps for r in reports if r.num_steps]
         sizes = [r.num_examples for r in reports]
         normalised = [r.norm / r.a_norm for r in reports if r.a_norm and r.norm is not None]
-        echo = [r.echo_norm for r in reports if getattr(r, "echo_norm", None) is not None]
+        echo = [r.payload_norms["update"] for r in reports if "update" in r.payload_norms]  # FedAWE's u_i
         for r, norm in zip(reports, norms, strict=True):
             row = {"workload": self.run[0], "rule": self.run[1], "round": self.round, "replies": len(reports),
                    "norm/round-median": norm / med if med > 0 else math.nan,
@@ -123,9 +123,10 @@ class Recorder:
                 row["fednova a-norm/num-steps"] = r.a_norm / r.num_steps
             if r.a_norm and r.norm is not None and len(normalised) >= 3:
                 row["fednova normalised/round-median"] = (r.norm / r.a_norm) / float(np.median(normalised))
-            if getattr(r, "echo_norm", None) is not None:
-                row["fedawe echo/round-median"] = r.echo_norm / float(np.median(echo)) if len(echo) >= 3 else math.nan
-                row["fedawe echo-factor"] = float(r.echo_factor)
+            if "update" in r.payload_norms:
+                row["fedawe echo/round-median"] = (r.payload_norms["update"] / float(np.median(echo)) if len(echo) >= 3
+                                                   else math.nan)
+                row["fedawe echo-factor"] = float(r.payloads["echo-factor"][0])
             self.rows.append(row)
         self.history.extend(norms)  # honest: every reply is accepted
 

@@ -40,8 +40,30 @@ class FedAWEStateError(RuntimeError):
 
 @dataclass
 class ClientState:
-    copy: StateDict  # the rule's tensors (FedAWE: x_i; SCAFFOLD: c_i, ...)
-    tau: int  # τ_i: last round this client was available (−1: never)
+    """A client rule's state: what the server has applied (``copy``, ``tau``) and what it may yet
+    apply (``pending``, ``pending_tau``): a reply's new state waits there until the server says
+    the reply was accepted (SCAFFOLD: the next train message's accepted round; FedAWE: the
+    round-end broadcast), else it is dropped (:meth:`resolve`), so the client never keeps a
+    state the server did not count."""
+
+    copy: StateDict  # the rule's tensors (FedAWE: x_i; SCAFFOLD: c_i, ...), as the server applied them
+    tau: int  # τ_i: the last round whose reply the server applied (−1: never)
+    pending: StateDict | None = None  # the state of the reply of round pending_tau, not yet applied
+    pending_tau: int = -1
+
+    @property
+    def last_round(self) -> int:
+        """The last round this client replied in (a train message for it or before is a replay)."""
+        return max(self.tau, self.pending_tau)
+
+    def resolve(self, accepted: int) -> ClientState:
+        """The state once the server says ``accepted`` is the round of this client's last applied
+        reply: the pending state committed when it is that round's, else dropped."""
+        if self.pending_tau < 0:
+            return self
+        if accepted == self.pending_tau and self.pending is not None:
+            return ClientState(self.pending, self.pending_tau)
+        return ClientState(self.copy, self.tau)
 
 
 def state_dir(context: Context) -> Path | None:
@@ -73,7 +95,7 @@ class StateStore:
         self.client = client
         self.rule = rule
         self.key = run_key(context, config, key_name)
-        self.copy_record, self.meta_record = f"{rule}.copy", f"{rule}.meta"
+        self.copy_record, self.meta_record, self.pending_record = f"{rule}.copy", f"{rule}.meta", f"{rule}.pending"
         root = state_dir(context)
         self.path = None if root is None else root / f"client-{client}" / f"{rule}-{self.key}.pt"
 
@@ -82,13 +104,19 @@ class StateStore:
         meta = cached.config_records.get(self.meta_record)
         copy = cached.array_records.get(self.copy_record)
         if meta is not None and meta.get("key") == self.key and copy is not None:
-            return ClientState(copy.to_torch_state_dict(), int(cast(int, meta["tau"])))
+            pending = cached.array_records.get(self.pending_record)
+            pending_tau = int(cast(int, meta.get("pending-tau", -1)))
+            return ClientState(copy.to_torch_state_dict(), int(cast(int, meta["tau"])),
+                               pending.to_torch_state_dict() if pending is not None and pending_tau >= 0 else None,
+                               pending_tau)
         if self.path is None or not self.path.is_file():
             return None
         saved = torch.load(self.path, map_location="cpu", weights_only=True)
         if saved.get("format") != FILE_FORMAT or saved.get("client") != self.client or saved.get("key") != self.key:
             raise FedAWEStateError(f"{self.path} is not client {self.client}'s {self.rule} state for run {self.key}")
-        state = ClientState(dict(saved["copy"]), int(saved["tau"]))
+        pending = saved.get("pending")
+        state = ClientState(dict(saved["copy"]), int(saved["tau"]), dict(pending) if pending is not None else None,
+                            int(saved.get("pending_tau", -1)))
         self._cache(state)
         return state
 
@@ -98,7 +126,7 @@ class StateStore:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         payload = {"format": FILE_FORMAT, "client": self.client, "key": self.key, "tau": state.tau,
-                   "copy": state.copy}
+                   "copy": state.copy, "pending": state.pending, "pending_tau": state.pending_tau}
         fd, tmp = tempfile.mkstemp(prefix=self.path.name + ".", suffix=".tmp", dir=self.path.parent)
         try:
             with os.fdopen(fd, "wb") as f:
@@ -112,4 +140,9 @@ class StateStore:
 
     def _cache(self, state: ClientState) -> None:
         self.context.state[self.copy_record] = ArrayRecord(state.copy)
-        self.context.state[self.meta_record] = ConfigRecord({"tau": state.tau, "key": self.key})
+        if state.pending is not None:
+            self.context.state[self.pending_record] = ArrayRecord(state.pending)
+        elif self.pending_record in self.context.state.array_records:
+            del self.context.state[self.pending_record]
+        self.context.state[self.meta_record] = ConfigRecord({"tau": state.tau, "key": self.key,
+                                                             "pending-tau": state.pending_tau})

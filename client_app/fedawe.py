@@ -9,7 +9,12 @@ Unavailability", NeurIPS 2024, Alg. 1 (the server side and the message protocol:
 2. replies the echo x_i^† = x_i^{t,0} + η_g (t − τ_i) Δ_i, with Δ_i = x_i^{t,end} − x_i^{t,0},
    the echo factor t − τ_i and u_i = (t − τ_i) Δ_i (when the config asks, which the server always
    does: it needs u_i for its clip and to track the mean of all copies), and sets τ_i ← t;
-3. when the server's round-end broadcast (``train.adopt``) arrives, sets x_i ← x^{t+1}.
+3. when the server's round-end broadcast (``train.adopt``) arrives, sets x_i ← x^{t+1} and τ_i ← t.
+   The broadcast goes to the clients whose replies the server applied, and only then does τ_i
+   move: a client whose reply was rejected or lost keeps its copy and its τ_i (the reply's round
+   waits as ``pending_tau`` and is dropped at the next message, unless that message's
+   ``accepted-round`` says the server applied it and only the broadcast was lost), so its next
+   echo factor counts the rounds the server did not see and stays within the server's cap.
 
 Where the state lives: :class:`client_app.client_state.StateStore`, in ``context.state`` and,
 with a state dir, in ``<state-dir>/client-<pid>/fedawe-<run key>.pt`` (survives the client process
@@ -29,6 +34,7 @@ import torch
 from flwr.app import Context
 
 from strategies.protocol import (
+    ACCEPTED_ROUND,
     FEDAWE_ECHO as ECHO,
     FEDAWE_ECHO_FACTOR as ECHO_FACTOR,
     FEDAWE_RULE as RULE,
@@ -51,6 +57,11 @@ from .client_state import (  # noqa: F401  (re-exported: FedAWE's client state, 
 
 log = logging.getLogger(__name__)
 
+
+
+def accepted_round(config: Any) -> int:
+    """The round of this client's last reply the server applied, as its train message says (−1: none)."""
+    return int(config.get(ACCEPTED_ROUND, -1))
 
 
 def echo(start: StateDict, trained: StateDict, factor: float) -> StateDict:
@@ -83,10 +94,14 @@ class FedAWERule:
         if state is None:  # first message of this run: its model (x^0) becomes the copy
             state = ClientState(_clone(received), -1)
             store.save(state)
-        elif t <= state.tau:
+        elif t <= state.last_round:
             raise FedAWEStateError(
-                f"client {client} was already available in round {state.tau}; a train message for "
+                f"client {client} was already available in round {state.last_round}; a train message for "
                 f"round {t} is a replay (or the run was resumed from an older checkpoint)")
+        elif state.pending_tau >= 0:  # its last reply got no broadcast
+            # applied (the broadcast was lost): τ_i moves, the copy stays; rejected or lost: τ_i stays
+            state = ClientState(state.copy, state.pending_tau if accepted_round(config) == state.pending_tau else state.tau)
+            store.save(state)
         if set(state.copy) != set(received) or any(state.copy[k].shape != received[k].shape for k in received):
             raise FedAWEStateError(f"client {client}'s FedAWE copy does not fit the model of this run")
         return _clone(state.copy)
@@ -112,14 +127,14 @@ class FedAWERule:
         out[ECHO_FACTOR] = torch.tensor([float(factor)], dtype=torch.float64)
         if config.get(SEND_UPDATE, False):  # u_i = (t − τ_i) Δ_i, for the server's clip and x̄
             out.update({UPDATE_PREFIX + k: echoed_update(start[k], trained[k], factor) for k in start})
-        store.save(ClientState(state.copy, t))
+        store.save(ClientState(state.copy, state.tau, pending_tau=t))  # τ_i ← t once the server applies it (adopt)
         return out
 
     def adopt(self, received: StateDict, context: Context, client: int, t: int, config: Any) -> None:
         store = StateStore(context, client, config)
         state = store.load()
-        if state is not None and state.tau > t:
+        if state is not None and state.last_round > t:
             log.warning("client %d: ignoring round %d's broadcast, it was available in round %d since",
-                        client, t, state.tau)
+                        client, t, state.last_round)
             return
         store.save(ClientState(_clone(received), t))

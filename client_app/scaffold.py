@@ -9,7 +9,10 @@ x and the server's c, and runs K local steps
 then c_i^+ = c_i − c + (x − y_i)/(K η_l) (option II), which for plain SGD at a constant η_l is
 exactly the mean of the K raw local gradients g_i(y) (sum the steps). This client computes that
 mean (as the official Amplified SCAFFOLD code does, ``avg_local_grads``), replies y_i and
-Δc_i = c_i^+ − c_i, and keeps c_i^+.
+Δc_i = c_i^+ − c_i, and keeps c_i^+ pending: the server's next train message names the round of
+this client's last applied reply (``accepted-round``), and the client commits c_i^+ only
+when it is this reply's, else drops it (the reply was rejected or lost), so the server's c stays
+the mean of the clients' c_i (issue 39 item 5).
 
 Amplified SCAFFOLD (Crawshaw and Liu, "Federated Learning under Periodic Client Participation and
 Heterogeneous Data", NeurIPS 2024, Alg. 1; code MingruiLiu-ML-Lab/FL-under-Periodic-Participation,
@@ -38,6 +41,7 @@ from flwr.app import Context
 from torch import nn
 
 from strategies.protocol import (
+    ACCEPTED_ROUND,
     AMPLIFIED_SCAFFOLD_RULE,
     SCAFFOLD_C_PREFIX,
     SCAFFOLD_DC_PREFIX,
@@ -144,12 +148,19 @@ class ScaffoldRule:
         return StateStore(context, client, config, rule=self.name, key_name=SCAFFOLD_RUN_KEY)
 
     def _load(self, context: Context, client: int, t: int, config: Any, c: StateDict) -> ClientState:
-        state = self._store(context, client, config).load()
+        """The state the server has applied: the last reply's pending c_i committed when the
+        message's ``ACCEPTED_ROUND`` round is that reply's, else dropped (rejected or lost)."""
+        store = self._store(context, client, config)
+        state = store.load()
         if state is None:
             return ClientState({f"c.{k}": v for k, v in _zeros(c).items()}, -1)
-        if t <= state.tau:
-            raise ScaffoldStateError(f"client {client} already trained in round {state.tau}; a train message for "
-                                     f"round {t} is a replay (or the run was resumed from an older checkpoint)")
+        if t <= state.last_round:
+            raise ScaffoldStateError(f"client {client} already trained in round {state.last_round}; a train message "
+                                     f"for round {t} is a replay (or the run was resumed from an older checkpoint)")
+        resolved = state.resolve(int(config.get(ACCEPTED_ROUND, -1)))
+        if resolved is not state:
+            store.save(resolved)
+            state = resolved
         if any(state.copy.get(f"c.{k}", torch.empty(0)).shape != v.shape for k, v in c.items()):
             raise ScaffoldStateError(f"client {client}'s control variate does not fit the model of this run")
         return state
@@ -187,8 +198,10 @@ class ScaffoldRule:
                 f"the train function did not apply {self.name}'s drift correction (no corrected local step): "
                 "call client_app.dropin.correct_gradients(model, context) on the model before training")
         assert correction.state is not None
-        kept, dc = self.new_state(correction.state, correction, t, config)
-        self._store(context, client, config).save(kept)
+        applied = correction.state
+        kept, dc = self.new_state(applied, correction, t, config)
+        # c_i^+ waits until the server says it applied this reply (_load): a rejected or lost reply's is dropped
+        self._store(context, client, config).save(ClientState(applied.copy, applied.tau, kept.copy, t))
         out = dict(trained)
         out.update({SCAFFOLD_DC_PREFIX + k: v.float() for k, v in dc.items()})
         return out

@@ -1,8 +1,10 @@
 """The Flower adapter every aggregation rule shares: messages in and out, done once.
 
 A rule (one module in :mod:`strategies.rules`) subclasses :class:`AvailabilityStrategy` and
-writes only :meth:`aggregate`, the math: ``(round t, global flat vector x, reports) -> (new flat
-vector, metrics)``, and declares what it needs and its state (:class:`strategies.rule.Rule`). The
+writes only :meth:`aggregate` (or its streaming fold), the math: ``(round t, global flat vector x,
+reports) -> (new flat vector, metrics)``, and declares what it needs, its state and its extra
+payloads (:class:`strategies.rule.Rule`): this module packs what the rule sends, the intake parses
+and bounds what it reads back, and no rule builds or reads a message. The
 class is split by job: :class:`strategies.rule.Rule` (a rule's declarations and hooks),
 :class:`strategies.intake.ReplyIntake` (which replies of a round reach the rule: a part the
 strategy holds, ``self.intake``, with one value per round, ``self.round``),
@@ -29,6 +31,7 @@ reaches the rule, its state or the model.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Callable, Iterable, Mapping
@@ -46,7 +49,8 @@ from .failures import FailurePolicy, StrategyFailure, log_round
 from .intake import ReplyIntake, RoundIntake
 from .layout import Layout, aggregate_integers, distance, named_arrays, safe_norm
 from .params import StrategyParams
-from .protocol import CLIENT_RULE, PLAIN_RULE, SERVER_ROUND
+from .payloads import pack_payloads
+from .protocol import CLIENT_RULE, SERVER_ROUND
 from .replies import (
     SUPERLINK_NODE_ID,
     ClientReport,
@@ -106,6 +110,8 @@ class AvailabilityStrategy(EvaluateRound):
         self.max_weight_share = float(params.max_weight_share)
         self.message_timeout = 3600.0  # broadcasts' deadline; start() sets its own timeout
         self.rng = np.random.default_rng(params.seed)  # also Flower's fractions (no draw at fraction 1)
+        # one bound per declared payload read back (Payload.bounded): the run's bounds, its own reference
+        self.payload_bounds = {p.name: self.params.bounds() for p in self.reads if p.bounded}
         self.intake = ReplyIntake(self)  # which replies reach the rule (strategies.intake)
         self.round = RoundIntake()  # this round's intake: sent, received, accepted, rejected, problems
         self.layout: Layout | None = None
@@ -217,11 +223,14 @@ class AvailabilityStrategy(EvaluateRound):
         pool = self.sampling.sample(connected, True, self.rng)
         node_ids = check_destinations(self.select_nodes(server_round, arrays, pool, grid), connected, self.name)
         config[SERVER_ROUND] = server_round
-        config[CLIENT_RULE] = PLAIN_RULE
+        config[CLIENT_RULE] = self.client_rule
         for key, value in self.train_config(server_round - 1, node_ids).items():
             config[key] = value
-        content = self.keys.content(self.train_arrays(server_round - 1, arrays), config)
-        sent = [Message(content, dst_node_id=n, message_type=MessageType.TRAIN) for n in node_ids]
+        record = self.train_record(server_round - 1, arrays)
+        content = self.keys.content(record, config)
+        own = {n: extra for n in node_ids if (extra := self.node_config(server_round - 1, n))}
+        sent = [Message(self.keys.content(record, ConfigRecord({**config, **own[n]})) if n in own else content,
+                        dst_node_id=n, message_type=MessageType.TRAIN) for n in node_ids]
         problems = self.round.problems
         self.round = self.intake.new_round(sent, set(connected), self.current, self.layout)
         self.round.problems += problems
@@ -274,18 +283,29 @@ class AvailabilityStrategy(EvaluateRound):
                                       self.weights(reports) if reports else np.zeros(0))
         return self.layout.unflatten(new, integers), MetricRecord(record)
 
-    # -------------------------------------------------- the intake's hooks (rules override)
+    def train_record(self, t: int, arrays: ArrayRecord) -> ArrayRecord:
+        """What round t's train messages carry: the rule's ``train_arrays`` (x^t; FedAWE's x^0)
+        and its declared ``sends`` beside them (SCAFFOLD's c), packed here."""
+        record = self.train_arrays(t, arrays)
+        if not self.sends:
+            return record
+        assert self.layout is not None
+        return pack_payloads(record, self.layout, self.sends, self.send_payloads(t))
+
+    # ---------------------------------------------------------------- the intake's entry
     def parse_reply(self, msg: Message, node: int, rnd: RoundIntake) -> ClientReport:
-        """One reply -> ClientReport, or ReplyRejected naming the problem (hook: SCAFFOLD and
-        FedAWE read their extra arrays too); Δ_i is taken against ``rnd.current``."""
+        """One reply -> ClientReport with the rule's declared payloads, or ReplyRejected naming
+        the problem (:meth:`ReplyIntake.parse`); Δ_i is taken against ``rnd.current``. Not a hook:
+        a rule declares ``reads`` and checks the parsed report in ``check_report``."""
         return self.intake.parse(msg, node, rnd)
 
     def norm_checks(self) -> list[tuple[NormBounds, Callable[[ClientReport], float]]]:
         """The bounds a round's reports go through, in order, each with the norm it compares
-        (hook): ``self.bounds`` on :meth:`update_norm`; FedAWE adds the returned model's distance,
-        SCAFFOLD ‖Δc_i‖. Each keeps its own reference, committed for the accepted reports and
-        checkpointed."""
-        return [(self.bounds, self.update_norm)]
+        (hook): ``self.bounds`` on :meth:`update_norm`, then one per declared payload read back
+        (``payload_bounds``, on :meth:`payload_norm`); FedAWE adds the returned model's distance.
+        Each keeps its own reference, committed for the accepted reports and checkpointed."""
+        return [(self.bounds, self.update_norm),
+                *[(bounds, functools.partial(self.payload_norm, name)) for name, bounds in self.payload_bounds.items()]]
 
     def summary(self) -> None:
         log.info("%s: N=%s, server_lr=%s, weighting=%s, max-weight-share=%g, robust=%s, %s, %s, %s, "

@@ -28,7 +28,7 @@ from flwr.serverapp.strategy import Strategy
 from .failures import check_broadcast
 from .metrics import weighted_mean
 from .options import RecordKeys
-from .protocol import CLIENT_RULE, PLAIN_RULE, SERVER_ROUND
+from .protocol import ADOPT, CLIENT_RULE, PLAIN_RULE, SERVER_ROUND
 from .rule import Rule
 from .sampling import Sampling
 
@@ -119,6 +119,17 @@ class EvaluateRound(Rule, Strategy):
             "(round %d): wrap it, evaluate_fn = strategies.evaluate_round.scored_evaluate_fn(strategy, evaluate_fn), or "
             "give your start() an evaluate_fn parameter (then it is wrapped for you)", self.name,
             "FedExP: the mean of its last two iterates; FedAWE: x-bar, as <metric>-xbar", server_round)
+
+    def configure_broadcast(self, server_round: int, arrays: ArrayRecord, grid: Grid) -> list[Message]:
+        """The round-end broadcast of ``server_round`` (message type ``train.adopt``): ``arrays``
+        to the rule's :meth:`broadcast_nodes`, with its client rule and train config."""
+        nodes = self.broadcast_nodes(server_round)
+        if not nodes:
+            return []
+        config = ConfigRecord({SERVER_ROUND: server_round, CLIENT_RULE: self.client_rule,
+                               **self.train_config(server_round, nodes)})
+        content = self.keys.content(arrays, config)
+        return [Message(content, dst_node_id=n, message_type=ADOPT) for n in nodes]
 
     def deliver_broadcast(self, server_round: int, arrays: ArrayRecord, grid: Grid) -> None:
         """Send what :meth:`configure_broadcast` has for ``server_round`` and check the replies."""

@@ -10,9 +10,9 @@ synchronous round (:meth:`collect` or :meth:`stream`) and an asynchronous arriva
 :meth:`collect` on a value of its own, judged against the version the client started from) use
 it the same way: nothing is swapped on the strategy to judge one arrival.
 
-Per reply, in arrival order: the reply alone (the rule's ``parse_reply``: :mod:`strategies.replies`
-turns it into a :class:`ClientReport` or a rejection with its reason, then the rule's
-``check_report``), then the claims on client ids (:mod:`strategies.client_binding`), then the
+Per reply, in arrival order: the reply alone (:meth:`ReplyIntake.parse`: :mod:`strategies.replies`
+turns it into a :class:`ClientReport`, with the rule's declared payloads, or a rejection with its
+reason, then the rule's ``check_report``), then the claims on client ids (:mod:`strategies.client_binding`), then the
 rule's count checks (``check_counts``: FedNova's steps) and the norm bounds (:mod:`strategies.bounds`,
 one or more: the rule's ``norm_checks``). The accepted reports bind their client ids and join the
 bounds' references at :meth:`ReplyIntake.finish`; a reply rejected at any step leaves no trace in
@@ -35,7 +35,17 @@ from .client_binding import ClientBinding
 from .layout import Layout, Scratch, safe_norm
 from .metrics import carries_client_id, claimed_client_id
 from .options import RecordKeys
-from .replies import ClientReport, ReplyParser, ReplyRejected, RoundLog, brief, destinations, source_node
+from .payloads import Payload, model_part, read_payloads
+from .replies import (
+    ClientReport,
+    ReplyParser,
+    ReplyRejected,
+    RoundLog,
+    brief,
+    destinations,
+    source_node,
+    split,
+)
 from .robust import Robust
 
 log = logging.getLogger("flwr")  # Flower's logger: these lines appear where Flower's own do
@@ -122,6 +132,10 @@ class IntakeRule(Protocol):
     weighting: str
     bounds: NormBounds
     robust: Robust
+    @property
+    def namespace(self) -> str: ...
+    @property
+    def reads(self) -> tuple[Payload, ...]: ...
 
     def require_num_clients(self) -> int: ...
     def parse_reply(self, msg: Message, node: int, rnd: RoundIntake) -> ClientReport: ...
@@ -171,9 +185,19 @@ class ReplyIntake:
                                 self.ids_reported)
 
     def parse(self, msg: Message, node: int, rnd: RoundIntake) -> ClientReport:
-        """One reply's model and metrics -> ClientReport (the rule's default ``parse_reply``)."""
+        """One reply -> ClientReport: its model and metrics (:class:`ReplyParser`), then the
+        rule's declared payloads (``reads``: :func:`strategies.replies.read_payloads`) into
+        ``report.payloads``; keys in the rule's ``namespace`` that it does not declare are a
+        rejection."""
         assert rnd.layout is not None and rnd.current is not None
-        return self.parser.parse(msg.content, node, rnd.layout, rnd.current, rnd.buffer())
+        r = self.rule
+        if not r.reads and not r.namespace:
+            return self.parser.parse(msg.content, node, rnd.layout, rnd.current, rnd.buffer())
+        _, record, metrics = split(msg.content)
+        model = model_part(record, rnd.layout, r.namespace, r.reads, type(r).__name__)
+        report = self.parser.report(model, metrics, node, rnd.layout, rnd.current, rnd.buffer())
+        report.payloads, report.payload_norms = read_payloads(record, rnd.layout, r.reads, rnd.buffer)
+        return report
 
     # ------------------------------------------------------------------------ the intake
     def collect(self, rnd: RoundIntake, replies: Iterable[Message]) -> list[ClientReport]:
@@ -305,6 +329,10 @@ class ReplyIntake:
             return
         self.scratch.release(report.delta)
         report.delta = _EMPTY
+        for name, vector in report.payloads.items():
+            if vector.dtype == np.float32:  # a model-sized payload: a row of the reply memory
+                self.scratch.release(vector)
+                report.payloads[name] = _EMPTY
 
     def finish(self, rnd: RoundIntake, reports: list[ClientReport]) -> list[ClientReport]:
         """The round's accepted ``reports``: bind their ids, commit their norms (and the rule's

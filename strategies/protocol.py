@@ -12,6 +12,10 @@ SERVER_ROUND = "server-round"  # Flower's 1-based round
 IGNORE_AVAILABILITY = "ignore-availability"  # True: an oracle round that must reach every client
 CLIENT_RULE = "client-rule"  # which client-side behaviour to run (see client_app.rules)
 PLAIN_RULE = "plain"  # the client rule of every strategy but FedAWE: train from the received model
+# train config, per node, of rules whose clients keep state (SCAFFOLD's c_i, FedAWE's τ_i): the
+# round of this node's client's last reply the server applied (−1: none); the client commits that
+# reply's pending state and drops a pending one of another round (client_app.client_state)
+ACCEPTED_ROUND = "accepted-round"
 PROBE_BATCHES = "probe-batches"  # evaluate on this many mini-batches only (0 = all data)
 LOCAL_STEPS = "local-steps"  # train exactly this many local steps this job (FedCompass's Q_i; else the workload's)
 MAX_LOCAL_STEPS = "max-local-steps"  # train: run at most this many local steps in this job (the straggler

@@ -50,6 +50,10 @@ class ClientReport:
     metrics: dict[str, Any] = field(default_factory=dict)
     integers: dict[str, np.ndarray] = field(default_factory=dict)  # the non-floating arrays, exact
     norm: float | None = None  # ‖Δ_i‖₂, computed once while parsing (None: not yet)
+    # the rule's declared payloads (:class:`Payload`) by name, flat float32 (Δc_i, u_i, the echo
+    # factor), and their norms; model-sized ones live in the base's reply buffers, as ``delta``
+    payloads: dict[str, np.ndarray] = field(default_factory=dict)
+    payload_norms: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass

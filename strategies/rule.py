@@ -1,9 +1,14 @@
 """What a rule declares and overrides: the interface between the math and the Flower adapter.
 
 :class:`Rule` holds a rule's class attributes (its name, the metrics it needs, whether it keeps
-per-client rows, its paper's weighting, its declared ``State``) and the hooks the adapter
-(:class:`strategies.base.AvailabilityStrategy`) calls, with their defaults. A rule module
-subclasses ``AvailabilityStrategy`` and overrides :meth:`Rule.aggregate`, and the hooks it needs.
+per-client rows, its paper's weighting, its declared ``State``, its client half and its extra
+payloads) and the hooks the adapter (:class:`strategies.base.AvailabilityStrategy`) calls, with
+their defaults. A rule module subclasses ``AvailabilityStrategy`` and overrides
+:meth:`Rule.aggregate` (or, for a rule that streams, :meth:`Rule.start_fold`), and the hooks it
+needs. A rule never builds or reads a message: what it sends beside the model and reads back
+(SCAFFOLD's c and Δc_i, FedAWE's u_i and echo factor) it declares as named payloads
+(:class:`Payload`: ``sends``, ``reads``), which the base packs, parses, bounds and hands over as
+``report.payloads``; its client half is named by ``client_rule`` (``client_app.rules``).
 """
 
 from __future__ import annotations
@@ -11,13 +16,14 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import numpy as np
-from flwr.app import ArrayRecord, Message
+from flwr.app import ArrayRecord
 from flwr.serverapp import Grid
 
 from . import state as rule_state
 from .bounds import MAX_NORM_RATIO
 from .layout import safe_norm
-from .protocol import NUM_EXAMPLES
+from .payloads import Payload
+from .protocol import NUM_EXAMPLES, PLAIN_RULE
 from .replies import ClientReport
 from .streaming import Fold
 
@@ -53,6 +59,15 @@ class Rule:
     streams: ClassVar[bool] = False
     # why a rule that does not stream must hold every reply of a round (logged once)
     holds_replies: ClassVar[str] = "its update reads every reply of the round at once"
+    # the rule's client half (config ``client-rule``; client_app.rules.CLIENT_RULES): ``plain``
+    # trains from the received model; SCAFFOLD's is client_app.scaffold, FedAWE's client_app.fedawe
+    client_rule: ClassVar[str] = PLAIN_RULE
+    # wire keys with this prefix are the rule's payloads, never the model ("scaffold.")
+    namespace: ClassVar[str] = ""
+    # payloads train messages carry beside the model (values: :meth:`send_payloads`)
+    sends: ClassVar[tuple[Payload, ...]] = ()
+    # payloads every reply must carry back (``report.payloads[name]``, bounded per ``Payload.bounded``)
+    reads: ClassVar[tuple[Payload, ...]] = ()
 
     num_clients: int | None  # N (set by the base; the nodes connected at the first round when None)
 
@@ -66,7 +81,17 @@ class Rule:
     def aggregate(
         self, t: int, x: np.ndarray, reports: list[ClientReport]
     ) -> tuple[np.ndarray, dict[str, float]]:
-        """Return x^{t+1} and the rule's metrics; t is 0-based (Flower round − 1)."""
+        """Return x^{t+1} and the rule's metrics; t is 0-based (Flower round − 1). A rule writes
+        this or :meth:`start_fold`, not both: by default every report is folded in, in client order."""
+        fold = self.start_fold(t, x)
+        if reports:
+            fold.held_weights = dict(zip((r.client_id for r in reports), map(float, self.weights(reports)), strict=True))
+        for report in reports:
+            fold.add(report)
+        return fold.finish()
+
+    def weights(self, reports: list[ClientReport]) -> np.ndarray:
+        """Per-report weights summing to 1 over the reports (the base's)."""
         raise NotImplementedError
 
     def start_fold(self, t: int, x: np.ndarray) -> Fold:
@@ -78,13 +103,29 @@ class Rule:
         """Extra config entries sent with round t's train messages (hook)."""
         return {}
 
+    def node_config(self, t: int, node: int) -> dict[str, Any]:
+        """Extra config entries for node ``node``'s train message of round t alone (hook;
+        SCAFFOLD: the round of its client's last applied reply, so the client commits only
+        what the server applied). Nodes with entries get a message content of their own."""
+        return {}
+
     def train_arrays(self, t: int, arrays: ArrayRecord) -> ArrayRecord:
         """The arrays round t's train messages carry (hook): x^t; SCAFFOLD adds c, FedAWE sends
         x^0 (its clients train from their own copies)."""
         return arrays
 
-    def configure_broadcast(self, server_round: int, arrays: ArrayRecord, grid: Grid) -> list[Message]:
-        """Messages to deliver right after aggregation (hook; FedAWE's postponed broadcast)."""
+    def send_payloads(self, t: int) -> dict[str, np.ndarray]:
+        """The flat values of the declared ``sends`` for round t's train messages (hook: SCAFFOLD's c)."""
+        return {}
+
+    def payload_norm(self, name: str, report: ClientReport) -> float:
+        """The norm of payload ``name`` its bound compares (hook): its ‖·‖₂ by default."""
+        return report.payload_norms[name]
+
+    def broadcast_nodes(self, server_round: int) -> list[int]:
+        """The nodes that get round ``server_round``'s new model right after aggregation, with
+        the config of :meth:`train_config` (hook; FedAWE's postponed broadcast: the round's
+        participants). Asked once per round; the base builds and sends the messages."""
         return []
 
     def evaluation_arrays(self, arrays: ArrayRecord) -> ArrayRecord:
@@ -108,7 +149,8 @@ class Rule:
         return report.norm if report.norm is not None else safe_norm(report.delta)
 
     def check_report(self, report: ClientReport) -> None:
-        """Rule-specific checks of one parsed reply (hook): raise ReplyRejected to reject it."""
+        """Rule-specific checks of one parsed reply, its payloads decoded (hook): raise
+        ReplyRejected to reject it (FedAWE: the echo factor's cap, the echoed start)."""
 
     def check_counts(self, rnd: Any, reports: list[ClientReport]) -> list[ClientReport]:
         """The reports whose counts pass the rule's own bounds (hook, before the norm bounds:

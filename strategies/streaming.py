@@ -24,7 +24,13 @@ from .replies import ClientReport
 
 class Fold:
     """One round's running aggregate: :meth:`add` each accepted report as it arrives (its vectors
-    are not kept), then :meth:`finish` gives x^{t+1} and the rule's metrics, as ``aggregate``."""
+    are not kept), then :meth:`finish` gives x^{t+1} and the rule's metrics, as ``aggregate``.
+
+    ``held_weights``: set by :meth:`strategies.rule.Rule.aggregate` when a round is held (every
+    reply known: e.g. ``max-weight-share`` caps each weight against the round's), the rule's
+    weights of the round by client id; a fold that weights its reports takes them from there."""
+
+    held_weights: dict[int, float] | None = None
 
     def add(self, report: ClientReport) -> None:
         raise NotImplementedError

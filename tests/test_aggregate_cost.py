@@ -121,3 +121,30 @@ def test_the_order_replies_arrive_in_does_not_change_the_model(spec):
         np.testing.assert_allclose(out[0], out[1], rtol=1e-6, atol=1e-6)
     else:
         np.testing.assert_array_equal(out[0], out[1])
+
+
+def test_the_aggregate_time_benchmark_times_every_registered_rule(monkeypatch):
+    """benchmarks/aggregate_time.py builds replies every rule accepts (the payloads each declares
+    it reads back: SCAFFOLD's Δc_i, FedAWE's and FedPBC's u_i and echo factor) and times them:
+    every registered rule, a warm-up and a timed round, nothing rejected (it asserts so)."""
+    import importlib.util
+    from pathlib import Path
+
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from strategies import STRATEGIES
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "aggregate_time.py"
+    spec = importlib.util.spec_from_file_location("aggregate_time", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    monkeypatch.setattr(bench.gc, "collect", lambda: 0)  # the benchmark's pauses between timings
+    TaskIdentity.task_id = TaskIdentity.run_id = TaskIdentity.node_id = 1  # Message() needs them
+    x = bench.model_arrays(64, np.random.default_rng(0))
+    timed = []
+    for name in sorted(STRATEGIES):
+        ours, theirs, _ = bench.time_side_by_side(bench.SPECS.get(name, name).format(r=4), 4, x, 1)
+        assert ours.shape == theirs.shape == (1, 2) and np.all(ours >= 0)
+        timed.append(name)
+    assert timed == sorted(STRATEGIES) and {"scaffold", "amplified-scaffold", "fedpbc", "fedawe"} <= set(timed)

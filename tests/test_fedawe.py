@@ -20,7 +20,7 @@ from server_app.experiment import run
 from server_app.results import read_matrix, read_metrics
 from strategies import STRATEGIES, AvailabilityStrategy, build_strategy, named_arrays
 from strategies.failures import StrategyFailure
-from strategies.protocol import ADOPT, CLIENT_RULE, SERVER_ROUND
+from strategies.protocol import ACCEPTED_ROUND, ADOPT, CLIENT_RULE, SERVER_ROUND
 from strategies.rules.fedawe import (
     ECHO_FACTOR,
     RUN_KEY,
@@ -185,9 +185,9 @@ def test_broadcast_goes_only_to_the_nodes_of_valid_replies():
     ("factor", "update", "extra", "why"),
     [
         (None, None, {}, "does not run FedAWE's client rule"),
-        (0, None, {}, "outside [1, 2]"),
-        (3, None, {}, "outside [1, 2]"),
-        (1.5, None, {}, "one integer"),
+        (0, [0.5], {}, "outside [1, 2]"),
+        (3, [0.5], {}, "outside [1, 2]"),
+        (1.5, [0.5], {}, "one integer"),
         (1, [0.5], {"fedawe.bogus": np.ones(1, np.float32)}, "unknown FedAWE reply keys"),
         (1, None, {}, "lacks 'fedawe.update.w'"),
     ],
@@ -239,8 +239,9 @@ def test_server_memory_is_constant_per_client():
     # _sent: this round's messages; _scratch: the base's reusable rows for one round's replies
     # (Δ_i and u_i), O(replies per round), the memory the replies take while aggregated
     held = arrays_in({k: v for k, v in vars(s).items() if k not in ("_sent", "_scratch")})
-    # x^t, x^0, x̄, the layout's bookkeeping, the check's projection P and |P| (SKETCH x d each), sketches
-    assert sum(a.size for a in held) <= (4 + 2 * SKETCH) * d + SKETCH * (len(s.sketches) + 1)
+    # x^t, x^0, x̄, the layout's bookkeeping, the check's projection P and |P| (float64 and float32,
+    # SKETCH x d each), its three reused d-vectors (Δ_i − η_g u_i in float64, |Δ_i| + η_g |u_i|, η_g |u_i|), sketches
+    assert sum(a.size for a in held) <= (7 + 3 * SKETCH) * d + SKETCH * (len(s.sketches) + 1)
     assert len(s.client_of_node) == n  # the base's node -> client id map: one int each
 
 
@@ -310,6 +311,26 @@ def test_replays_are_refused_and_stale_broadcasts_ignored():
     rule.start(sd([0.0, 0.0]), other, 1, 0, cfg())
     with pytest.raises(FedAWEStateError, match="does not fit"):
         rule.start({"w": torch.zeros(3), "n": torch.tensor(1)}, other, 1, 1, cfg())
+
+
+def test_tau_moves_only_to_a_round_the_server_applied():
+    """τ_i waits for the broadcast (the server applied the reply): a rejected reply's round is
+    dropped, so the next echo factor counts it; an applied reply whose broadcast was lost moves
+    τ_i when the next message's accepted-round names it (the copy stays)."""
+    rule, c = FedAWERule(), ctx()
+
+    def factor(t, accepted=-1):
+        config = cfg()
+        config[ACCEPTED_ROUND] = accepted
+        start = rule.start(sd([0.0, 0.0]), c, 0, t, config)
+        return int(rule.reply(start, sd([1.0, 0.0]), c, 0, t, config)[ECHO_FACTOR].item())
+
+    assert factor(0) == 1
+    rule.adopt(sd([2.0, 0.0]), c, 0, 0, cfg())  # applied: τ_i = 0, x_i = the broadcast
+    assert factor(2, accepted=0) == 2  # rejected: no broadcast
+    assert factor(3, accepted=0) == 3  # round 2 dropped: 3 − 0
+    assert factor(5, accepted=3) == 2  # round 3 applied, its broadcast lost: τ_i = 3
+    assert rule.start(sd([0.0, 0.0]), c, 0, 6, cfg())["w"].tolist() == [2.0, 0.0]  # the copy of round 0's broadcast
 
 
 @pytest.mark.parametrize("p", [1.0, 0.5, 0.15])

@@ -167,18 +167,60 @@ def test_scaffold_control_variates_live_with_the_client_and_survive_a_restart(tm
     grid = grid_for(P, str(tmp_path))
     arrays = run_rounds(strategy, grid, initial(), range(1, 3))
     ctx = grid.contexts[NODE_ID_BASE + 1]
-    kept = ctx.state["scaffold.copy"].to_torch_state_dict()["c.w"].numpy()
-    assert kept.shape == (D,) and np.abs(kept).max() > 0 and ctx.state["scaffold.meta"]["tau"] == 1
+    kept = ctx.state["scaffold.copy"].to_torch_state_dict()["c.w"].numpy()  # round 0's, committed at round 1
+    assert kept.shape == (D,) and np.abs(kept).max() > 0
+    assert (ctx.state["scaffold.meta"]["tau"], ctx.state["scaffold.meta"]["pending-tau"]) == (0, 1)
     files = sorted(p.name for p in (tmp_path / "client-1").iterdir())
     assert files == [f"scaffold-{strategy.run_key}.pt"]
-    # the server's c is the mean of the clients' c_i (full participation)
-    mean_ci = np.mean([grid.contexts[NODE_ID_BASE + i].state["scaffold.copy"].to_torch_state_dict()["c.w"].numpy()
-                       for i in range(N)], axis=0)
-    np.testing.assert_allclose(strategy.c, mean_ci, rtol=1e-6, atol=1e-7)
-    # a restarted node (fresh context) picks c_i up from the state dir and goes on
+    # the server's c is the mean of the clients' c_i as it applied them (full participation)
+    np.testing.assert_allclose(strategy.c, applied_variates(grid, strategy).mean(axis=0), rtol=1e-6, atol=1e-7)
+    # a restarted node (fresh context) picks c_i, and the pending c_i^+, up from the state dir and goes on
     restarted = grid_for(P, str(tmp_path))
     run_rounds(strategy, restarted, arrays, range(3, 4))
-    assert restarted.contexts[NODE_ID_BASE + 1].state["scaffold.meta"]["tau"] == 2
+    assert restarted.contexts[NODE_ID_BASE + 1].state["scaffold.meta"]["tau"] == 1  # round 1's c_i^+ committed
+
+
+def applied_variates(grid: InProcessGrid, strategy, rule: str = "scaffold") -> np.ndarray:
+    """Each client's c_i as the server has applied it: its committed c_i, or its pending one when
+    the server applied that reply (what the client commits at its next message)."""
+    out = []
+    for i in range(N):
+        state = grid.contexts[NODE_ID_BASE + i].state
+        meta = state[f"{rule}.meta"]
+        key = f"{rule}.pending" if meta["pending-tau"] >= 0 and strategy.accepted.get(i) == meta["pending-tau"] \
+            else f"{rule}.copy"
+        kept = state[key].to_torch_state_dict()
+        if float(kept.get("count", 0)) > 0:  # Amplified SCAFFOLD, at a period's end: c_i = the period's mean gradient
+            out.append((kept["sum.w"] / kept["count"]).numpy())
+        else:
+            out.append(kept["c.w"].numpy())
+    return np.array(out)
+
+
+@pytest.mark.parametrize("spec", ["scaffold", "amplified-scaffold:period=1"])
+def test_a_rejected_reply_leaves_c_the_mean_of_the_clients_c_i(spec):
+    """Client 0's reply of round 2 is rejected (its Δc_i never reaches c): the client keeps c_i^+
+    pending and drops it at its next message, so c = (1/N) Σ c_i after every round."""
+    from strategies import ReplyRejected
+
+    strategy = build_strategy(spec, num_clients=N, min_available_nodes=1)
+    rule = spec.split(":")[0]
+    grid = grid_for(np.ones((4, N), int))
+
+    def reject_client_0_in_round_2(report):
+        if strategy.round_log.sent and report.client_id == 0 and rejecting[0]:
+            raise ReplyRejected("test: rejected")
+
+    rejecting = [False]
+    strategy.check_report = reject_client_0_in_round_2
+    arrays = initial()
+    for rnd in range(1, 5):
+        rejecting[0] = rnd == 2
+        arrays = run_rounds(strategy, grid, arrays, range(rnd, rnd + 1))
+        assert len(strategy.round_log.rejected) == (rnd == 2)
+        np.testing.assert_allclose(strategy.c, applied_variates(grid, strategy, rule).mean(axis=0), rtol=1e-6, atol=1e-7)
+    meta = grid.contexts[NODE_ID_BASE].state[f"{rule}.meta"]
+    assert (meta["tau"], meta["pending-tau"]) == (2, 3)  # round 2's reply dropped, round 3's committed at round 4's
 
 
 def test_a_train_function_without_the_correction_is_refused_naming_the_fix():

@@ -234,3 +234,56 @@ def test_readme_arrows_match_the_table():
     block = readme_arrows((ROOT / "README.md").read_text())
     assert parse_arrows(block) == ARROWS and block == arrows_block(), (
         "README.md's arrows block differs from ARROWS in tests/test_structure.py; paste this:\n" + arrows_block())
+
+
+# ------------------------------------------------------------ rules: the math, no messages
+#: what a rule module may not import from Flower: messages are the base's (strategies.base,
+#: strategies.intake, strategies.evaluate_round); a rule declares its extra payloads instead
+MESSAGE_TYPES = frozenset({"Message", "MessageType", "RecordDict"})
+#: rule modules that still adapt Flower's message API, and why (each one a debt, not a pattern)
+MESSAGE_ADAPTERS = {
+    "strategies.rules.flower_opt": "hands Flower's own FedAdam/FedYogi/... their aggregate_train message",
+    "strategies.rules.power_of_choice": "its probe round sends evaluate messages and reads their losses",
+}
+#: methods that build or read messages: the base's, never a rule's
+MESSAGE_METHODS = ("configure_train", "aggregate_train", "parse_reply", "configure_broadcast", "configure_evaluate")
+#: classes of ours in a rule's MRO, a ratchet at today's deepest (fedadam: FedAdam, _FedOpt,
+#: _FlowerOptimizer, AvailabilityStrategy, EvaluateRound, Rule); issue 36 asks for 4
+MAX_OUR_CLASSES = 6
+
+
+def message_imports(path: Path) -> set[str]:
+    """The names of :data:`MESSAGE_TYPES` a module imports (at any depth)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("flwr"):
+            found |= {a.name for a in node.names} & MESSAGE_TYPES
+    return found
+
+
+def test_the_message_check_finds_an_import(tmp_path):
+    f = tmp_path / "rule.py"
+    f.write_text("def f():\n    from flwr.app import ArrayRecord, Message\n")
+    assert message_imports(f) == {"Message"}
+    f.write_text("from flwr.app import ArrayRecord\n")
+    assert message_imports(f) == set()
+
+
+def test_no_rule_module_imports_message_types():
+    offenders = {m: sorted(found) for m, f in modules().items()
+                 if m.startswith("strategies.rules.") and (found := message_imports(f)) and m not in MESSAGE_ADAPTERS}
+    assert not offenders, f"rule modules importing Flower's message types (declare payloads instead): {offenders}"
+    for m in MESSAGE_ADAPTERS:  # an adapter that no longer needs it leaves the list
+        assert message_imports(modules()[m]), f"{m} imports no message type any more: drop it from MESSAGE_ADAPTERS"
+
+
+def test_no_rule_overrides_a_message_method_and_its_mro_is_short():
+    from strategies import STRATEGIES, AvailabilityStrategy
+
+    for name, cls in STRATEGIES.items():
+        own = [c for c in cls.__mro__ if c.__module__.split(".")[0] == "strategies"]
+        assert len(own) <= MAX_OUR_CLASSES, (name, [c.__name__ for c in own])
+        rule_classes = [c for c in own[:own.index(AvailabilityStrategy)] if c.__module__.startswith("strategies.rules.")]
+        for c in rule_classes:
+            overridden = [m for m in MESSAGE_METHODS if m in vars(c)]
+            assert not overridden or c.__module__ in MESSAGE_ADAPTERS, (name, c.__name__, overridden)

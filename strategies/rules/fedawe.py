@@ -66,13 +66,12 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message
-from flwr.serverapp import Grid
+from flwr.app import ArrayRecord
 
 from ..base import AvailabilityStrategy, ClientReport, Layout, ReplyRejected, named_arrays, safe_norm
 from ..bounds import NormBounds
-from ..intake import RoundIntake
 from ..protocol import (  # noqa: F401  (re-exported: FedAWE's wire format)
+    ACCEPTED_ROUND,
     ADOPT,
     CLIENT_RULE,
     FEDAWE_ECHO_FACTOR as ECHO_FACTOR,
@@ -85,7 +84,8 @@ from ..protocol import (  # noqa: F401  (re-exported: FedAWE's wire format)
     FEDAWE_UPDATE_PREFIX as UPDATE_PREFIX,
     SERVER_ROUND,
 )
-from ..replies import decode, model_sized, split
+from ..rule import Payload
+from ..weighting import weighted_sum
 
 DISTANCE_RATIO = 1e3  # x the median of recent ‖x_i^† − x^t‖ (bounds.py: honest up to 157)
 SKETCH = 2  # rows of the secret projection that checks x_i^† − η_g u_i (FedAWE._check_start)
@@ -103,8 +103,8 @@ def clip_norm(v: np.ndarray, threshold: float) -> np.ndarray:
 
 @dataclass(kw_only=True)
 class EchoReport(ClientReport):
-    """A FedAWE reply, parsed once (:meth:`FedAWE.parse_reply`): ``delta`` = x_i^† − x^t, the echo
-    factor t − τ_i, u_i = (t − τ_i) Δ_i (flat float32) and ‖u_i‖."""
+    """A FedAWE reply's view (:meth:`of`): ``delta`` = x_i^† − x^t, the echo factor t − τ_i,
+    u_i = (t − τ_i) Δ_i (flat float32) and ‖u_i‖, from the report's declared payloads."""
 
     echo_factor: int
     echo_update: np.ndarray
@@ -112,13 +112,19 @@ class EchoReport(ClientReport):
 
     @classmethod
     def of(cls, report: ClientReport) -> EchoReport:
-        """``report`` itself, or a plain report as a client that started from x^t with echo
-        factor 1 (u_i = Δ_i)."""
+        """``report`` itself, its payloads (``echo-factor``, ``update``) as fields, or a plain
+        report as a client that started from x^t with echo factor 1 (u_i = Δ_i)."""
         if isinstance(report, EchoReport):
             return report
         values = {f.name: getattr(report, f.name) for f in fields(ClientReport)}
+        if FACTOR in report.payloads:
+            return cls(**values, echo_factor=int(report.payloads[FACTOR][0]), echo_update=report.payloads[UPDATE],
+                       echo_norm=report.payload_norms[UPDATE])
         norm = report.norm if report.norm is not None else safe_norm(report.delta)
         return cls(**values, echo_factor=1, echo_update=report.delta, echo_norm=norm)
+
+
+FACTOR, UPDATE = "echo-factor", "update"  # FedAWE's declared payloads' names (report.payloads)
 
 
 @dataclass
@@ -159,6 +165,16 @@ class FedAWE(AvailabilityStrategy):
 
     name = "fedawe"
     State = FedAWEState
+    client_rule = RULE  # its client half: client_app.fedawe.FedAWERule
+    namespace = META_PREFIX
+    reads = (Payload(FACTOR, ECHO_FACTOR, "echo factor t − τ_i", scalar=True, bounded=False,
+                     missing=f"this node does not run FedAWE's client rule ('{RULE}'). A ClientApp takes part "
+                             "with client_app.dropin: ClientApp(mods=[client_rule_mod]) and "
+                             "app.train(\"adopt\")(adopt)"),
+             # bounded as the rule's update_norm: ‖u_i‖ / (t − τ_i), the client's own step
+             Payload(UPDATE, UPDATE_PREFIX, "echoed update", bounded=False,
+                     missing="the server needs the client's echoed update u_i (config fedawe-send-update) "
+                             "for its clip and x̄"))
     robust_clip = False  # its first norm is ‖u_i‖/(t − τ_i), not ‖Δ_i‖ = ‖x_i^† − x^t‖
     needs_num_clients = True  # x̄ is the mean over all N clients' copies
     # ‖u_i‖/(t − τ_i) of a client back from a stale copy: honest up to 12.3 x the reference
@@ -184,15 +200,24 @@ class FedAWE(AvailabilityStrategy):
         self.sketches: dict[int, np.ndarray] = {}  # round t -> P x^t (SKETCH numbers per round)
         self._projection: np.ndarray | None = None  # P, SKETCH x d float64, from sketch_seed
         self._abs_p: np.ndarray | None = None  # |P|
+        self._abs_p32: np.ndarray | None = None  # |P| in float32 (the slack's products)
+        self._wide = np.zeros(0)  # Δ_i − η_g u_i in float64, for P (Δ_i − η_g u_i) (reused)
+        self._absolute = np.zeros(0, np.float32)  # |Δ_i| + η_g |u_i| (reused)
+        self._absolute_u = np.zeros(0, np.float32)  # η_g |u_i| (reused)
         self._abs_sketch: np.ndarray | None = None  # |P| |x^t|, this round's (reset by configure_train)
 
     # ------------------------------------------------------------------ messages out
     def client_config(self) -> dict[str, Any]:
         """What the client rule needs, in train and adopt messages alike."""
-        return {CLIENT_RULE: RULE, SERVER_LR: self.server_lr, SEND_UPDATE: True, RUN_KEY: self.run_key}
+        return {CLIENT_RULE: self.client_rule, SERVER_LR: self.server_lr, SEND_UPDATE: True, RUN_KEY: self.run_key}
 
     def train_config(self, t: int, node_ids: list[int]) -> dict[str, Any]:
         return self.client_config()
+
+    def node_config(self, t: int, node: int) -> dict[str, Any]:
+        """The round of this node's client's last applied reply (−1: none): its client moves
+        τ_i only to a round the server applied (client_app.fedawe)."""
+        return {ACCEPTED_ROUND: self.last_accepted.get(self.client_of_node.get(node, -1), -1)}
 
     def train_arrays(self, t: int, arrays: ArrayRecord) -> ArrayRecord:
         """x^0 (the clients train from their own copies, which start there); keeps the sketches
@@ -215,60 +240,33 @@ class FedAWE(AvailabilityStrategy):
         self._abs_sketch = None
         return initial
 
-    def configure_broadcast(self, server_round: int, arrays: ArrayRecord, grid: Grid) -> list[Message]:
-        """x^{t+1} to the round's participants only (the nodes of its valid replies), once: the
-        project's ServerApp sends them itself, Flower's ``start`` through ``configure_evaluate``."""
+    def broadcast_nodes(self, server_round: int) -> list[int]:
+        """x^{t+1} goes to the round's participants only (the nodes of its valid replies), once:
+        the project's ServerApp sends it itself, Flower's ``start`` through ``configure_evaluate``."""
         rnd, nodes = self._adopters
         if rnd != server_round or not nodes:
             return []
         self._adopters = (0, [])
-        config = ConfigRecord({SERVER_ROUND: server_round, **self.client_config()})
-        content = self.keys.content(arrays, config)
-        return [Message(content, dst_node_id=n, message_type=ADOPT) for n in nodes]
+        return nodes
 
     # -------------------------------------------------------------------- replies in
-    def parse_reply(self, msg: Message, node: int, rnd: RoundIntake) -> EchoReport:
-        """The model part through the base's parser; the echo factor and u_i decoded and checked
-        like model arrays (junk is a rejection), the factor capped by the client's history."""
-        assert self.layout is not None and rnd.current is not None
-        _, record, metrics = split(msg.content)
-        keys = list(record.keys())
-        updates = {UPDATE_PREFIX + k for k in self.layout.keys}
-        unknown = sorted(k for k in keys if k.startswith(META_PREFIX) and k != ECHO_FACTOR and k not in updates)
-        if unknown:
-            raise ReplyRejected(f"unknown FedAWE reply keys {unknown[:5]}")
-        model = ArrayRecord({k: record[k] for k in keys if not k.startswith(META_PREFIX)})
-        report = self.intake.parser.report(model, metrics, node, self.layout, rnd.current, rnd.buffer())
-        factor = self._echo_factor(record, report.client_id)
-        update, norm = self._echo_update(record, rnd.buffer())
-        self._check_start(report, update)
-        base = {f.name: getattr(report, f.name) for f in fields(ClientReport)}
-        return EchoReport(**base, echo_factor=factor, echo_update=update, echo_norm=norm)
+    def check_report(self, report: ClientReport) -> None:
+        """The echo factor (an integer, capped by the client's history) and the echoed start
+        (:meth:`_check_start`) of a reply whose payloads the base decoded (``reads``)."""
+        self._echo_factor(report)
+        self._check_start(report, report.payloads[UPDATE])
 
-    def _echo_factor(self, record: ArrayRecord, client: int) -> int:
+    def _echo_factor(self, report: ClientReport) -> int:
         """t − τ_i, at most t − (the last round whose reply from this client was accepted)."""
-        if ECHO_FACTOR not in record:
-            raise ReplyRejected(
-                f"reply lacks '{ECHO_FACTOR}': this node does not run FedAWE's client rule "
-                f"('{RULE}'). A ClientApp takes part with client_app.dropin: "
-                f"ClientApp(mods=[client_rule_mod]) and app.train(\"adopt\")(adopt)")
-        value = decode(record[ECHO_FACTOR], ECHO_FACTOR)
-        if value.size != 1 or not np.isfinite(value).all() or float(value.flat[0]) != int(value.flat[0]):
-            raise ReplyRejected(f"'{ECHO_FACTOR}' must be one integer, got {value.ravel()[:3]}")
-        factor = int(value.flat[0])
-        cap = self._t - self.last_accepted.get(client, -1)
+        value = float(report.payloads[FACTOR][0])
+        if value != int(value):
+            raise ReplyRejected(f"'{ECHO_FACTOR}' must be one integer, got {value}")
+        factor = int(value)
+        cap = self._t - self.last_accepted.get(report.client_id, -1)
         if not 1 <= factor <= cap:
             raise ReplyRejected(f"'{ECHO_FACTOR}'={factor} is outside [1, {cap}]: t − the round of client "
-                                f"{client}'s last accepted reply (t + 1 when none)")
+                                f"{report.client_id}'s last accepted reply (t + 1 when none)")
         return factor
-
-    def _echo_update(self, record: ArrayRecord, update: np.ndarray) -> tuple[np.ndarray, float]:
-        """u_i as one flat float32 vector, and ‖u_i‖ (finite after the cast, or a rejection)."""
-        assert self.layout is not None
-        norm = model_sized(record, self.layout, UPDATE_PREFIX, update, what="echoed update",
-                           missing="the server needs the client's echoed update u_i (config "
-                                   "fedawe-send-update) for its clip and x̄")
-        return update, norm
 
     def projection(self) -> np.ndarray:
         """P: SKETCH rows of standard normals over the flat model, from the secret ``sketch_seed``."""
@@ -283,6 +281,7 @@ class FedAWE(AvailabilityStrategy):
         assert self.current is not None
         if self._abs_p is None or self._abs_sketch is None or self._abs_p.shape[1] != self.current.size:
             self._abs_p = np.abs(self.projection())
+            self._abs_p32 = self._abs_p.astype(np.float32)
         if self._abs_sketch is None:
             self._abs_sketch = self._abs_p @ np.abs(self.current.astype(np.float64))
         return self._abs_p
@@ -301,12 +300,29 @@ class FedAWE(AvailabilityStrategy):
         known = [self.sketches[s] for s in rounds if s in self.sketches]
         if -1 not in self.sketches:
             return
-        p, magnitude = self.projection(), self._abs_projection()
-        # P x_i^{t,0} = P x^t + P Δ_i − η_g P u_i (P x^t: this round's sketch), 4 products of 2 × d
-        got = self.sketches[self._t] + p @ report.delta - self.server_lr * (p @ update)
-        slack = self._abs_sketch + magnitude @ np.abs(report.delta) + self.server_lr * (magnitude @ np.abs(update))
+        p = self.projection()
+        self._abs_projection()  # |P| (float32 too) and |P| |x^t|, once a round
+        magnitude = self._abs_p32
+        assert magnitude is not None and self._abs_sketch is not None
+        if self._wide.size != p.shape[1]:
+            self._wide = np.empty(p.shape[1])
+            self._absolute, self._absolute_u = np.empty(p.shape[1], np.float32), np.empty(p.shape[1], np.float32)
+        # P x_i^{t,0} = P x^t + P (Δ_i − η_g u_i) (P x^t: this round's sketch): Δ_i − η_g u_i formed in
+        # float64 in a kept buffer, one product of 2 × d
+        np.copyto(self._wide, update)
+        self._wide *= -self.server_lr
+        self._wide += report.delta
+        got = self.sketches[self._t] + p @ self._wide
+        # the slack |P| (|Δ_i| + η_g |u_i|): float32 sums of d non-negative terms err by at most
+        # d 2^-24 relative (6% at d = 10^6): a 10% margin
+        np.abs(report.delta, out=self._absolute)
+        np.abs(update, out=self._absolute_u)
+        self._absolute_u *= np.float32(self.server_lr)
+        self._absolute += self._absolute_u
+        slack = self._abs_sketch + 1.1 * (magnitude @ self._absolute).astype(np.float64)
         tol = np.ldexp(slack, -23) + 1e-12
-        if not np.all(np.isfinite(got)) or not any(np.all(np.abs(got - s) <= tol) for s in known):
+        if not (np.all(np.isfinite(got)) and np.all(np.isfinite(tol))) or not any(np.all(np.abs(got - s) <= tol)
+                                                                                  for s in known):
             raise ReplyRejected("the returned model and the echoed update u_i disagree: x_i^† − η_g u_i is not x^0 "
                                 "nor a model broadcast to this client since (FedAWE's consistency check)")
 
@@ -324,11 +340,11 @@ class FedAWE(AvailabilityStrategy):
         if not echoes:
             return x, self._xbar_metrics(x)
         w = self.weights(reports)
-        deltas = self.stacked("deltas", [r.delta for r in echoes])  # x_i^† − x^t
-        updates = self.stacked("updates", [r.echo_update for r in echoes])
+        # float32 BLAS over the reply rows (strategies.weighting.weighted_sum), added in float64
         x64 = np.asarray(x, np.float64)
-        u = np.einsum("i,ij->j", w, updates)  # ū, float64 (einsum: no BLAS threads on a busy host)
-        new = x64 + np.einsum("i,ij->j", w, deltas)
+        u = np.asarray(weighted_sum(w, [r.echo_update for r in echoes]), np.float64)  # ū
+        moved = np.asarray(weighted_sum(w, [r.delta for r in echoes]), np.float64)  # Σ w_i (x_i^† − x^t)
+        new = x64 + moved
         norm = float(np.linalg.norm(u))
         metrics = {"mean-echo-factor": float(np.mean([r.echo_factor for r in echoes])),
                    "echo-update-norm": norm}
@@ -340,7 +356,13 @@ class FedAWE(AvailabilityStrategy):
         if self.xbar is not None:
             # the clients of A_t move from x_i^{t,0} = x_i^† − η_g u_i to x^{t+1}; the others stay
             m = len(reports)
-            starts = m * x64 + deltas.sum(axis=0, dtype=np.float64) - self.server_lr * updates.sum(axis=0, dtype=np.float64)
+            if self.weighting == "equal":  # Σ Δ_i = m Σ w_i Δ_i: the sums above, no second pass
+                sums = m * moved, m * u
+            else:
+                ones = np.ones(m)
+                sums = (np.asarray(weighted_sum(ones, [r.delta for r in echoes]), np.float64),
+                        np.asarray(weighted_sum(ones, [r.echo_update for r in echoes]), np.float64))
+            starts = m * x64 + sums[0] - self.server_lr * sums[1]
             self.xbar = self.xbar + (m * new.astype(np.float64) - starts) / self.require_num_clients()
         return new, {**metrics, **self._xbar_metrics(new)}
 

@@ -32,10 +32,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from flwr.app import ArrayRecord
-
 from ..protocol import FEDAWE_ECHO, FEDAWE_ECHO_FACTOR, FEDPBC_CATCH_UP
-from .fedawe import FedAWE, ReplyRejected
+from .fedawe import ClientReport, FedAWE, ReplyRejected
 
 
 class FedPBC(FedAWE):
@@ -76,8 +74,8 @@ class FedPBC(FedAWE):
     def client_config(self) -> dict[str, Any]:
         return {**super().client_config(), FEDAWE_ECHO: False, FEDPBC_CATCH_UP: self.catch_up}
 
-    def _echo_factor(self, record: ArrayRecord, client: int) -> int:
-        factor = super()._echo_factor(record, client)
+    def _echo_factor(self, report: ClientReport) -> int:
+        factor = super()._echo_factor(report)
         if factor != 1:
             raise ReplyRejected(f"'{FEDAWE_ECHO_FACTOR}'={factor}: FedPBC's clients do not echo (factor 1)")
         return factor

@@ -31,19 +31,15 @@ from __future__ import annotations
 
 import math
 import secrets
-from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, Message
 
-from ..base import AvailabilityStrategy, ClientReport, ReplyRejected
-from ..bounds import NormBounds
-from ..intake import RoundIntake
+from ..base import AvailabilityStrategy, ClientReport
 from ..protocol import (
+    ACCEPTED_ROUND,
     AMPLIFIED_SCAFFOLD_RULE,
-    CLIENT_RULE,
     FEDAWE_RUN_KEY_PATTERN as RUN_KEY_PATTERN,
     SCAFFOLD_C_PREFIX,
     SCAFFOLD_DC_PREFIX,
@@ -53,15 +49,8 @@ from ..protocol import (
     SCAFFOLD_RULE,
     SCAFFOLD_RUN_KEY,
 )
-from ..replies import model_sized, split
-
-
-def scaffold_step(x: np.ndarray, c: np.ndarray, dys: np.ndarray, dcs: np.ndarray, weights: np.ndarray,
-                  num_clients: int, server_lr: float) -> tuple[np.ndarray, np.ndarray]:
-    """SCAFFOLD's server step (Alg. 1, lines 16-17): (x + η_g Σ w_i Δy_i, c + (1/N) Σ Δc_i), float64."""
-    x_new = np.asarray(x, np.float64) + server_lr * np.einsum("i,ij->j", weights, np.asarray(dys, np.float64))
-    c_new = np.asarray(c, np.float64) + np.asarray(dcs, np.float64).sum(axis=0) / num_clients
-    return x_new, c_new
+from ..rule import Payload
+from ..streaming import Fold, RunningSum, example_weight, step
 
 
 def amplify(x: np.ndarray, anchor: np.ndarray, gamma: float) -> np.ndarray:
@@ -71,20 +60,13 @@ def amplify(x: np.ndarray, anchor: np.ndarray, gamma: float) -> np.ndarray:
 
 
 @dataclass
-class VariateReport(ClientReport):
-    """A SCAFFOLD reply: Δy_i (``delta``) and Δc_i, flat, with its norm."""
-
-    dc: np.ndarray | None = None
-    dc_norm: float = 0.0
-
-
-@dataclass
 class ScaffoldState:
     """The run key naming the clients' c_i, and the server's c (flat float64). (The Δc bound's
     running median is checkpointed with the other norm checks, :meth:`Scaffold.norm_checks`.)"""
 
     run_key: str
     c: np.ndarray | None = None
+    accepted: dict[int, int] = field(default_factory=dict)  # client id -> round of its last applied reply
 
     def __post_init__(self) -> None:
         if not RUN_KEY_PATTERN.fullmatch(str(self.run_key)):
@@ -103,71 +85,76 @@ class Scaffold(AvailabilityStrategy):
     name = "scaffold"
     State: ClassVar[type] = ScaffoldState
     needs_num_clients = True  # c ← c + (1/N) Σ Δc_i
-    client_rule = SCAFFOLD_RULE
+    client_rule = SCAFFOLD_RULE  # its client half: client_app.scaffold.ScaffoldRule
+    streams = True  # Δy and Δc are sums (VariateFold)
+    namespace = SCAFFOLD_META_PREFIX
+    sends = (Payload("c", SCAFFOLD_C_PREFIX, "control variate"),)
+    reads = (Payload("dc", SCAFFOLD_DC_PREFIX, "control-variate update",
+                     missing="this node does not run scaffold's client rule. A ClientApp takes part with "
+                             "client_app.dropin: ClientApp(mods=[client_rule_mod]) and "
+                             "correct_gradients(model, context) in its train function"),)
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.run_key = secrets.token_hex(8)  # new run, new client variates; kept by checkpoints
         self.c: np.ndarray | None = None
-        self.variate_bounds = self.params.bounds()  # ‖Δc_i‖, the same bounds, its own median
+        self.accepted: dict[int, int] = {}  # client id -> the round of its last applied reply
 
     # ------------------------------------------------------------------ messages out
     def train_config(self, t: int, node_ids: list[int]) -> dict[str, Any]:
-        return {CLIENT_RULE: self.client_rule, SCAFFOLD_RUN_KEY: self.run_key, SCAFFOLD_GAMMA: 1.0,
-                SCAFFOLD_PERIOD: 1}
+        return {SCAFFOLD_RUN_KEY: self.run_key, SCAFFOLD_GAMMA: 1.0, SCAFFOLD_PERIOD: 1}
 
-    def train_arrays(self, t: int, arrays: ArrayRecord) -> ArrayRecord:
-        """x^t and c (as ``SCAFFOLD_C_PREFIX`` + each floating array's name)."""
-        assert self.layout is not None and self.current is not None
+    def node_config(self, t: int, node: int) -> dict[str, Any]:
+        """The round of this node's client's last applied reply (−1: none): the client commits
+        that reply's c_i^+ and drops any other pending one (client_app.scaffold)."""
+        return {ACCEPTED_ROUND: self.accepted.get(self.client_of_node.get(node, -1), -1)}
+
+    def send_payloads(self, t: int) -> dict[str, np.ndarray]:
+        """c, beside x^t."""
+        assert self.current is not None
         if self.c is None or self.c.size != self.current.size:
             self.c = np.zeros(self.current.size, np.float64)
-        c_arrays = self.layout.unflatten(self.c, self.current_integers)
-        record = {k: arrays[k] for k in arrays.keys()}
-        record |= {SCAFFOLD_C_PREFIX + k: Array(c_arrays[k].numpy())
-                   for k, floating in zip(self.layout.keys, self.layout.floating, strict=True) if floating}
-        return ArrayRecord(record)
-
-    # -------------------------------------------------------------------- replies in
-    def parse_reply(self, msg: Message, node: int, rnd: RoundIntake) -> VariateReport:
-        """The model through the base's parser; Δc_i decoded and checked like model arrays."""
-        assert self.layout is not None and rnd.current is not None
-        _, record, metrics = split(msg.content)
-        keys = list(record.keys())
-        expected = {SCAFFOLD_DC_PREFIX + k for k, f in zip(self.layout.keys, self.layout.floating, strict=True) if f}
-        unknown = sorted(k for k in keys if k.startswith(SCAFFOLD_META_PREFIX) and k not in expected)
-        if unknown:
-            raise ReplyRejected(f"unknown SCAFFOLD reply keys {unknown[:5]}")
-        model = ArrayRecord({k: record[k] for k in keys if not k.startswith(SCAFFOLD_META_PREFIX)})
-        report = self.intake.parser.report(model, metrics, node, self.layout, rnd.current, rnd.buffer())
-        dc = rnd.buffer()
-        norm = model_sized(record, self.layout, SCAFFOLD_DC_PREFIX, dc, what="control-variate update",
-                           missing=f"this node does not run {self.name}'s client rule. A ClientApp takes part "
-                                   "with client_app.dropin: ClientApp(mods=[client_rule_mod]) and "
-                                   "correct_gradients(model, context) in its train function")
-        base = {f.name: getattr(report, f.name) for f in fields(ClientReport)}
-        return VariateReport(**base, dc=dc, dc_norm=norm)
-
-    def norm_checks(self) -> list[tuple[NormBounds, Callable[[ClientReport], float]]]:
-        """Δy_i through the base's bounds, then ‖Δc_i‖ through the same bounds, own median."""
-        return [*super().norm_checks(), (self.variate_bounds, lambda r: getattr(r, "dc_norm", 0.0))]
+        return {"c": self.c}
 
     # ------------------------------------------------------------------------ the rule
-    def _variates(self, reports: list[ClientReport], size: int) -> np.ndarray:
-        """Δc_i per report (zeros for a plain report: a client without the rule changes no c_i)."""
-        return self.stacked("dcs", [dc if (dc := getattr(r, "dc", None)) is not None else np.zeros(size, np.float32)
-                                    for r in reports])
-
-    def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
+    def start_fold(self, t: int, x: np.ndarray) -> Fold:
+        """x + η_g Σ w_i Δy_i and c + (1/N) Σ Δc_i, both sums folded in reply by reply."""
         if self.c is None or self.c.size != x.size:
             self.c = np.zeros(x.size, np.float64)
-        if not reports:
+        return VariateFold(self, t, x)
+
+    def finish_round(self, t: int, x: np.ndarray, fold: VariateFold) -> tuple[np.ndarray, dict[str, float]]:
+        """SCAFFOLD's server step (Alg. 1, lines 16-17) from the round's sums."""
+        assert self.c is not None
+        if not fold.dys.count:
             return x, {"c-norm": float(np.linalg.norm(self.c))}
-        dys = self.stacked("dys", [r.delta for r in reports])
-        dcs = self._variates(reports, x.size)
-        new, self.c = scaffold_step(x, self.c, dys, dcs, self.weights(reports), self.require_num_clients(),
-                                    self.server_lr)
-        return new.astype(np.float32), {"c-norm": float(np.linalg.norm(self.c)),
-                                        "mean-dc-norm": float(np.mean([getattr(r, "dc_norm", 0.0) for r in reports]))}
+        self.c = self.c + fold.dcs.total / self.require_num_clients()
+        return step(x, self.server_lr, fold.dys.total / fold.dys.weight), {
+            "c-norm": float(np.linalg.norm(self.c)), "mean-dc-norm": fold.dc_norms / fold.dys.count}
+
+
+class VariateFold(Fold):
+    """SCAFFOLD's round as running sums (:mod:`strategies.streaming`): Σ w_i Δy_i, Σ Δc_i (a plain
+    report, from a client without the rule, changes no c_i) and Σ ‖Δc_i‖; O(d) server memory.
+    Each accepted report's client is recorded as applied (its client commits c_i^+)."""
+
+    def __init__(self, rule: Scaffold, t: int, x: np.ndarray) -> None:
+        self.rule, self.t, self.x = rule, t, x
+        self.weight_of = example_weight(rule.weighting)
+        self.dys, self.dcs = RunningSum(x.size), RunningSum(x.size)
+        self.dc_norms = 0.0
+
+    def add(self, report: ClientReport) -> None:
+        self.rule.accepted[report.client_id] = self.t
+        weight = self.held_weights[report.client_id] if self.held_weights else float(self.weight_of(report))
+        self.dys.add(weight, report.delta)
+        dc = report.payloads.get("dc")
+        if dc is not None and dc.size == self.x.size:
+            self.dcs.add(1.0, dc)
+            self.dc_norms += report.payload_norms["dc"]
+
+    def finish(self) -> tuple[np.ndarray, dict[str, float]]:
+        return self.rule.finish_round(self.t, self.x, self)
 
 
 @dataclass
@@ -205,17 +192,21 @@ class AmplifiedScaffold(Scaffold):
     def train_config(self, t: int, node_ids: list[int]) -> dict[str, Any]:
         return {**super().train_config(t, node_ids), SCAFFOLD_GAMMA: self.gamma, SCAFFOLD_PERIOD: self.period}
 
-    def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
+    def start_fold(self, t: int, x: np.ndarray) -> Fold:
         if self.anchor is None or self.anchor.size != x.size:
             self.anchor = np.asarray(x, np.float64).copy()  # x_0: the first period's start
             self.pending = np.zeros(x.size, np.float64)
             self.c = np.zeros(x.size, np.float64)
-        assert self.pending is not None and self.c is not None
+        return VariateFold(self, t, x)
+
+    def finish_round(self, t: int, x: np.ndarray, fold: VariateFold) -> tuple[np.ndarray, dict[str, float]]:
+        """x + η_g Σ w_i Δy_i each round, Σ Δc_i kept for the period; at the period's end
+        x_r + γ (x − x_r) and c + (1/N) Σ Δc_i."""
+        assert self.pending is not None and self.c is not None and self.anchor is not None
         new = np.asarray(x, np.float64)
-        if reports:
-            dys = self.stacked("dys", [r.delta for r in reports])
-            new = new + self.server_lr * np.einsum("i,ij->j", self.weights(reports), dys.astype(np.float64))
-            self.pending += self._variates(reports, x.size).sum(axis=0, dtype=np.float64)
+        if fold.dys.count:
+            new = new + self.server_lr * (fold.dys.total / fold.dys.weight)
+            self.pending += fold.dcs.total
         metrics = {"amplified": 0.0}
         if (t + 1) % self.period == 0:  # the period's end: amplify, refresh c
             new = amplify(new, self.anchor, self.gamma)
