@@ -90,6 +90,11 @@ class Compass:
         self.timers: list[tuple[float, int]] = []  # heap of (L_g, g) of the groups whose L_g is not handled
         self.counter = 0
 
+    def __eq__(self, other: object) -> bool:  # a checkpoint's state compares by value
+        return isinstance(other, Compass) and vars(self) == vars(other)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, compared by value
+
     def steps(self, node: int) -> int:
         plan = self.plans.get(node)
         return self.q_max if plan is None else plan.steps
