@@ -35,6 +35,7 @@ from .client_binding import ClientBinding
 from .layout import Layout, Scratch, safe_norm
 from .metrics import carries_client_id, claimed_client_id
 from .options import RecordKeys
+from .protocol import CLIENT_RULE, PLAIN_RULE
 from .replies import ClientReport, ReplyParser, ReplyRejected, RoundLog, brief, destinations, source_node
 from .robust import Robust
 
@@ -286,8 +287,12 @@ class ReplyIntake:
         return kept
 
     def check_norms(self, rnd: RoundIntake, reports: list[ClientReport]) -> list[ClientReport]:
-        """Reject reports beyond any of the rule's ``norm_checks`` (:meth:`NormBounds.check`)."""
+        """Reject reports beyond any of the rule's ``norm_checks`` (:meth:`NormBounds.check`): each
+        reply against the reference of its bound (one entry per node), widened by its declared
+        num-steps and, for a rule whose client keeps state across rounds (:func:`keeps_client_state`),
+        by the rounds since its node was last judged."""
         scale = safe_norm(rnd.current) if rnd.current is not None else 0.0  # ‖x^τ‖: without a median
+        stateful = keeps_client_state(rnd.sent)
         for i, (bounds, norm_of) in enumerate(self.rule.norm_checks()):
             clip = None
             if i == 0 and self.rule.robust.clips:  # robust=clip: ‖Δ_i‖ only
@@ -295,7 +300,8 @@ class ReplyIntake:
                     report.delta = report.delta * np.float32(limit / norm)  # a new array: the buffer is shared
                     report.norm = limit
                     rnd.norms_clipped += 1
-            reports = bounds.check(reports, norm_of, lambda r: r.node_id, rnd.reject, scale, clip)
+            reports = bounds.check(reports, norm_of, lambda r: r.node_id, rnd.reject, scale, clip,
+                                   steps_of=lambda r: r.num_steps, stateful=stateful)
         return reports
 
     def release(self, report: ClientReport | None) -> None:
@@ -325,6 +331,17 @@ class ReplyIntake:
         found: list[Any] = [bounds for bounds, _ in self.rule.norm_checks()]
         found += [v for v in vars(self.rule).values() if isinstance(v, (NormBounds, RatioBound)) and v not in found]
         return found
+
+
+def keeps_client_state(sent: Sequence[Message]) -> bool:
+    """Whether the round's train messages ask the clients to run a client rule (SCAFFOLD's
+    control variate, FedAWE's and FedPBC's kept copy): state a client carries across rounds, so
+    that its change on return grows with its absence (:meth:`NormBounds.gap_factor`)."""
+    for msg in sent[:1]:
+        for record in msg.content.config_records.values():
+            if CLIENT_RULE in record:
+                return bool(record[CLIENT_RULE] != PLAIN_RULE)
+    return False
 
 
 def metric_records(content: RecordDict) -> RecordDict:
