@@ -151,6 +151,9 @@ class ReplyIntake:
         """The value of a round whose train messages are ``sent``."""
         rnd = RoundIntake(sent=list(sent), connected=set(connected), current=current, layout=layout,
                           scratch=self.scratch)
+        failures = getattr(self.rule, "failures", None)  # the failure policy counts N's clients (strategies.failures)
+        if failures is not None and self.rule.num_clients:
+            failures.num_clients = int(self.rule.num_clients)
         rnd.log.sent = [m.metadata.dst_node_id for m in sent]
         return rnd
 
