@@ -194,10 +194,11 @@ class ReplyIntake:
 
         Per reply, in arrival order: the reply alone, then who may claim which client id
         (:class:`strategies.client_binding.RoundClaims`), then the counts and the norms
-        (:meth:`judge`). The norms' references take this round's values from its first
-        :data:`REFERENCE_WINDOW` replies that pass the per-reply checks: those are held until the
-        window is full (or the replies end), judged together, and every later reply is judged
-        alone, at once, against the same references. A reply rejected at any step reaches
+        (:meth:`judge`). The bounds' references hold one entry per node and come from earlier
+        rounds once 3 nodes have one (:mod:`strategies.bounds`); before that they take this
+        round's values from its first :data:`REFERENCE_WINDOW` replies that pass the per-reply
+        checks. Those are held until the window is full (or the replies end), judged together,
+        and every later reply is judged alone, at once, against the same references. A reply rejected at any step reaches
         neither the rule nor its state; fills ``rnd.log`` (:meth:`finish` completes it).
 
         ``slotted`` (``replies`` a list: :meth:`collect`): rows by client id (:func:`reply_slots`);

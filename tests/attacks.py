@@ -50,44 +50,45 @@ def honest_updates(rounds: int, seed: int) -> list[np.ndarray]:
     return out
 
 
-def play_round(s, name: str, t: int, x: np.ndarray, ups: np.ndarray, attack: Attack | None):
-    """One round; returns (new x, whether the attacker's reply was accepted)."""
+def play_round(s, name: str, t: int, x: np.ndarray, ups: np.ndarray, attack: Attack | None, attackers: int = 1):
+    """One round; returns (new x, whether the (first) attacker's reply was accepted). The last
+    ``attackers`` clients all send ``attack`` (None: they reply honestly)."""
     sent = start_round(s, t, x, [100 + c for c in range(N)])
-    replies = [rule_reply(name, sent[100 + c], x + ups[c], c, ups[c], **{"num-examples": 10, "num-steps": 2,
-                                                                            "a-norm": 2.0, "train-loss": 1.0})
-               for c in range(N - 1) if 100 + c in sent]
-    a = N - 1
-    if 100 + a not in sent:  # not picked (power-of-choice)
-        pass
-    elif attack is None:
-        replies.append(rule_reply(name, sent[100 + a], x + ups[a], a, ups[a], **{"num-examples": 10, "num-steps": 2,
-                                                                                  "a-norm": 2.0, "train-loss": 1.0}))
-    else:
-        direction = np.zeros(DIM, np.float32)
-        direction[1] = 1.0  # orthogonal to the honest drift
-        delta = (attack.size * float(np.linalg.norm(ups, axis=1).max()) * direction).astype(np.float32)
-        replies.append(rule_reply(name, sent[100 + a], x + delta, a, delta, **attack.metrics(), **{"train-loss": 1.0}))
+    honest = dict(**{"num-examples": 10, "num-steps": 2, "a-norm": 2.0, "train-loss": 1.0})
+    replies = [rule_reply(name, sent[100 + c], x + ups[c], c, ups[c], **honest)
+               for c in range(N - attackers) if 100 + c in sent]
+    direction = np.zeros(DIM, np.float32)
+    direction[1] = 1.0  # orthogonal to the honest drift
+    for a in range(N - attackers, N):
+        if 100 + a not in sent:  # not picked (power-of-choice)
+            continue
+        if attack is None:
+            replies.append(rule_reply(name, sent[100 + a], x + ups[a], a, ups[a], **honest))
+        else:
+            delta = (attack.size * float(np.linalg.norm(ups, axis=1).max()) * direction).astype(np.float32)
+            replies.append(rule_reply(name, sent[100 + a], x + delta, a, delta, **attack.metrics(), **{"train-loss": 1.0}))
     out, _ = s.aggregate_train(t, replies)
-    return out["w"].numpy(), a in s.round_log.participants
+    return out["w"].numpy(), N - attackers in s.round_log.participants
 
 
-def strongest(s, name: str, t: int, x: np.ndarray, ups: np.ndarray) -> Attack:
+def strongest(s, name: str, t: int, x: np.ndarray, ups: np.ndarray, attackers: int = 1) -> Attack:
     """The strongest attack the rule accepts this round (greedy, on copies of the strategy)."""
     attack = Attack()
     choices = [("size", SIZES), ("num_examples", EXAMPLES)] + ([("steps", STEPS)] if name == "fednova" else [])
     for field, values in choices:
         for value in values:
             trial = Attack(**{**attack.__dict__, field: value})
-            _, accepted = play_round(copy.deepcopy(s), name, t, x, ups, trial)
+            _, accepted = play_round(copy.deepcopy(s), name, t, x, ups, trial, attackers)
             if accepted:
                 attack = trial
                 break
     return attack
 
 
-def influence(spec: str, rounds: int = 30, seed: int = 0, search_every: int = 1, **kwargs) -> dict:
-    """The attacker's influence on ``spec`` over ``rounds`` rounds, in units of STEP. The attack
-    is searched anew every ``search_every`` rounds (and whenever the last one is rejected)."""
+def influence(spec: str, rounds: int = 30, seed: int = 0, search_every: int = 1, attackers: int = 1, **kwargs) -> dict:
+    """The attackers' influence on ``spec`` over ``rounds`` rounds, in units of STEP (``attackers``
+    of the N clients, the last ones, all sending the same attack). The attack is searched anew
+    every ``search_every`` rounds (and whenever the last one is rejected)."""
     name = spec.split(":")[0]
     flwr_log = logging.getLogger("flwr")
     level, flwr_log.level = flwr_log.level, logging.ERROR
@@ -102,10 +103,10 @@ def influence(spec: str, rounds: int = 30, seed: int = 0, search_every: int = 1,
         attack = None
         for t in range(1, rounds + 1):
             if attack is None or (t - 1) % search_every == 0:
-                attack = strongest(hostile, name, t, xa, ups[t - 1])
-            elif not play_round(copy.deepcopy(hostile), name, t, xa, ups[t - 1], attack)[1]:
-                attack = strongest(hostile, name, t, xa, ups[t - 1])
-            xa, ok = play_round(hostile, name, t, xa, ups[t - 1], attack)
+                attack = strongest(hostile, name, t, xa, ups[t - 1], attackers)
+            elif not play_round(copy.deepcopy(hostile), name, t, xa, ups[t - 1], attack, attackers)[1]:
+                attack = strongest(hostile, name, t, xa, ups[t - 1], attackers)
+            xa, ok = play_round(hostile, name, t, xa, ups[t - 1], attack, attackers)
             xh, _ = play_round(honest, name, t, xh, ups[t - 1], None)
             accepted += ok
             attacks.append(attack)
