@@ -117,3 +117,38 @@ def influence(spec: str, rounds: int = 30, seed: int = 0, search_every: int = 1,
         flwr_log.level = level
     return {"per-round": max(per_round), "round-1": per_round[0], "run": distance / STEP, "accepted": accepted,
             "finite": bool(np.all(np.isfinite(xa))), "attacks": attacks}
+
+
+def silent_then_one(name: str, silent: int = 100, new: bool = False, seed: int = 0) -> float:
+    """The model's move (in STEP) from one reply of the attacker (the last client), the strongest
+    accepted, claiming 1e6 examples, after ``silent`` rounds in which only the others replied: it
+    took part in round 1 (``new``: never before, a new id). Against the same run without it."""
+    ups = honest_updates(silent + 1, seed)
+    x0 = np.zeros(DIM, np.float32)
+    x0[2:] = MODEL_NORM / np.sqrt(DIM - 2)
+    direction = np.eye(DIM, dtype=np.float32)[1]
+
+    def play(s, t, x, who, size):
+        sent = start_round(s, t, x, [100 + c for c in who])
+        replies = [rule_reply(name, sent[100 + c], x + ups[t - 1][c], c, ups[t - 1][c]) for c in who if c != N - 1]
+        if N - 1 in who:
+            d = ups[t - 1][N - 1] if size is None else size * float(np.linalg.norm(ups[t - 1], axis=1).max()) * direction
+            replies.append(rule_reply(name, sent[100 + N - 1], x + d, N - 1, d, **{"num-examples": 10**6}))
+        out, _ = s.aggregate_train(t, replies)
+        return out["w"].numpy(), N - 1 in s.round_log.participants
+
+    flwr_log = logging.getLogger("flwr")
+    level, flwr_log.level = flwr_log.level, logging.ERROR
+    try:
+        hostile, honest = (build_rule(name, n=N, max_failed_rounds=0) for _ in range(2))
+        xa = xh = x0
+        for t in range(1, silent + 2):
+            last = t == silent + 1
+            who = list(range(N)) if (t == 1 and not new) or last else list(range(N - 1))
+            size = next((v for v in SIZES if play(copy.deepcopy(hostile), t, xa, who, v)[1]), None) if last else None
+            before = float(np.linalg.norm(xa - xh))
+            xa, _ = play(hostile, t, xa, who, size)
+            xh, _ = play(honest, t, xh, who, None)
+    finally:
+        flwr_log.level = level
+    return (float(np.linalg.norm(xa - xh)) - before) / STEP

@@ -121,3 +121,17 @@ def test_fedau_a_newcomer_on_a_long_silent_id_gets_no_more_weight_than_a_returni
     # the paper's ω_2 would be 5 (its two cutoff intervals); capped at the largest returning ω:
     # client 1's mean interval before round 13, (1 + 5 x 2) / 6
     assert step[1] == pytest.approx(11 / 6 * 0.1 / 3, rel=1e-6)
+
+
+# ------------------- participation estimates: one reply after 100 silent rounds, or a new id (issue 39)
+SILENCE = {"debiased-fedavg": (80.0, 165.0), "fedau": (47.0, 2.0)}  # docs/threat-model.md, "Participation estimates"
+
+
+@pytest.mark.parametrize("name", sorted(SILENCE))
+def test_one_reply_after_100_silent_rounds_or_from_a_new_id_moves_the_model_as_documented(name):
+    from attacks import silent_then_one
+
+    silent, new = SILENCE[name]
+    assert f"| `{name}` | {silent:g} |" in DOC.read_text() and f"| {new:g} |" in DOC.read_text()
+    assert 0 < silent_then_one(name) <= silent
+    assert 0 < silent_then_one(name, new=True) <= new
