@@ -122,3 +122,29 @@ def test_a_fast_asynchronous_node_is_one_entry_of_the_reference(spec):
         out = s.arrive(reply(msg, start + delta, **{"client-id": node - 100}), msg, version, set(range(100, 101 + n)))
         assert node == fast or not out.reason, out.reason
     assert limits and max(limits) < 2 * s.bounds.max_norm_ratio * M
+
+
+@pytest.mark.parametrize("name", ["fedavg-active", "fednova", "mifa"])
+def test_verdicts_and_model_do_not_depend_on_the_arrival_order(name):
+    """Once 3 nodes have an entry, a round's references come from earlier rounds: a round of 100
+    replies with 30 beyond any bound and 30 tiny ones, in two arrival orders, gives the same
+    rejections and the same model."""
+    rng = np.random.default_rng(3)
+    n = 100
+    ups = honest(rng, n)
+    ups[:30] *= 300  # beyond the bound
+    ups[30:60] *= 1e-6  # tiny
+    results = []
+    for order in (range(n), reversed(range(n))):
+        s = build_rule(name, n=n, max_failed_rounds=0, weighting="equal")
+        x = np.zeros(D, np.float32)
+        sent = start_round(s, 1, x, [100 + c for c in range(n)])
+        first = honest(np.random.default_rng(4), n)
+        out, _ = s.aggregate_train(1, [rule_reply(name, sent[100 + c], x + first[c], c, first[c]) for c in range(n)])
+        x = out["w"].numpy()
+        sent = start_round(s, 2, x, [100 + c for c in range(n)])
+        out, _ = s.aggregate_train(2, [rule_reply(name, sent[100 + c], x + ups[c], c, ups[c]) for c in order])
+        results.append((sorted(node for node, _ in s.round_log.rejected), out["w"].numpy()))
+    (r1, x1), (r2, x2) = results
+    assert r1 == r2 == list(range(100, 130))
+    np.testing.assert_allclose(x1, x2, rtol=1e-6, atol=1e-7)
