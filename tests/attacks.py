@@ -152,3 +152,62 @@ def silent_then_one(name: str, silent: int = 100, new: bool = False, seed: int =
     finally:
         flwr_log.level = level
     return (float(np.linalg.norm(xa - xh)) - before) / STEP
+
+
+def fast_node(spec: str, horizon: float = 300.0, fast: float = 0.2, seed: int = 0) -> dict:
+    """An asynchronous run on a virtual clock: N − 1 honest nodes with jobs of 5-15 s and one
+    attacker whose jobs take ``fast`` seconds, replying each time the largest update the rule
+    accepts (searched on a copy) in one direction orthogonal to the honest drift. Influence:
+    the distance from the same run with the attacker's node replying honestly, in STEP."""
+    import heapq
+    import uuid
+
+    from replies import reply
+
+    from strategies import build_strategy, named_arrays
+
+    rng = np.random.default_rng(seed)
+    times = {c: float(rng.uniform(5, 15)) for c in range(N - 1)} | {N - 1: fast}
+    direction = np.eye(DIM, dtype=np.float32)[1]
+    x0 = np.zeros(DIM, np.float32)
+    x0[2:] = MODEL_NORM / np.sqrt(DIM - 2)
+    flwr_log = logging.getLogger("flwr")
+    level, flwr_log.level = flwr_log.level, logging.ERROR
+    out = {}
+    try:
+        for hostile in (True, False):
+            s = build_strategy(spec, num_clients=N)
+            s.begin(named_arrays({"w": x0}))
+            events, key, arrivals, accepted = [], 0, 0, 0
+            noise = np.random.default_rng(seed + 1)
+            for c in range(N):
+                msg, v = s.job(100 + c, 1)
+                msg.metadata.__dict__["_message_id"] = uuid.uuid4().hex
+                heapq.heappush(events, (times[c], key, c, msg, v))
+                key += 1
+            while events and events[0][0] <= horizon:
+                now, _, c, msg, v = heapq.heappop(events)
+                start = s.snapshots.get(v, s.current)
+                u = noise.normal(0, 1, DIM).astype(np.float32)
+                u[0] += 3.0
+                honest_u = (u * STEP / np.linalg.norm(u) * 1.0).astype(np.float32)
+                if hostile and c == N - 1:
+                    arrivals += 1
+                    for size in SIZES:
+                        trial = copy.deepcopy(s)
+                        d = (size * STEP * direction).astype(np.float32)
+                        if not trial.arrive(reply(msg, start + d, **{"client-id": c}), msg, v, set(range(100, 100 + N)), now).reason:
+                            break
+                    o = s.arrive(reply(msg, start + d, **{"client-id": c}), msg, v, set(range(100, 100 + N)), now)
+                    accepted += not o.reason
+                else:
+                    s.arrive(reply(msg, start + honest_u, **{"client-id": c}), msg, v, set(range(100, 100 + N)), now)
+                msg, v = s.job(100 + c, key + 1)
+                msg.metadata.__dict__["_message_id"] = uuid.uuid4().hex
+                heapq.heappush(events, (now + times[c], key, c, msg, v))
+                key += 1
+            out[hostile] = (s.current.copy(), arrivals, accepted)
+    finally:
+        flwr_log.level = level
+    (xa, arrivals, accepted), (xh, _, _) = out[True], out[False]
+    return {"run": float(np.linalg.norm(xa.astype(np.float64) - xh)) / STEP, "arrivals": arrivals, "accepted": accepted}
