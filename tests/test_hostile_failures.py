@@ -130,7 +130,7 @@ def test_one_junk_node_alone_connected_while_the_others_are_offline_does_not_end
     """Issue 39: in a deployment, offline nodes are not listed (cyclic or group availability): for
     5 rounds node 103 is the only node connected and sends junk. The federation is N = 4 clients,
     not the one node heard from: it is quarantined and the run waits for the others."""
-    s = build_rule(name, n=4)  # max_failed_rounds = 3, the default
+    s = build_rule(name, n=4, min_available_nodes=1)  # max_failed_rounds = 3, the default
     x = np.array([1.0, -1.0, 2.0], np.float32)
     for rnd in range(1, 6):
         sent = start_round(s, rnd, x, [103])
@@ -143,7 +143,7 @@ def test_one_junk_node_alone_connected_while_the_others_are_offline_does_not_end
 
 def test_a_junk_node_alone_ends_a_run_without_a_known_n_as_before():
     """Without N, the one node heard from is the whole federation: its junk ends the run."""
-    s = build_rule("fedavg-active", n=4)
+    s = build_rule("fedavg-active", n=4, min_available_nodes=1)
     s.num_clients = None
     x = np.array([1.0, -1.0, 2.0], np.float32)
     with pytest.raises(StrategyFailure):

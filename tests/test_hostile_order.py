@@ -51,7 +51,7 @@ def test_the_last_64_replies_neither_deny_nor_ratchet(n, mode):
     direction = np.zeros(D, np.float32)
     direction[1] = 1.0
     limits = []
-    for t in range(2, 10 if n < 1000 else 6):
+    for t in range(2, 10 if n < 1000 else 5):
         ups = honest(rng, n)
         ref = float(np.median(s.bounds.history))
         limits.append(s.bounds.max_norm_ratio * ref)
