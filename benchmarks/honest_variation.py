@@ -70,7 +70,7 @@ WORKLOADS: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
 QUICK = ("digits-dir0.5", "synthetic-hetero-sizes")
 BOUNDS = (2, 3, 5, 10, 20, 50, 100, 1000)
 QUANTILES = (50, 90, 99, 99.9, 100)
-HISTORY = bounds_module.HISTORY
+HISTORY = 64  # the previous reference (issue 27): the last 64 accepted norms, kept beside the per-node one
 
 
 class Recorder:
@@ -92,12 +92,24 @@ class Recorder:
 
         def check(bounds, reports, norm_of, node_of, reject, *args, **kwargs):  # scale, clip: as NormBounds.check
             recorder.observe(reports, norm_of)
-            return recorder._check(bounds, reports, norm_of, node_of, reject, *args, **kwargs)
+            kept = recorder._check(bounds, reports, norm_of, node_of, reject, *args, **kwargs)
+            recorder.observe_reference(bounds, reports, norm_of, node_of, kwargs)
+            return kept
 
         bounds_module.NormBounds.check = check  # type: ignore[method-assign]
 
     def uninstall(self) -> None:
         bounds_module.NormBounds.check = self._check  # type: ignore[method-assign]
+
+    def observe_reference(self, bounds: Any, reports: list[Any], norm_of, node_of, kwargs: dict[str, Any]) -> None:
+        """Each reply's norm / (the per-node reference x its widenings): what ``max-norm-ratio``
+        is compared with (:meth:`NormBounds.check`), in the rows :meth:`observe` just added."""
+        ref, work = bounds.last_reference, bounds.work.fixed
+        rows = self.rows[len(self.rows) - len(reports):] if reports else []
+        for row, r in zip(rows, reports, strict=False):
+            steps = kwargs.get("steps_of", lambda _: None)(r)
+            widen = bounds.work_factor(steps, work) * (bounds.gap_factor(node_of(r)) if kwargs.get("stateful") else 1.0)
+            row["norm/per-node reference"] = float(norm_of(r)) / (ref * widen) if ref else math.nan
 
     def observe(self, reports: list[Any], norm_of) -> None:
         self.round += 1
@@ -220,11 +232,12 @@ def at_defaults(rows: list[dict[str, Any]]) -> dict[str, tuple[int, int]]:
         return float(STRATEGIES[r["rule"].split(":")[0]].default_norm_ratio)
 
     return {
-        "rejected by max-norm-ratio (norm/reference)": beyond("norm/reference", ratio),
+        "rejected by max-norm-ratio (norm/per-node reference)": beyond("norm/per-node reference", ratio),
+        "beyond max-norm-ratio x the previous reference (64 accepted norms)": beyond("norm/reference", ratio),
         "rejected by max-steps-ratio (FedNova num-steps)": beyond(
             "num-steps/round-median", lambda r: bounds_module.MAX_STEPS_RATIO if r["rule"].startswith("fednova") else math.inf),
         "num-examples cut by max-examples-ratio": beyond("num-examples/round-median",
-                                                          lambda r: bounds_module.MAX_EXAMPLES_RATIO),
+                                                          lambda r: bounds_module.MAX_EXAMPLES_RATIO or math.inf),
     }
 
 

@@ -1,49 +1,64 @@
 """Sanity bounds on what a reply may change before it is rejected (or, for data sizes, cut).
 
-Defaults drawn from honest variation (``python benchmarks/honest_variation.py``: 17 honest
-in-process runs of 15 rounds, 3172 replies, over digits MLP and CNN with Dirichlet 0.2 and 0.5
-partitions, 1-5 local epochs, local momentum 0.9, and the lognormal-size synthetic data with 2-5
-epochs; FedAvg, MIFA, FedVARP, FedExP, FedNova, FedAWE). Honest maxima, against the default:
+**One reference per node.** A reply is judged against references that hold at most one entry
+per node (its latest judged value: accepted, or beyond the ratio bound), never one per arrival:
+a reference is the lower median over the nodes of those entries, so a minority of nodes cannot
+move it far whatever it sends and however often or in whatever order it replies (a node making
+80 % of an asynchronous run's arrivals is one entry; 64 nodes replying last in a round of 1,000
+are 64 entries of 1,000). Once :data:`MIN_POOL` nodes have an entry, a round's reference comes
+from the entries of earlier rounds alone, so it does not depend on the round's arrival order;
+before that (the first round) the round's own values join (its reference window,
+:data:`REFERENCE_WINDOW` replies: the only place arrival order matters; since a rejected reply's
+norm becomes its node's entry, the next round is judged against every node again). A zero
+reference is a reference: it never switches the test off.
 
-- ‖Δ_i‖ / the lower median of recent and this round's norms: 4.97 (FedAWE's ‖u_i‖/(t − τ_i),
-  a client back from a stale copy: 13.2), against ``max_norm_ratio`` 10 (FedAWE 30);
-- ‖Δ_i‖ / ‖x^t‖: 1.8 (round 1: 1.02); ``max_model_ratio`` is off by default (a model initialised
-  near zero, ‖x^0‖ = 2e-10 in tests/test_engine_property.py, gives it no scale), 10 when set;
-- num-examples / the round's median: 10.4, against ``max_examples_ratio`` 30 (a cut);
-- FedNova's num-steps / the round's median: 12.9, against ``max_steps_ratio`` 30.
+**Bounds that scale with what makes honest updates differ** (docs/threat-model.md, "The model of
+honest variation"): the norm reference is the larger of the lower medians over nodes of each
+node's latest and each node's first judged norm (honest updates do not converge together: a
+newcomer with a label no other client has reached 53.5 x the median of the latest norms under
+FedAdam, 3.2 x the larger); a reply's limit is ``max_norm_ratio`` x the reference x √(its declared ``num-steps``
+/ the nodes' median), at most ``WORK_RATIO``, x (for rules whose client keeps state across rounds,
+SCAFFOLD's c_i or FedAWE's copy) 1 + the rounds since its node was last judged, at most
+``GAP_RATIO``.
 
-None of the 3172 honest replies is beyond a default bound, so an honest run is the run without
-the bounds, bit for bit. ``max_update_norm = 1e6`` rejects what breaks float32 rules (norms ≳ 1e19
-overflow a float32 sum of squares or Gram matrix). FedAWE's raw ‖x_i^† − x^t‖ (its stale copy and
-the echo factor) legitimately reaches 157 times its median: it keeps its own ratio (1e3). What the
+Defaults drawn from the honest-heterogeneity matrix (``python benchmarks/honest_matrix.py``: every
+rule x a client back after 10-150 rounds, local steps 1-250 with the data size, data sizes 1 to
+10,000, a newcomer with its own label, an fp16 client, a client with unrelated labels, rounds of
+200 and 1,000 replies, synchronous and asynchronous): honest replies reach 7.3 x the widened
+reference, against ``max_norm_ratio`` 20 (FedAWE 30); data sizes are not cut by default
+(``max_examples_ratio`` 0: 1 to 10,000 cannot be told from a claim); FedNova's num-steps within
+``max_steps_ratio`` 300 x the nodes' median (honest 1-250). ``max_model_ratio`` is off by default
+(a model initialised near zero has no scale), 10 when set. ``max_update_norm = 1e6`` rejects what
+breaks float32 rules (norms ≳ 1e19 overflow a float32 sum of squares or Gram matrix). What the
 bounds guarantee per rule: ``docs/threat-model.md``.
 """
 from __future__ import annotations
 
 import math
-from collections import deque
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 R = TypeVar("R")
 
 MAX_UPDATE_NORM = 1e6  # absolute: what breaks float32 rules is far beyond (the docstring)
-MAX_NORM_RATIO = 10.0  # x the lower median of recent norms (benchmarks/honest_variation.py)
+MAX_NORM_RATIO = 20.0  # x the reference: honest replies reach 7.3 x it (benchmarks/honest_matrix.py)
 MAX_MODEL_RATIO = 0.0  # x ‖x^t‖: off by default (a model near zero has no scale); opt-in, e.g. 10
-MAX_EXAMPLES_RATIO = 30.0  # num-examples clipped to this x the lower median of recent ones
-MAX_STEPS_RATIO = 30.0  # FedNova: num-steps above this x the lower median of recent ones is rejected
+MAX_EXAMPLES_RATIO = 0.0  # off: honest data sizes span 1 to 10,000 (opt-in: cut to this x the reference)
+MAX_STEPS_RATIO = 300.0  # FedNova: num-steps (a-norm) above this x the reference of num-steps is rejected
+WORK_RATIO = 10.0  # declared num-steps widen a norm bound by √(num-steps / the nodes' reference), at most this
+GAP_RATIO = 50.0  # rounds since a stateful client was last judged widen it by at most this
 
-
-HISTORY = 64  # accepted values the running median remembers (across rounds)
-MIN_POOL = 3  # values below which a median says nothing about which one is wrong
-# this round's values that join the reference: those of the first REFERENCE_WINDOW replies that pass
-# the per-reply checks (arrival order); the later replies are judged against that reference as they
-# arrive, so a round's replies need not all be held (strategies.intake: streaming)
+NODES = 10_000  # nodes whose latest value a reference remembers (the most recently heard)
+MIN_POOL = 3  # nodes below which a median says nothing about which one is wrong
+# the first round's values that join its reference (before MIN_POOL nodes have an entry): those of
+# its first REFERENCE_WINDOW replies that pass the per-reply checks, so that a streaming rule need
+# not hold a round's replies (strategies.intake)
 REFERENCE_WINDOW = 64
 
 
-def lower_median(values: list[float]) -> float:
+def lower_median(values: Iterable[float]) -> float:
     """The lower median (the ⌈n/2⌉-th smallest): with half the values hostile and huge, it is
     still an honest one."""
     ordered = sorted(values)
@@ -52,27 +67,42 @@ def lower_median(values: list[float]) -> float:
 
 @dataclass
 class RatioBound:
-    """``value <= ratio x reference`` for one reply quantity (a norm, num-steps, num-examples),
-    the reference being the lower median of the last ``HISTORY`` accepted values and this round's
-    (at least ``MIN_POOL`` of them, else no reference). ``ratio = 0``: off.
+    """``value <= ratio x reference`` for one reply quantity (a norm, num-steps, num-examples).
 
-    In a round begun with ``new_round(fix=True)`` (the reply intake's, :mod:`strategies.intake`)
-    the reference is computed once, from the values of the round's first call (its reference
-    window: :data:`REFERENCE_WINDOW` replies), and kept until :meth:`commit`: the replies judged
-    later in the round meet the same reference."""
+    ``entries``: node -> its latest judged value (at most :data:`NODES` nodes, the most recently
+    heard). The reference is the lower median of the entries once :data:`MIN_POOL` nodes have one
+    (the entries of this round's nodes are replaced only at :meth:`commit`), else of the entries
+    with this round's values (none: fewer than :data:`MIN_POOL` nodes in all). ``ratio = 0``: off.
+
+    In a round begun with ``new_round(fix=True)`` (the reply intake's) the reference is computed
+    once, at the round's first call, and kept until :meth:`commit`.
+    """
 
     ratio: float
-    history: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY), compare=False, repr=False)
+    entries: OrderedDict[int, float] = field(default_factory=OrderedDict, compare=False, repr=False)
     fixed: float | None = field(default=None, compare=False, repr=False)  # this round's reference
     fix: bool = field(default=False, compare=False, repr=False)  # the round's first call fixes it
 
-    def reference(self, values: list[float]) -> float:
-        """The reference for this round's ``values`` (0.0: none)."""
+    @property
+    def history(self) -> list[float]:
+        """The entries' values, the most recently judged node last."""
+        return list(self.entries.values())
+
+    @property
+    def settled(self) -> bool:
+        """The reference comes from the entries alone (does not depend on this round's replies)."""
+        return len(self.entries) >= MIN_POOL
+
+    def reference(self, values: Mapping[int, float] | Iterable[float]) -> float | None:
+        """The reference for this round (``values``: node -> this round's value; a plain list of
+        values: one node each, new ones); None: none."""
         if self.fixed is not None:
             return self.fixed
-        pool = [*self.history, *values]
-        ref = lower_median(pool) if len(pool) >= MIN_POOL else 0.0
-        if self.fix:
+        if not isinstance(values, Mapping):
+            values = {-(i + 1) - len(self.entries): v for i, v in enumerate(values)}
+        pool = self.entries if self.settled else {**self.entries, **values}
+        ref = lower_median(pool.values()) if len(pool) >= MIN_POOL else None
+        if self.fix and ref is not None:
             self.fixed = ref
         return ref
 
@@ -80,18 +110,38 @@ class RatioBound:
         """Forget the last round's reference; ``fix``: this round's first call fixes it."""
         self.fixed, self.fix = None, fix
 
-    def limit(self, values: list[float]) -> float:
-        """The bound this round (inf: none)."""
+    def limit(self, values: Mapping[int, float] | Iterable[float]) -> float:
+        """The bound this round (inf: none or off)."""
         ref = self.reference(values)
-        return self.ratio * ref if self.ratio and ref > 0 else math.inf
+        return self.ratio * ref if self.ratio and ref is not None else math.inf
 
-    def commit(self, values: list[float]) -> None:
-        self.history.extend(values)
+    def commit(self, values: Mapping[int, float]) -> None:
+        """Each node's value of this round becomes its entry (one per node)."""
+        for node, value in values.items():
+            self.entries.pop(node, None)
+            self.entries[node] = float(value)
+        while len(self.entries) > NODES:
+            self.entries.popitem(last=False)
         self.new_round()
 
-    def restored(self, history: list[float]) -> RatioBound:
-        """This bound with ``history`` (a checkpoint's) as its recent values."""
-        return RatioBound(self.ratio, deque(history, maxlen=HISTORY))
+    def state_dict(self) -> dict[str, list[Any]]:
+        return {"nodes": list(self.entries), "values": self.history}
+
+    def load_state_dict(self, state: Mapping[str, Any] | list[float] | None) -> None:
+        """Entries from :meth:`state_dict` (a list of values alone, an older checkpoint's, gives
+        each value a node of its own)."""
+        if isinstance(state, Mapping):
+            pairs = list(zip(state.get("nodes", ()), state.get("values", ()), strict=True))
+        else:
+            pairs = [(-(i + 1), v) for i, v in enumerate(state or ())]
+        self.entries = OrderedDict((int(n), float(v)) for n, v in pairs)
+        self.new_round()
+
+    def restored(self, state: Any) -> RatioBound:
+        """This bound with a checkpoint's entries (:meth:`state_dict`)."""
+        bound = RatioBound(self.ratio)
+        bound.load_state_dict(state)
+        return bound
 
 
 @dataclass
@@ -100,17 +150,15 @@ class NormBounds:
 
     max_update_norm : a reply whose update norm exceeds this is rejected; 0 = no absolute cap.
         Spec key ``max-update-norm``.
-    max_norm_ratio : a reply whose update norm exceeds this multiple of the reference is rejected;
-        0 = off. Spec key ``max-norm-ratio`` (e.g. ``mifa:max-norm-ratio=50``). The reference is
-        the lower median of the last ``HISTORY`` accepted norms (earlier rounds) together with
-        this round's norms under the caps, once there are at least 3 of them; so a round with 1
-        or 2 replies is bounded by the history, and the first round by its own replies (3+).
-        The lower median stays an honest norm while at most half the pool is hostile.
-    max_model_ratio : when there is no median to compare with (fewer than 3 norms in the history
-        and this round together: the first round with 1-2 replies), a reply whose update norm
-        exceeds this multiple of ‖x^t‖ (the ``scale`` passed to :meth:`check`, when > 0) is
-        rejected; 0 = off. Spec key ``max-model-ratio``. Only then: a model near zero (a
-        zero-initialised one in its first rounds) makes a model-relative bound meaningless.
+    max_norm_ratio : a reply whose update norm exceeds this multiple of the reference (× its work
+        and gap factors, the module docstring) is rejected; 0 = off. Spec key ``max-norm-ratio``
+        (e.g. ``mifa:max-norm-ratio=50``). The reference is the lower median over nodes of each
+        node's latest judged norm (:class:`RatioBound`).
+    max_model_ratio : when there is no reference (fewer than 3 nodes in the entries and this
+        round together: the first round with 1-2 replies), a reply whose update norm exceeds this
+        multiple of ‖x^t‖ (the ``scale`` passed to :meth:`check`, when > 0) is rejected; 0 = off.
+        Spec key ``max-model-ratio``.
+    max_examples_ratio : num-examples above this multiple of the data sizes' reference are cut.
     """
 
     max_update_norm: float = MAX_UPDATE_NORM
@@ -119,7 +167,13 @@ class NormBounds:
     max_examples_ratio: float = MAX_EXAMPLES_RATIO
     ratio: RatioBound = field(init=False, compare=False, repr=False)
     examples: RatioBound = field(init=False, compare=False, repr=False)
-    _pending: dict[int, float] = field(default_factory=dict, compare=False, repr=False)
+    work: RatioBound = field(init=False, compare=False, repr=False)  # declared num-steps, per node
+    fresh: RatioBound = field(init=False, compare=False, repr=False)  # each node's first judged norm
+    last_reference: float | None = field(default=None, compare=False, repr=False)  # the last check's
+    last_seen: dict[int, int] = field(default_factory=dict, compare=False, repr=False)  # node -> round judged
+    rounds: int = field(default=0, compare=False, repr=False)  # rounds committed
+    _pending: dict[int, float] = field(default_factory=dict, compare=False, repr=False)  # node -> norm
+    _steps: dict[int, float] = field(default_factory=dict, compare=False, repr=False)  # node -> num-steps
     _no_reference: bool | None = field(default=None, compare=False, repr=False)  # fixed per round
 
     def __post_init__(self) -> None:
@@ -137,30 +191,47 @@ class NormBounds:
                              f"(0 = off), got {self.max_examples_ratio}")
         self.ratio = RatioBound(self.max_norm_ratio)
         self.examples = RatioBound(self.max_examples_ratio)
+        self.work = RatioBound(WORK_RATIO)
+        self.fresh = RatioBound(self.max_norm_ratio)
 
     @property
-    def history(self) -> deque[float]:
+    def history(self) -> list[float]:
+        """The nodes' latest judged norms (the reference's entries), the most recent last."""
         return self.ratio.history
+
+    @staticmethod
+    def work_factor(steps: float | None, reference: float | None) -> float:
+        """√(a reply's declared ``num-steps`` / the nodes' reference), in [1, WORK_RATIO] (1: none):
+        SGD's change grows as √steps once its gradients are noisy (measured: 21.7 x the median
+        steps, 5.1 x the median norm) and at most linearly, which the ratio's margin covers."""
+        if steps is None or not reference or reference <= 0:
+            return 1.0
+        return min(math.sqrt(max(1.0, steps / reference)), WORK_RATIO)
+
+    def gap_factor(self, node: int) -> float:
+        """1 + the rounds since ``node`` was last judged (since the first for a new one), at most
+        GAP_RATIO: a client that keeps state (a control variate, a copy) returns with a change
+        that grew with its absence."""
+        return min(1.0 + self.rounds - self.last_seen.get(node, 0), GAP_RATIO)
 
     def check(self, reports: list[R], norm_of: Callable[[R], float], node_of: Callable[[R], int],
               reject: Callable[[int, str], None], scale: float = 0.0,
-              clip: Callable[[R, float, float], None] | None = None) -> list[R]:
+              clip: Callable[[R, float, float], None] | None = None,
+              steps_of: Callable[[R], float | None] | None = None, stateful: bool = False) -> list[R]:
         """The reports within the bounds; the others go to ``reject`` with the reason.
 
         First the absolute cap ``max_update_norm`` (and a norm that is not a finite number, or
-        whose computation raised), and without a median to compare with ``max_model_ratio`` ×
-        ``scale`` (‖x^t‖; 0: no model cap);
-        then ``max_norm_ratio`` × the reference (:class:`RatioBound`; a zero reference gives no
-        scale, so no ratio test). The accepted norms join the history at :meth:`commit`.
-        In a round begun with ``new_round(fix=True)`` the first call fixes the references
-        (:class:`RatioBound`): the reply intake calls it first with the round's reference window,
-        then with each later reply.
+        whose computation raised), and without a reference ``max_model_ratio`` × ``scale``
+        (‖x^t‖; 0: no model cap); then ``max_norm_ratio`` × the reference (:class:`RatioBound`)
+        × the work factor (``steps_of``: the declared num-steps) × the gap factor (``stateful``).
+        Every norm that reaches the ratio test becomes its node's entry at :meth:`commit`.
+        In a round begun with ``new_round(fix=True)`` the first call fixes the references.
         ``clip`` (``robust=clip``): a report beyond the ratio bound is kept, scaled down by
-        ``clip(report, norm, limit)``, and its norm enters the history as ``limit``.
+        ``clip(report, norm, limit)``, and its entry is ``limit``.
         """
         no_reference = self._no_reference
         if no_reference is None:
-            no_reference = len(self.history) + len(reports) < MIN_POOL  # no median to compare with
+            no_reference = len(set(self.ratio.entries) | {node_of(r) for r in reports}) < MIN_POOL
             if self.ratio.fix:  # fixed by the round's first call (its reference window)
                 self._no_reference = no_reference
         model_cap = self.max_model_ratio * scale if no_reference and self.max_model_ratio and scale > 0 else math.inf
@@ -180,27 +251,47 @@ class NormBounds:
                                    f"model's norm {scale:.2g}")
             else:
                 under.append((r, norm))
-        reference = self.ratio.reference([n for _, n in under])
+        steps = {node_of(r): s for r, _ in under if steps_of is not None and (s := steps_of(r)) is not None}
+        work = self.work.reference(steps)
+        reference = self.reference({node_of(r): norm for r, norm in under})
         kept = []
         for r, norm in under:
-            if self.max_norm_ratio and reference > 0 and norm > self.max_norm_ratio * reference:
-                if clip is not None:
-                    clip(r, norm, self.max_norm_ratio * reference)
-                    kept.append(r)
-                    self._pending[id(r)] = self.max_norm_ratio * reference
-                    continue
-                reject(node_of(r), f"update norm {norm:.2g} > max-norm-ratio {self.max_norm_ratio:g} "
-                                   f"x the median of recent norms {reference:.2g}")
-            else:
+            node = node_of(r)
+            self._pending[node] = norm
+            if node in steps:
+                self._steps[node] = float(steps[node])
+            if not self.max_norm_ratio or reference is None:
                 kept.append(r)
-                self._pending[id(r)] = norm
+                continue
+            widen = self.work_factor(steps.get(node), work) * (self.gap_factor(node) if stateful else 1.0)
+            limit = self.max_norm_ratio * reference * widen
+            if norm <= limit:
+                kept.append(r)
+            elif clip is not None:
+                clip(r, norm, limit)
+                kept.append(r)
+                self._pending[node] = limit
+            else:
+                why = f" x work {widen:.3g}" if widen > 1 else ""
+                reject(node, f"update norm {norm:.2g} > max-norm-ratio {self.max_norm_ratio:g}{why} x the "
+                             f"median of recent norms {reference:.2g} (one per node)")
         return kept
 
-    def clip_examples(self, reports: list[Any]) -> int:
-        """Cut ``num_examples`` above ``max_examples_ratio`` × the lower median of recent ones to that
+    def reference(self, norms: Mapping[int, float]) -> float | None:
+        """The larger of the lower medians over nodes of each node's latest judged norm and of
+        each node's first one: honest updates shrink as training converges, not together (a
+        client with unrelated labels or a newcomer keeps its scale while the others' go to 0),
+        and no honest update is measured above R x what a client new to the run sends."""
+        latest, fresh = self.ratio.reference(norms), self.fresh.reference(norms)
+        self.last_reference = None if latest is None else max(latest, fresh or 0.0)
+        return self.last_reference
+
+    def clip_examples(self, reports: list[Any], node_of: Callable[[Any], int] | None = None) -> int:
+        """Cut ``num_examples`` above ``max_examples_ratio`` × the data sizes' reference to that
         bound (a data-size weight, not a verdict: the reply's work is kept); returns how many were
         cut. Runs after the verdicts, on the reports to be accepted."""
-        limit = self.examples.limit([r.num_examples for r in reports])
+        nodes = [node_of(r) if node_of is not None else getattr(r, "node_id", -(i + 1)) for i, r in enumerate(reports)]
+        limit = self.examples.limit({n: float(r.num_examples) for n, r in zip(nodes, reports, strict=True)})
         cut = 0
         for r in reports:
             if r.num_examples > limit:
@@ -208,23 +299,37 @@ class NormBounds:
         return cut
 
     def commit(self, accepted: list[Any]) -> None:
-        """The reports finally accepted this round (among those :meth:`check` kept): their norms
-        (and data sizes) join the histories of the running medians."""
-        self.ratio.commit([self._pending[id(r)] for r in accepted if id(r) in self._pending])
-        self.examples.commit([float(r.num_examples) for r in accepted if hasattr(r, "num_examples")])
+        """End the round: every node judged by the ratio test this round gets its norm (and
+        declared num-steps) as its entry; the accepted reports' data sizes join theirs."""
+        self.ratio.commit(self._pending)
+        self.fresh.commit({n: v for n, v in self._pending.items() if n not in self.fresh.entries})
+        self.work.commit(self._steps)
+        self.examples.commit({r.node_id: float(r.num_examples) for r in accepted if hasattr(r, "num_examples")})
+        self.rounds += 1
+        for node in self._pending:
+            self.last_seen[node] = self.rounds
         self.new_round()
 
     def new_round(self, fix: bool = False) -> None:
         """Forget the last round's references and pending norms; ``fix``: this round's first
         :meth:`check` (and :meth:`clip_examples`) fixes its references."""
-        self._pending.clear()
+        self._pending, self._steps = {}, {}
         self._no_reference = None
-        self.ratio.new_round(fix)
-        self.examples.new_round(fix)
+        for bound in (self.ratio, self.examples, self.work, self.fresh):
+            bound.new_round(fix)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"history": list(self.history), "examples": list(self.examples.history)}
+        return {"history": self.ratio.history, "nodes": list(self.ratio.entries),
+                "examples": self.examples.state_dict(), "work": self.work.state_dict(),
+                "fresh": self.fresh.state_dict(),
+                "last_seen": [[n, r] for n, r in self.last_seen.items()], "rounds": self.rounds}
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
-        self.ratio.history = deque((state or {}).get("history", ()), maxlen=HISTORY)
-        self.examples.history = deque((state or {}).get("examples", ()), maxlen=HISTORY)
+        state = state or {}
+        history = state.get("history", [])
+        self.ratio.load_state_dict({"nodes": state["nodes"], "values": history} if "nodes" in state else history)
+        self.examples.load_state_dict(state.get("examples"))
+        self.work.load_state_dict(state.get("work"))
+        self.fresh.load_state_dict(state.get("fresh"))
+        self.last_seen = {int(n): int(r) for n, r in state.get("last_seen", [])}
+        self.rounds = int(state.get("rounds", 0))

@@ -64,7 +64,10 @@ class FailurePolicy:
     A round fails when replies arrived but none could be used, or the rule reported a problem.
     After ``max_failed_rounds`` failed rounds in a row the run fails (:class:`StrategyFailure`)
     when the rule reported a problem, or when the distinct nodes rejected in those rounds are
-    more than half of the federation (every node the run has addressed or heard from): a
+    more than half of the federation (every node the run has addressed or heard from, and at
+    least the run's N clients when N is known: a client offline since the run began, as under
+    cyclic or group availability in a deployment, where offline nodes are not even listed, is
+    offline, not junk; the run waits for it): a
     misconfigured ClientApp fails the run, one node (or a minority) sending junk while everyone
     else is offline does not. Such nodes are quarantined: logged once; the streak goes on, so a
     federation that keeps producing nothing fails as soon as the nodes rejected in the streak are
@@ -77,6 +80,7 @@ class FailurePolicy:
     federation: set[int] = field(default_factory=set)  # nodes addressed or heard from, this run
     junk: set[int] = field(default_factory=set)  # nodes rejected in the current run of failed rounds
     quarantined: set[int] = field(default_factory=set)
+    num_clients: int = 0  # the run's N when known: clients never heard from are offline, not junk
 
     def __post_init__(self) -> None:
         if isinstance(self.max_failed_rounds, bool) or not isinstance(self.max_failed_rounds, int) \
@@ -101,13 +105,13 @@ class FailurePolicy:
         self.junk |= rejected_nodes
         if not self.max_failed_rounds or len(self.failed_rounds) < self.max_failed_rounds:
             return
-        if not problems and 2 * len(self.junk) <= len(self.federation):
+        if not problems and 2 * len(self.junk) <= max(len(self.federation), self.num_clients):
             if new := self.junk - self.quarantined:
                 log.warning("%s, round %d: node(s) %s sent only rejected replies while no usable reply "
                             "arrived for %d rounds; the %d such nodes are a minority of the %d nodes of the "
                             "run: quarantined, the run goes on (their replies are still judged one by one)",
                             self.rule, server_round, shown(sorted(new)), len(self.failed_rounds),
-                            len(self.junk), len(self.federation))
+                            len(self.junk), max(len(self.federation), self.num_clients))
                 self.quarantined |= new
             return
         reasons = [f"{brief(reason)} ({len(nodes)} {'reply' if len(nodes) == 1 else 'replies'})"

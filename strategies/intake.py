@@ -36,6 +36,7 @@ from .layout import Layout, Scratch, safe_norm
 from .metrics import carries_client_id, claimed_client_id
 from .options import RecordKeys
 from .payloads import Payload, model_part, read_payloads
+from .protocol import CLIENT_RULE, PLAIN_RULE
 from .replies import (
     ClientReport,
     ReplyParser,
@@ -164,6 +165,9 @@ class ReplyIntake:
         """The value of a round whose train messages are ``sent``."""
         rnd = RoundIntake(sent=list(sent), connected=set(connected), current=current, layout=layout,
                           scratch=self.scratch)
+        failures = getattr(self.rule, "failures", None)  # the failure policy counts N's clients (strategies.failures)
+        if failures is not None and self.rule.num_clients:
+            failures.num_clients = int(self.rule.num_clients)
         rnd.log.sent = [m.metadata.dst_node_id for m in sent]
         return rnd
 
@@ -214,10 +218,11 @@ class ReplyIntake:
 
         Per reply, in arrival order: the reply alone, then who may claim which client id
         (:class:`strategies.client_binding.RoundClaims`), then the counts and the norms
-        (:meth:`judge`). The norms' references take this round's values from its first
-        :data:`REFERENCE_WINDOW` replies that pass the per-reply checks: those are held until the
-        window is full (or the replies end), judged together, and every later reply is judged
-        alone, at once, against the same references. A reply rejected at any step reaches
+        (:meth:`judge`). The bounds' references hold one entry per node and come from earlier
+        rounds once 3 nodes have one (:mod:`strategies.bounds`); before that they take this
+        round's values from its first :data:`REFERENCE_WINDOW` replies that pass the per-reply
+        checks. Those are held until the window is full (or the replies end), judged together,
+        and every later reply is judged alone, at once, against the same references. A reply rejected at any step reaches
         neither the rule nor its state; fills ``rnd.log`` (:meth:`finish` completes it).
 
         ``slotted`` (``replies`` a list: :meth:`collect`): rows by client id (:func:`reply_slots`);
@@ -310,8 +315,12 @@ class ReplyIntake:
         return kept
 
     def check_norms(self, rnd: RoundIntake, reports: list[ClientReport]) -> list[ClientReport]:
-        """Reject reports beyond any of the rule's ``norm_checks`` (:meth:`NormBounds.check`)."""
+        """Reject reports beyond any of the rule's ``norm_checks`` (:meth:`NormBounds.check`): each
+        reply against the reference of its bound (one entry per node), widened by its declared
+        num-steps and, for a rule whose client keeps state across rounds (:func:`keeps_client_state`),
+        by the rounds since its node was last judged."""
         scale = safe_norm(rnd.current) if rnd.current is not None else 0.0  # ‖x^τ‖: without a median
+        stateful = keeps_client_state(rnd.sent)
         for i, (bounds, norm_of) in enumerate(self.rule.norm_checks()):
             clip = None
             if i == 0 and self.rule.robust.clips:  # robust=clip: ‖Δ_i‖ only
@@ -319,7 +328,8 @@ class ReplyIntake:
                     report.delta = report.delta * np.float32(limit / norm)  # a new array: the buffer is shared
                     report.norm = limit
                     rnd.norms_clipped += 1
-            reports = bounds.check(reports, norm_of, lambda r: r.node_id, rnd.reject, scale, clip)
+            reports = bounds.check(reports, norm_of, lambda r: r.node_id, rnd.reject, scale, clip,
+                                   steps_of=lambda r: r.num_steps, stateful=stateful)
         return reports
 
     def release(self, report: ClientReport | None) -> None:
@@ -353,6 +363,17 @@ class ReplyIntake:
         found: list[Any] = [bounds for bounds, _ in self.rule.norm_checks()]
         found += [v for v in vars(self.rule).values() if isinstance(v, (NormBounds, RatioBound)) and v not in found]
         return found
+
+
+def keeps_client_state(sent: Sequence[Message]) -> bool:
+    """Whether the round's train messages ask the clients to run a client rule (SCAFFOLD's
+    control variate, FedAWE's and FedPBC's kept copy): state a client carries across rounds, so
+    that its change on return grows with its absence (:meth:`NormBounds.gap_factor`)."""
+    for msg in sent[:1]:
+        for record in msg.content.config_records.values():
+            if CLIENT_RULE in record:
+                return bool(record[CLIENT_RULE] != PLAIN_RULE)
+    return False
 
 
 def metric_records(content: RecordDict) -> RecordDict:

@@ -50,44 +50,45 @@ def honest_updates(rounds: int, seed: int) -> list[np.ndarray]:
     return out
 
 
-def play_round(s, name: str, t: int, x: np.ndarray, ups: np.ndarray, attack: Attack | None):
-    """One round; returns (new x, whether the attacker's reply was accepted)."""
+def play_round(s, name: str, t: int, x: np.ndarray, ups: np.ndarray, attack: Attack | None, attackers: int = 1):
+    """One round; returns (new x, whether the (first) attacker's reply was accepted). The last
+    ``attackers`` clients all send ``attack`` (None: they reply honestly)."""
     sent = start_round(s, t, x, [100 + c for c in range(N)])
-    replies = [rule_reply(name, sent[100 + c], x + ups[c], c, ups[c], **{"num-examples": 10, "num-steps": 2,
-                                                                            "a-norm": 2.0, "train-loss": 1.0})
-               for c in range(N - 1) if 100 + c in sent]
-    a = N - 1
-    if 100 + a not in sent:  # not picked (power-of-choice)
-        pass
-    elif attack is None:
-        replies.append(rule_reply(name, sent[100 + a], x + ups[a], a, ups[a], **{"num-examples": 10, "num-steps": 2,
-                                                                                  "a-norm": 2.0, "train-loss": 1.0}))
-    else:
-        direction = np.zeros(DIM, np.float32)
-        direction[1] = 1.0  # orthogonal to the honest drift
-        delta = (attack.size * float(np.linalg.norm(ups, axis=1).max()) * direction).astype(np.float32)
-        replies.append(rule_reply(name, sent[100 + a], x + delta, a, delta, **attack.metrics(), **{"train-loss": 1.0}))
+    honest = dict(**{"num-examples": 10, "num-steps": 2, "a-norm": 2.0, "train-loss": 1.0})
+    replies = [rule_reply(name, sent[100 + c], x + ups[c], c, ups[c], **honest)
+               for c in range(N - attackers) if 100 + c in sent]
+    direction = np.zeros(DIM, np.float32)
+    direction[1] = 1.0  # orthogonal to the honest drift
+    for a in range(N - attackers, N):
+        if 100 + a not in sent:  # not picked (power-of-choice)
+            continue
+        if attack is None:
+            replies.append(rule_reply(name, sent[100 + a], x + ups[a], a, ups[a], **honest))
+        else:
+            delta = (attack.size * float(np.linalg.norm(ups, axis=1).max()) * direction).astype(np.float32)
+            replies.append(rule_reply(name, sent[100 + a], x + delta, a, delta, **attack.metrics(), **{"train-loss": 1.0}))
     out, _ = s.aggregate_train(t, replies)
-    return out["w"].numpy(), a in s.round_log.participants
+    return out["w"].numpy(), N - attackers in s.round_log.participants
 
 
-def strongest(s, name: str, t: int, x: np.ndarray, ups: np.ndarray) -> Attack:
+def strongest(s, name: str, t: int, x: np.ndarray, ups: np.ndarray, attackers: int = 1) -> Attack:
     """The strongest attack the rule accepts this round (greedy, on copies of the strategy)."""
     attack = Attack()
     choices = [("size", SIZES), ("num_examples", EXAMPLES)] + ([("steps", STEPS)] if name == "fednova" else [])
     for field, values in choices:
         for value in values:
             trial = Attack(**{**attack.__dict__, field: value})
-            _, accepted = play_round(copy.deepcopy(s), name, t, x, ups, trial)
+            _, accepted = play_round(copy.deepcopy(s), name, t, x, ups, trial, attackers)
             if accepted:
                 attack = trial
                 break
     return attack
 
 
-def influence(spec: str, rounds: int = 30, seed: int = 0, search_every: int = 1, **kwargs) -> dict:
-    """The attacker's influence on ``spec`` over ``rounds`` rounds, in units of STEP. The attack
-    is searched anew every ``search_every`` rounds (and whenever the last one is rejected)."""
+def influence(spec: str, rounds: int = 30, seed: int = 0, search_every: int = 1, attackers: int = 1, **kwargs) -> dict:
+    """The attackers' influence on ``spec`` over ``rounds`` rounds, in units of STEP (``attackers``
+    of the N clients, the last ones, all sending the same attack). The attack is searched anew
+    every ``search_every`` rounds (and whenever the last one is rejected)."""
     name = spec.split(":")[0]
     flwr_log = logging.getLogger("flwr")
     level, flwr_log.level = flwr_log.level, logging.ERROR
@@ -102,10 +103,10 @@ def influence(spec: str, rounds: int = 30, seed: int = 0, search_every: int = 1,
         attack = None
         for t in range(1, rounds + 1):
             if attack is None or (t - 1) % search_every == 0:
-                attack = strongest(hostile, name, t, xa, ups[t - 1])
-            elif not play_round(copy.deepcopy(hostile), name, t, xa, ups[t - 1], attack)[1]:
-                attack = strongest(hostile, name, t, xa, ups[t - 1])
-            xa, ok = play_round(hostile, name, t, xa, ups[t - 1], attack)
+                attack = strongest(hostile, name, t, xa, ups[t - 1], attackers)
+            elif not play_round(copy.deepcopy(hostile), name, t, xa, ups[t - 1], attack, attackers)[1]:
+                attack = strongest(hostile, name, t, xa, ups[t - 1], attackers)
+            xa, ok = play_round(hostile, name, t, xa, ups[t - 1], attack, attackers)
             xh, _ = play_round(honest, name, t, xh, ups[t - 1], None)
             accepted += ok
             attacks.append(attack)
@@ -116,3 +117,97 @@ def influence(spec: str, rounds: int = 30, seed: int = 0, search_every: int = 1,
         flwr_log.level = level
     return {"per-round": max(per_round), "round-1": per_round[0], "run": distance / STEP, "accepted": accepted,
             "finite": bool(np.all(np.isfinite(xa))), "attacks": attacks}
+
+
+def silent_then_one(name: str, silent: int = 100, new: bool = False, seed: int = 0) -> float:
+    """The model's move (in STEP) from one reply of the attacker (the last client), the strongest
+    accepted, claiming 1e6 examples, after ``silent`` rounds in which only the others replied: it
+    took part in round 1 (``new``: never before, a new id). Against the same run without it."""
+    ups = honest_updates(silent + 1, seed)
+    x0 = np.zeros(DIM, np.float32)
+    x0[2:] = MODEL_NORM / np.sqrt(DIM - 2)
+    direction = np.eye(DIM, dtype=np.float32)[1]
+
+    def play(s, t, x, who, size):
+        sent = start_round(s, t, x, [100 + c for c in who])
+        replies = [rule_reply(name, sent[100 + c], x + ups[t - 1][c], c, ups[t - 1][c]) for c in who if c != N - 1]
+        if N - 1 in who:
+            d = ups[t - 1][N - 1] if size is None else size * float(np.linalg.norm(ups[t - 1], axis=1).max()) * direction
+            replies.append(rule_reply(name, sent[100 + N - 1], x + d, N - 1, d, **{"num-examples": 10**6}))
+        out, _ = s.aggregate_train(t, replies)
+        return out["w"].numpy(), N - 1 in s.round_log.participants
+
+    flwr_log = logging.getLogger("flwr")
+    level, flwr_log.level = flwr_log.level, logging.ERROR
+    try:
+        hostile, honest = (build_rule(name, n=N, max_failed_rounds=0) for _ in range(2))
+        xa = xh = x0
+        for t in range(1, silent + 2):
+            last = t == silent + 1
+            who = list(range(N)) if (t == 1 and not new) or last else list(range(N - 1))
+            size = next((v for v in SIZES if play(copy.deepcopy(hostile), t, xa, who, v)[1]), None) if last else None
+            before = float(np.linalg.norm(xa - xh))
+            xa, _ = play(hostile, t, xa, who, size)
+            xh, _ = play(honest, t, xh, who, None)
+    finally:
+        flwr_log.level = level
+    return (float(np.linalg.norm(xa - xh)) - before) / STEP
+
+
+def fast_node(spec: str, horizon: float = 300.0, fast: float = 0.2, seed: int = 0) -> dict:
+    """An asynchronous run on a virtual clock: N − 1 honest nodes with jobs of 5-15 s and one
+    attacker whose jobs take ``fast`` seconds, replying each time the largest update the rule
+    accepts (searched on a copy) in one direction orthogonal to the honest drift. Influence:
+    the distance from the same run with the attacker's node replying honestly, in STEP."""
+    import heapq
+    import uuid
+
+    from replies import reply
+
+    from strategies import build_strategy, named_arrays
+
+    rng = np.random.default_rng(seed)
+    times = {c: float(rng.uniform(5, 15)) for c in range(N - 1)} | {N - 1: fast}
+    direction = np.eye(DIM, dtype=np.float32)[1]
+    x0 = np.zeros(DIM, np.float32)
+    x0[2:] = MODEL_NORM / np.sqrt(DIM - 2)
+    flwr_log = logging.getLogger("flwr")
+    level, flwr_log.level = flwr_log.level, logging.ERROR
+    out = {}
+    try:
+        for hostile in (True, False):
+            s = build_strategy(spec, num_clients=N)
+            s.begin(named_arrays({"w": x0}))
+            events, key, arrivals, accepted = [], 0, 0, 0
+            noise = np.random.default_rng(seed + 1)
+            for c in range(N):
+                msg, v = s.job(100 + c, 1)
+                msg.metadata.__dict__["_message_id"] = uuid.uuid4().hex
+                heapq.heappush(events, (times[c], key, c, msg, v))
+                key += 1
+            while events and events[0][0] <= horizon:
+                now, _, c, msg, v = heapq.heappop(events)
+                start = s.snapshots.get(v, s.current)
+                u = noise.normal(0, 1, DIM).astype(np.float32)
+                u[0] += 3.0
+                honest_u = (u * STEP / np.linalg.norm(u) * 1.0).astype(np.float32)
+                if hostile and c == N - 1:
+                    arrivals += 1
+                    for size in SIZES:
+                        trial = copy.deepcopy(s)
+                        d = (size * STEP * direction).astype(np.float32)
+                        if not trial.arrive(reply(msg, start + d, **{"client-id": c}), msg, v, set(range(100, 100 + N)), now).reason:
+                            break
+                    o = s.arrive(reply(msg, start + d, **{"client-id": c}), msg, v, set(range(100, 100 + N)), now)
+                    accepted += not o.reason
+                else:
+                    s.arrive(reply(msg, start + honest_u, **{"client-id": c}), msg, v, set(range(100, 100 + N)), now)
+                msg, v = s.job(100 + c, key + 1)
+                msg.metadata.__dict__["_message_id"] = uuid.uuid4().hex
+                heapq.heappush(events, (now + times[c], key, c, msg, v))
+                key += 1
+            out[hostile] = (s.current.copy(), arrivals, accepted)
+    finally:
+        flwr_log.level = level
+    (xa, arrivals, accepted), (xh, _, _) = out[True], out[False]
+    return {"run": float(np.linalg.norm(xa.astype(np.float64) - xh)) / STEP, "arrivals": arrivals, "accepted": accepted}

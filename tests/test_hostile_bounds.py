@@ -59,22 +59,29 @@ def test_just_under_the_ratio_bound_is_accepted_just_over_is_rejected():
         assert (extra in kept) is ok and (rejected == []) is ok
 
 
+def test_data_sizes_are_not_cut_by_default():
+    """Honest data sizes span 1 to 10,000 (issue 39): a claim cannot be told from a large client."""
+    assert MAX_EXAMPLES_RATIO == 0.0
+
+
 @pytest.mark.parametrize("name", ["fedavg-active", "fednova", "pow-d"])
 def test_a_huge_data_size_is_cut_to_the_bound_and_said(name):
-    s = build_rule(name, n=4, weighting="num-examples")
+    spec = ("pow-d:variant=rpow-d," if name == "pow-d" else f"{name}:") + "max-examples-ratio=30"
+    s = build_rule(name, n=4, spec=spec, weighting="num-examples")
     sent = start_round(s, 1, X, [100, 101, 102, 103])
     replies = [rule_reply(name, sent[100 + c], X + 0.1, c, **{"num-examples": 10}) for c in range(3)]
     replies.append(rule_reply(name, sent[103], X + 0.1, 3, **{"num-examples": 10**9}))
     _, metrics = s.aggregate_train(1, [r for r, c in zip(replies, range(4), strict=True) if 100 + c in sent])
     if 103 in sent:
         assert metrics["num-examples-clipped"] == 1 and s.round_log.rejected == []
-        w = s.weights([type("R", (), {"num_examples": n})() for n in (10, 10, 10, int(MAX_EXAMPLES_RATIO * 10))])
-        assert w[-1] == pytest.approx(MAX_EXAMPLES_RATIO / (MAX_EXAMPLES_RATIO + 3))
+        w = s.weights([type("R", (), {"num_examples": n})() for n in (10, 10, 10, 30 * 10)])
+        assert w[-1] == pytest.approx(30 / (30 + 3))
 
 
 def test_honest_data_sizes_are_not_cut():
-    """The measured honest spread (synthetic, lognormal sizes: 632 / 70 = 9 x the median) passes."""
-    bounds = NormBounds()
+    """The measured honest spread (synthetic, lognormal sizes: 632 / 70 = 9 x the median) passes
+    the opt-in cut at 30."""
+    bounds = NormBounds(max_examples_ratio=30)
     sizes = [40, 43, 50, 54, 68, 73, 87, 94, 130, 197, 330, 632]
     reports = [type("R", (), {"num_examples": n})() for n in sizes]
     assert bounds.clip_examples(reports) == 0 and [r.num_examples for r in reports] == sizes

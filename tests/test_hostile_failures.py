@@ -123,3 +123,30 @@ def test_sybils_that_take_every_id_in_round_one_then_go_silent_do_not_end_the_ru
         s.aggregate_train(rnd, [rule_reply(name, sent[100 + c], x + 0.1, c) for c in range(4)])
         assert all("belongs to node 5" in why for _, why in s.round_log.rejected)
     assert s.failures.quarantined == {100, 101, 102, 103}
+
+
+@pytest.mark.parametrize("name", ["fedavg-active", "mifa"])
+def test_one_junk_node_alone_connected_while_the_others_are_offline_does_not_end_the_run(name):
+    """Issue 39: in a deployment, offline nodes are not listed (cyclic or group availability): for
+    5 rounds node 103 is the only node connected and sends junk. The federation is N = 4 clients,
+    not the one node heard from: it is quarantined and the run waits for the others."""
+    s = build_rule(name, n=4, min_available_nodes=1)  # max_failed_rounds = 3, the default
+    x = np.array([1.0, -1.0, 2.0], np.float32)
+    for rnd in range(1, 6):
+        sent = start_round(s, rnd, x, [103])
+        s.aggregate_train(rnd, [junk(name, sent[103], x, 3)])
+    assert s.failures.quarantined == {103}
+    sent = start_round(s, 6, x, [100, 101, 102, 103])  # the others are back: their replies are used
+    out, _ = s.aggregate_train(6, [rule_reply(name, sent[100 + c], x + 0.1, c) for c in range(3)])
+    assert s.round_log.participants == [0, 1, 2]
+
+
+def test_a_junk_node_alone_ends_a_run_without_a_known_n_as_before():
+    """Without N, the one node heard from is the whole federation: its junk ends the run."""
+    s = build_rule("fedavg-active", n=4, min_available_nodes=1)
+    s.num_clients = None
+    x = np.array([1.0, -1.0, 2.0], np.float32)
+    with pytest.raises(StrategyFailure):
+        for rnd in range(1, 5):
+            sent = start_round(s, rnd, x, [103])
+            s.aggregate_train(rnd, [junk("fedavg-active", sent[103], x, 3)])

@@ -138,12 +138,12 @@ def test_fednova_needs_num_steps_and_the_ratio_is_a_spec_key():
                       spec="fednova:max-a-norm-ratio=100,max-steps-ratio=100")
     assert s.round_log.rejected == []
     _, s = round_with("fednova", lambda sent: rule_reply("fednova", sent, X + 1.0, 3, **{"a-norm": 150.0}),
-                      spec="fednova:max-a-norm-ratio=100")
+                      spec="fednova:max-a-norm-ratio=100,max-steps-ratio=30")
     (_, why), = s.round_log.rejected
     assert "metric 'a-norm'=150 > max-steps-ratio 30 x the median of recent ones 2" in why
 
 
-@pytest.mark.parametrize(("steps", "a_norm", "why"), [(10**7, 1e8, "'num-steps'=1e+07"), (100, 100.0, "'num-steps'=100"),
+@pytest.mark.parametrize(("steps", "a_norm", "why"), [(10**7, 1e8, "'num-steps'=1e+07"), (1000, 1000.0, "'num-steps'=1e+03"),
                                                       (2, 100.0, "no local solver gives it")])
 def test_fednova_step_counts_far_above_the_others_are_rejected(steps, a_norm, why):
     """Issue 27: num-steps 1e7 with a-norm 1e8 amplified an honest-sized update 2.5e7 times."""

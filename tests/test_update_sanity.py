@@ -113,7 +113,8 @@ def test_ratio_needs_three_replies_and_a_nonzero_median():
     (node, reason), = rejected([1.0, 2.0, 1.5, 300.0], max_norm_ratio=100)
     assert node == 103 and "max-norm-ratio 100 x the median of recent norms 1.5" in reason  # the lower median
     assert rejected([1.0, 300.0], max_norm_ratio=100) == []  # a median of two says nothing
-    assert rejected([0.0, 0.0, 5.0], max_norm_ratio=100) == []  # a zero median gives no scale
+    (node, reason), = rejected([0.0, 0.0, 5.0], max_norm_ratio=100)  # a zero reference still bounds
+    assert node == 102 and "median of recent norms 0" in reason
     assert rejected([1.0, 2.0, 1.5, 300.0], max_norm_ratio=0) == []  # 0 = off
     # the median is taken over the replies under the absolute cap: two huge ones do not raise it
     reasons = [why for _, why in rejected([1.0, 2.0, 1.5, 300.0, 1e7, 1e8], max_norm_ratio=100)]

@@ -50,10 +50,10 @@ class FedNovaState:
     recent accepted τ_i and ‖a_i‖_1 (the references of ``max_steps_ratio``)."""
 
     buffer: np.ndarray | None = None
-    steps_bound: list[float] = field(default_factory=list, metadata=kept_as(
-        lambda bound: list(bound.history), lambda saved, rule: rule.steps_bound.restored(saved)))
-    a_norm_bound: list[float] = field(default_factory=list, metadata=kept_as(
-        lambda bound: list(bound.history), lambda saved, rule: rule.a_norm_bound.restored(saved)))
+    steps_bound: dict[str, list[Any]] = field(default_factory=dict, metadata=kept_as(
+        lambda bound: bound.state_dict(), lambda saved, rule: rule.steps_bound.restored(saved)))
+    a_norm_bound: dict[str, list[Any]] = field(default_factory=dict, metadata=kept_as(
+        lambda bound: bound.state_dict(), lambda saved, rule: rule.a_norm_bound.restored(saved)))
 
 
 class FedNova(AvailabilityStrategy):
@@ -87,7 +87,7 @@ class FedNova(AvailabilityStrategy):
         if not (math.isfinite(max_steps_ratio) and (max_steps_ratio == 0 or max_steps_ratio > 1)):
             raise ValueError(f"max_steps_ratio (spec key max-steps-ratio) must be a finite number > 1 (0 = off), "
                              f"got {max_steps_ratio}")
-        self.steps_bound = RatioBound(float(max_steps_ratio))  # τ_i against the lower median of recent τ
+        self.steps_bound = RatioBound(float(max_steps_ratio))  # τ_i against the lower median of the nodes' latest τ
         self.a_norm_bound = RatioBound(float(max_steps_ratio))  # ‖a_i‖_1 likewise
         if not 0.0 <= server_momentum < 1.0:
             raise ValueError(f"server_momentum must be in [0, 1), got {server_momentum}")
@@ -107,14 +107,14 @@ class FedNova(AvailabilityStrategy):
                                 f"x num-steps {tau}]: no local solver gives it")
 
     def check_counts(self, rnd: RoundIntake, reports: list[ClientReport]) -> list[ClientReport]:
-        """τ_i and ‖a_i‖_1 within ``max_steps_ratio`` × the lower median of recent accepted ones
-        (and this round's), so that no client inflates τ_eff (which scales every client's
+        """τ_i and ‖a_i‖_1 within ``max_steps_ratio`` × the lower median over nodes of each node's
+        latest accepted one (:class:`RatioBound`: one entry per node; the first round's own), so that no client inflates τ_eff (which scales every client's
         normalised update) by more than that factor (the norm bounds come next)."""
         checks: tuple[tuple[str, RatioBound, Callable[[ClientReport], float]], ...] = (
             ("num-steps", self.steps_bound, lambda r: float(r.num_steps or 0)),
             ("a-norm", self.a_norm_bound, lambda r: float(r.a_norm or 0.0)))
         for name, bound, value_of in checks:
-            limit = bound.limit([value_of(r) for r in reports])
+            limit = bound.limit({r.node_id: value_of(r) for r in reports})
             for r in reports:
                 if value_of(r) > limit:
                     rnd.reject(r.node_id, f"metric '{name}'={value_of(r):.3g} > max-steps-ratio "
@@ -123,8 +123,8 @@ class FedNova(AvailabilityStrategy):
         return reports
 
     def commit_counts(self, reports: list[ClientReport]) -> None:
-        self.steps_bound.commit([float(r.num_steps) for r in reports if r.num_steps is not None])
-        self.a_norm_bound.commit([float(r.a_norm) for r in reports if r.a_norm is not None])
+        self.steps_bound.commit({r.node_id: float(r.num_steps) for r in reports if r.num_steps is not None})
+        self.a_norm_bound.commit({r.node_id: float(r.a_norm) for r in reports if r.a_norm is not None})
 
     def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
         if not reports:

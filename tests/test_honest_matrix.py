@@ -1,0 +1,46 @@
+"""Honest heterogeneity is never rejected (issue 39, item 1), the CI's share of the matrix.
+
+The full matrix (every rule x every case of ``tests/honest_cases.py``, synchronous and
+asynchronous) is ``benchmarks/honest_matrix.py``; here, in CI time: every registered rule on the
+compact ``mixed`` case (local steps 1-16 with the data size, an fp16 client, a client with
+unrelated labels and a far higher loss, a newcomer from round 4 with the one label no other client
+has), the client-state rules on a client back after 50 rounds away, rounds of 200 replies, and
+FedAsync and FedBuff with an honest fast device. The defaults reject nothing, cut nothing, and
+the final model equals the same run with the bounds off bit for bit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from honest_cases import case, run_async, run_sync
+
+from strategies import STRATEGIES
+
+
+def assert_honest(on, off):
+    assert on.rejected == [] and on.cut == 0, on.rejected[:3]
+    np.testing.assert_array_equal(on.x, off.x)  # the bounds changed nothing
+
+
+@pytest.mark.parametrize("name", sorted(STRATEGIES))
+def test_every_rule_rejects_no_honest_reply_of_the_mixed_case(name):
+    assert_honest(run_sync(name, case("mixed")), run_sync(name, case("mixed"), bounds=False))
+
+
+@pytest.mark.parametrize("name", ["scaffold", "amplified-scaffold"])
+def test_a_client_back_after_50_rounds_is_not_rejected(name):
+    assert_honest(run_sync(name, case("back-50")), run_sync(name, case("back-50"), bounds=False))
+
+
+@pytest.mark.parametrize("name", ["fednova"])
+def test_rounds_of_200_replies_reject_nothing(name):
+    assert_honest(run_sync(name, case("round-200")), run_sync(name, case("round-200"), bounds=False))
+
+
+@pytest.mark.parametrize("name", ["fedasync", "fedbuff"])
+def test_asynchronous_rules_reject_no_honest_arrival_of_a_fast_device_or_a_newcomer(name):
+    for case_name in ("back-10", "mixed"):
+        c, c_off = case(case_name), case(case_name)
+        c.speeds[7] = c_off.speeds[7] = 0.2  # an honest fast device: 0.2 s jobs among 5-11 s ones
+        assert_honest(run_async(name, c), run_async(name, c_off, bounds=False))

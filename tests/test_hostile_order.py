@@ -1,0 +1,150 @@
+"""Ordering attacks on the norm bounds' reference (issue 39, item 2): one entry per node.
+
+A round of n replies (200 and 1,000) through the real strategy (fedavg-active, mocked replies):
+the first round is honest, then 64 nodes that reply LAST (the old reference was the round's
+first 64 norms and the last 64 accepted ones, in arrival order) try, each in its own way:
+
+- tiny: norms of 1e-6 m once, then silent: no later honest reply is rejected;
+- at the bound: 0.95 x the bound every round for 8 rounds: the bound does not ratchet (it was
+  9.5x a round: 3 -> 311 -> 2.7e5 -> 5.6e6 m);
+- zero: zero updates: the reference stays honest and a 3e6 m reply is rejected.
+
+And a fast asynchronous node (80 % of the arrivals) at the bound is one entry of the reference;
+64 nodes replying FIRST in a first round of 200 deny at most that round.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import numpy as np
+import pytest
+from replies import build_rule, reply, rule_reply, start_round
+
+from strategies import build_strategy, named_arrays
+
+M = 0.1  # the honest median norm
+D = 4
+
+
+def honest(rng, n):
+    u = rng.normal(0, 1, (n, D)).astype(np.float32)
+    return u * np.float32(M) / np.median(np.linalg.norm(u, axis=1))
+
+
+def play(s, t, x, deltas):
+    """One round: node 100 + c replies x + deltas[c], in the order of ``deltas`` (a list of pairs)."""
+    sent = start_round(s, t, x, [100 + c for c, _ in deltas])
+    out, _ = s.aggregate_train(t, [rule_reply("fedavg-active", sent[100 + c], x + d, c, d) for c, d in deltas])
+    return out["w"].numpy()
+
+
+@pytest.mark.parametrize("n", [200, 1000])
+@pytest.mark.parametrize("mode", ["tiny", "at-the-bound", "zero"])
+def test_the_last_64_replies_neither_deny_nor_ratchet(n, mode):
+    rng = np.random.default_rng(n)
+    s = build_rule("fedavg-active", n=n, max_failed_rounds=3, weighting="equal")
+    x = np.zeros(D, np.float32)
+    bad = range(n - 64, n)
+    x = play(s, 1, x, list(enumerate(honest(rng, n))))
+    assert not s.round_log.rejected
+    direction = np.zeros(D, np.float32)
+    direction[1] = 1.0
+    limits = []
+    for t in range(2, 10 if n < 1000 else 5):
+        ups = honest(rng, n)
+        ref = float(np.median(s.bounds.history))
+        limits.append(s.bounds.max_norm_ratio * ref)
+        size = {"tiny": 1e-6 * M if t == 2 else None, "zero": 0.0,
+                "at-the-bound": 0.95 * s.bounds.max_norm_ratio * ref}[mode]
+        deltas = [(c, ups[c]) for c in range(n - 64)]
+        if size is not None:
+            deltas += [(c, (size * direction).astype(np.float32)) for c in bad]  # last in arrival order
+        x = play(s, t, x, deltas)
+        honest_rejected = [node for node, _ in s.round_log.rejected if node - 100 < n - 64]
+        assert honest_rejected == [], (t, s.round_log.rejected[:3])
+    assert max(limits) < 2 * s.bounds.max_norm_ratio * M  # no ratchet: within 2x of R m all along
+    if mode == "zero":  # the reference is honest and not zero: a 3e6 m reply is rejected
+        sent = start_round(s, 10, x, [100 + n - 1, *range(100, 110)])
+        huge = (3e6 * M * direction).astype(np.float32)
+        s.aggregate_train(10, [rule_reply("fedavg-active", sent[100 + n - 1], x + huge, n - 1, huge),
+                               *(rule_reply("fedavg-active", sent[100 + c], x + u, c, u)
+                                 for c, u in enumerate(honest(rng, 10)))])
+        assert [node for node, _ in s.round_log.rejected] == [100 + n - 1]
+
+
+def test_64_nodes_replying_first_in_a_first_round_of_200_deny_that_round_only():
+    """Before any node has an entry, the first round's reference window (its first 64 replies)
+    sets its reference: 64 tiny replies first reject that round's honest replies; each judged norm
+    becomes its node's entry, so from the next round the reference is every node's again."""
+    rng = np.random.default_rng(0)
+    n = 200
+    s = build_rule("fedavg-active", n=n, max_failed_rounds=3, weighting="equal")
+    x = np.zeros(D, np.float32)
+    tiny = np.full(D, 1e-7, np.float32)
+    x = play(s, 1, x, [(c, tiny) for c in range(136, 200)] + list(enumerate(honest(rng, n)[:136])))
+    assert len(s.round_log.rejected) == 136  # denied: the window was theirs
+    for t in (2, 3):
+        x = play(s, t, x, [(c, tiny) for c in range(136, 200)] + list(enumerate(honest(rng, n)[:136])))
+        assert s.round_log.rejected == [] and len(s.round_log.participants) == n
+
+
+def test_a_zero_reference_bounds_instead_of_switching_the_test_off():
+    s = build_rule("fedavg-active", n=4, max_failed_rounds=0, weighting="equal")
+    x = np.zeros(D, np.float32)
+    x = play(s, 1, x, [(c, np.zeros(D, np.float32)) for c in range(3)])
+    play(s, 2, x, [(0, np.zeros(D, np.float32)), (3, np.full(D, 3e5, np.float32))])
+    assert [node for node, _ in s.round_log.rejected] == [103]
+
+
+@pytest.mark.parametrize("spec", ["fedasync:alpha=0.6", "fedbuff:k=10"])
+def test_a_fast_asynchronous_node_is_one_entry_of_the_reference(spec):
+    """One node makes 80 % of the arrivals, each at 0.95 x the current bound: the bound stays
+    within 2 x R m (it ratcheted to the 1e6 cap in 30 s when every arrival was an entry)."""
+    rng = np.random.default_rng(1)
+    n = 10
+    s = build_strategy(spec, num_clients=n + 1)
+    x = np.zeros(D, np.float32)
+    s.begin(named_arrays({"w": x}))
+    fast, direction = 100 + n, np.eye(D, dtype=np.float32)[1]
+    limits = []
+    for i in range(300):
+        node = fast if i % 5 else 100 + (i // 5) % n
+        msg, version = s.job(node, i + 1)
+        msg.metadata.__dict__["_message_id"] = uuid.uuid4().hex
+        start = s.snapshots.get(version, s.current)
+        if node == fast and len(s.bounds.history) >= 3:
+            limit = s.bounds.max_norm_ratio * float(np.median(s.bounds.history))
+            limits.append(limit)
+            delta = (0.95 * limit * direction).astype(np.float32)
+        else:
+            delta = honest(rng, 1)[0]
+        out = s.arrive(reply(msg, start + delta, **{"client-id": node - 100}), msg, version, set(range(100, 101 + n)))
+        assert node == fast or not out.reason, out.reason
+    assert limits and max(limits) < 2 * s.bounds.max_norm_ratio * M
+
+
+@pytest.mark.parametrize("name", ["fedavg-active", "fednova", "mifa"])
+def test_verdicts_and_model_do_not_depend_on_the_arrival_order(name):
+    """Once 3 nodes have an entry, a round's references come from earlier rounds: a round of 100
+    replies with 30 beyond any bound and 30 tiny ones, in two arrival orders, gives the same
+    rejections and the same model."""
+    rng = np.random.default_rng(3)
+    n = 100
+    ups = honest(rng, n)
+    ups[:30] *= 300  # beyond the bound
+    ups[30:60] *= 1e-6  # tiny
+    results = []
+    for order in (range(n), reversed(range(n))):
+        s = build_rule(name, n=n, max_failed_rounds=0, weighting="equal")
+        x = np.zeros(D, np.float32)
+        sent = start_round(s, 1, x, [100 + c for c in range(n)])
+        first = honest(np.random.default_rng(4), n)
+        out, _ = s.aggregate_train(1, [rule_reply(name, sent[100 + c], x + first[c], c, first[c]) for c in range(n)])
+        x = out["w"].numpy()
+        sent = start_round(s, 2, x, [100 + c for c in range(n)])
+        out, _ = s.aggregate_train(2, [rule_reply(name, sent[100 + c], x + ups[c], c, ups[c]) for c in order])
+        results.append((sorted(node for node, _ in s.round_log.rejected), out["w"].numpy()))
+    (r1, x1), (r2, x2) = results
+    assert r1 == r2 == list(range(100, 130))
+    np.testing.assert_allclose(x1, x2, rtol=1e-6, atol=1e-7)
