@@ -3,8 +3,14 @@ every round, knowing the round's honest replies) pushes Δy_i to 0.9 x its bound
 its own bound (‖Δc_i‖, ``max-norm-ratio`` x the median of recent ‖Δc‖) in one fixed direction,
 so that c drags every honest client's local steps; the model's drift along that direction,
 against the same run with the client honest, is printed in m (the median honest update norm)
-and held to what it measured (7.0 m a round at most, 157 m over 30 rounds; docs/threat-model.md
-documents 1.5 / 45: not met, see the report of issue 39).
+and held to what it measured. Under the bounds of 2026-11-27 before the per-node reference: 7.0 m a
+round at most, 157 m over 30 rounds. Under the per-node reference (max-norm-ratio 20, the larger
+of the nodes' median latest and median first norm, SCAFFOLD's rounds-away factor), which rejects
+no honest reply of the honest-heterogeneity matrix, the same attacker is never rejected and moves
+the model 269 m in its largest round and 2,129 m over 30 rounds: on quadratics the honest norms
+shrink as training converges while the first-norm reference does not. A known, open hole of the
+Δc channel (docs/threat-model.md, "What still gets through"), held here so that any change to it
+shows.
 
 Honest clients are SCAFFOLD option II on quadratics with noisy gradients (tests/reference_rules.py),
 replying through real Flower messages to the real strategy. (Judging Δc_i by K ‖Δc_i + c‖ / ‖Δy_i‖,
@@ -83,4 +89,4 @@ def test_an_adaptive_control_variate_attacker_moves_the_model_as_measured():
     per_round, total = drift()
     print(f"scaffold, 1 of {N} pushing Δy and Δc to 0.9 x their bounds: {per_round:.3g} m a round at most, "
           f"{total:.3g} m over {ROUNDS} rounds")
-    assert per_round <= 7.5 and total <= 165  # measured 7.0 / 157 (the documented 1.5 / 45 does not hold)
+    assert per_round <= 300 and total <= 2350  # measured 269 / 2,129 (the documented 1.5 / 45 does not hold)

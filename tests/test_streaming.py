@@ -173,7 +173,8 @@ def test_scale_smoke_10000_clients_stream_in_bounded_memory():
     assert 1400 < m < 1800 and metrics["num-participants"] == m
     ids = s.round_log.participants
     np.testing.assert_allclose(arrays["w"].numpy(), np.mean([1e-3 * (1 + c % 7) for c in ids]), rtol=1e-5)
-    assert s.intake.scratch.used == acceptance.REFERENCE_WINDOW and peak < held / 4
+    # the window's rows, the per-node references and the messages' records: a third of holding the vectors
+    assert s.intake.scratch.used == acceptance.REFERENCE_WINDOW and peak < held / 3
 
 
 @pytest.mark.parametrize("name", ["fedavg-active", "fedexp", "fednova", "fedau"])
