@@ -87,6 +87,8 @@ def test_calibration_says_when_its_figures_cannot_separate_the_classes():
 # ------------------------------------------------------------------ the cause of the 401s
 @needs_flower
 @pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("FLCHURN_EXTRA_DEPLOY_TESTS"), reason="a 1-2 minute deployment whose ClientApps are delayed past a short task patience: opt-in with "
+                    "FLCHURN_EXTRA_DEPLOY_TESTS=1 (CI's 30-minute budget)")
 def test_a_clientapp_slower_than_the_task_patience_is_answered_401_and_named(tmp_path):
     from deploy.local import ProcessSite
     from deploy.run import run_deployment
