@@ -16,7 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from . import fedscale
+import virtualtime.fedscale as fedscale
+
 from .errors import ProfileError
 
 
