@@ -281,6 +281,7 @@ class Recorder:
                         continue
                     steps = kwargs.get("steps_of", lambda _: None)(r)
                     widen = bounds.work_factor(steps, work) * (bounds.gap_factor(node_of(r)) if kwargs.get("stateful") else 1.0)
+                    widen = widen if bounds.widens else 1.0
                     kind = "update" if getattr(norm_of, "__name__", "") == "update_norm" else "other"
                     recorder.ratios[kind].append(norm / (ref * widen))
             return kept
