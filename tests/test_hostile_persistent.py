@@ -124,7 +124,7 @@ def test_fedau_a_newcomer_on_a_long_silent_id_gets_no_more_weight_than_a_returni
 
 
 # ------------------- participation estimates: one reply after 100 silent rounds, or a new id (issue 39)
-SILENCE = {"debiased-fedavg": (80.0, 165.0), "fedau": (47.0, 2.0)}  # docs/threat-model.md, "Participation estimates"
+SILENCE = {"debiased-fedavg": (1.6, 1.6), "fedau": (1.85, 1.85)}  # docs/threat-model.md, "Participation estimates"
 
 
 @pytest.mark.parametrize("name", sorted(SILENCE))
