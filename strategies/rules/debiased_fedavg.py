@@ -117,7 +117,7 @@ class DebiasedFedAvg(AvailabilityStrategy):
         self.rounds = t + 1
         return self.counts
 
-    def count(self, active: list[int]) -> None:
+    def tally(self, active: list[int]) -> None:
         """This round's participations: n_i += 1, and the absences."""
         assert self.counts is not None and self.absent is not None
         self.counts[active] += 1
@@ -128,7 +128,7 @@ class DebiasedFedAvg(AvailabilityStrategy):
         counts = self.new_counts(t)
         active = [r.client_id for r in reports]
         own, capped = self.capped_counts(active)
-        self.count(active)
+        self.tally(active)
         if not reports:
             return x, {}
         w = debiased_weights(counts, self.rounds, active, self.estimate, own if capped else None)
@@ -167,7 +167,7 @@ class DebiasedFold(Fold):
         self.ids.append(report.client_id)
 
     def finish(self) -> tuple[np.ndarray, dict[str, float]]:
-        self.rule.count(self.ids)
+        self.rule.tally(self.ids)
         if not self.ids:
             return self.x, {}
         counts = self.rule.counts
