@@ -25,15 +25,17 @@ The train message carries c next to the model (keys ``scaffold.c.<key>``); the r
 Δc_i (``scaffold.dc.<key>``), checked like the model's arrays and bounded by the same sanity
 bounds (``max-update-norm``, ``max-norm-ratio``) with its own per-node reference. And c_i itself
 is bounded (docs/threat-model.md, "SCAFFOLD's control variates"): honestly c_i^+ is a mean
-gradient of client i, so ‖c_i^+‖ ≤ ``max-norm-ratio`` × the reference of the nodes' ‖c_j‖ (the
-larger of the lower medians over nodes of their latest and first ones; no widening by work or
-absence: a mean gradient grows with neither). The server does not hold c_i (O(N d)); it holds a
+gradient of client i, so ‖c_i^+‖ ≤ ``max-norm-ratio`` × the lower median over nodes of their
+first ‖c_j^+‖ (not their latest: c drags every honest step, so the honest gradients grow until
+they cancel an attacker's share c_i/N, and a reference that follows them follows the attacker; no
+widening by work or absence: a mean gradient grows with neither). The server does not hold c_i (O(N d)); it holds a
 secret CountSketch S c_i of k = :data:`SKETCH_SIZE` numbers per client (Charikar, Chen and
 Farach-Colton, "Finding frequent items in data streams", ICALP 2002: E‖S v‖² = ‖v‖², a relative
 standard deviation ≤ √(2/k) of ‖S v‖² for any v not chosen knowing S), the sum of the client's
 applied Δc_i, and judges ‖S (c_i + Δc_i)‖. Without it an attacker's c_i, and with it c = (1/N)
-Σ c_i, grows by its Δc bound every round (measured: 2,129 m over 30 rounds,
-``tests/test_scaffold_channel.py``); with it, its share of c stays ≤ R/N × the nodes' ‖c_j‖.
+Σ c_i, grows by its Δc bound every round (an adaptive attacker, 1 of 8: 2.4e4 m over 30 rounds,
+``tests/test_scaffold_channel.py``); with it, its share of c stays ≤ R/N × the nodes' first
+‖c_j^+‖ (22.4 m over 30 rounds).
 Server memory: x, c (and for Amplified SCAFFOLD x_r and the period's sum of Δc): O(d), plus k
 numbers per client and the sketch's hash (O(d) integers, from a secret seed).
 """
@@ -84,6 +86,7 @@ class VariateSketch:
         self.seed = secrets.randbits(63) if seed is None else int(seed)
         self.rows: dict[int, np.ndarray] = dict(rows or {})
         self._hash: tuple[np.ndarray, np.ndarray] | None = None
+        self._judged: dict[Any, np.ndarray] = {}  # S Δc_i of this round's judged replies
 
     def project(self, v: np.ndarray) -> np.ndarray:
         """S v (float64, k numbers)."""
@@ -93,14 +96,25 @@ class VariateSketch:
         buckets, signs = self._hash
         return np.bincount(buckets, weights=signs * v, minlength=SKETCH_SIZE)
 
-    def norm_after(self, client: int, dc: np.ndarray | None) -> float:
-        """‖S (c_i + Δc_i)‖: the client's control variate if this Δc_i is applied."""
+    def norm_after(self, client: int, dc: np.ndarray | None, key: Any = None) -> float:
+        """‖S (c_i + Δc_i)‖: the client's control variate if this Δc_i is applied; ``key``: S Δc_i
+        is kept under it for :meth:`add` (one O(d) projection per reply)."""
         row = self.rows.get(client, np.zeros(SKETCH_SIZE))
-        return float(np.linalg.norm(row if dc is None else row + self.project(dc)))
+        if dc is None:
+            return float(np.linalg.norm(row))
+        sketch = self.project(dc)
+        if key is not None:
+            self._judged[key] = sketch
+        return float(np.linalg.norm(row + sketch))
 
-    def add(self, client: int, dc: np.ndarray) -> None:
-        """Δc_i applied: S c_i ← S c_i + S Δc_i."""
-        self.rows[client] = self.rows.get(client, np.zeros(SKETCH_SIZE)) + self.project(dc)
+    def add(self, client: int, dc: np.ndarray, key: Any = None) -> None:
+        """Δc_i applied: S c_i ← S c_i + S Δc_i (kept under ``key`` when it was judged)."""
+        sketch = self._judged.pop(key, None) if key is not None else None
+        self.rows[client] = self.rows.get(client, np.zeros(SKETCH_SIZE)) + (self.project(dc) if sketch is None else sketch)
+
+    def forget_judged(self) -> None:
+        """Drop the projections of replies judged and not applied (a round's end)."""
+        self._judged = {}
 
     def state(self) -> dict[str, Any]:
         return {"seed": self.seed, "rows": {c: r.copy() for c, r in self.rows.items()}}
@@ -162,7 +176,8 @@ class Scaffold(AvailabilityStrategy):
         """‖c_i^+‖ ≈ ‖S (c_i + Δc_i)‖ (its sketch): the client's control variate once this reply
         is applied (a plain report changes no c_i)."""
         dc = report.payloads.get("dc")
-        return self.variates.norm_after(report.client_id, dc if dc is not None and dc.size else None)
+        return self.variates.norm_after(report.client_id, dc if dc is not None and dc.size else None,
+                                        key=(report.node_id, report.client_id, report.payload_norms.get("dc")))
 
     def norm_checks(self) -> list[tuple[NormBounds, Callable[[ClientReport], float]]]:
         """The model's and Δc_i's bounds (the base's), then ‖c_i^+‖'s (:meth:`variate_norm`)."""
@@ -219,10 +234,12 @@ class VariateFold(Fold):
         dc = report.payloads.get("dc")
         if dc is not None and dc.size == self.x.size:
             self.dcs.add(1.0, dc)
-            self.rule.variates.add(report.client_id, dc)
+            self.rule.variates.add(report.client_id, dc, key=(report.node_id, report.client_id,
+                                                              report.payload_norms.get("dc")))
             self.dc_norms += report.payload_norms["dc"]
 
     def finish(self) -> tuple[np.ndarray, dict[str, float]]:
+        self.rule.variates.forget_judged()
         return self.rule.finish_round(self.t, self.x, self)
 
 
