@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 from replies import build_rule, rule_reply, start_round
 
+from strategies.protocol import SCAFFOLD_DC_PREFIX
+
 N, DIM, STEP, MODEL_NORM = 8, 16, 0.1, 12.0
 SIZES = (1e6, 1e4, 3e3, 1e3, 300.0, 100.0, 30.0, 20.0, 10.0, 7.0, 5.0, 3.0, 2.0, 1.5, 1.0)  # x the honest max
 EXAMPLES = (10**9, 10**6, 10**4, 1000, 300, 100, 30, 10)
@@ -67,7 +69,10 @@ def play_round(s, name: str, t: int, x: np.ndarray, ups: np.ndarray, attack: Att
             replies.append(rule_reply(name, sent[100 + a], x + ups[a], a, ups[a], **honest))
         else:
             delta = (attack.size * float(np.linalg.norm(ups, axis=1).max()) * direction).astype(np.float32)
-            replies.append(rule_reply(name, sent[100 + a], x + delta, a, delta, **attack.metrics(), **{"train-loss": 1.0}))
+            # SCAFFOLD: Δc_i = 0, its c_i kept within its bound (the Δc_i channel: tests/test_scaffold_channel.py)
+            dc = {SCAFFOLD_DC_PREFIX + "w": np.zeros(DIM, np.float32)} if name.endswith("scaffold") else None
+            replies.append(rule_reply(name, sent[100 + a], x + delta, a, delta, arrays=dc, **attack.metrics(),
+                                      **{"train-loss": 1.0}))
     out, _ = s.aggregate_train(t, replies)
     return out["w"].numpy(), n - attackers in s.round_log.participants
 

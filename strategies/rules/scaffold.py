@@ -37,7 +37,7 @@ applied Δc_i, and judges ‖S (c_i + Δc_i)‖. Without it an attacker's c_i, a
 ``tests/test_scaffold_channel.py``); with it, its share of c stays ≤ R/N × the nodes' first
 ‖c_j^+‖ (22.4 m over 30 rounds).
 Server memory: x, c (and for Amplified SCAFFOLD x_r and the period's sum of Δc): O(d), plus k
-numbers per client and the sketch's hash (O(d) integers, from a secret seed).
+numbers per client and the sketch's hash (O(d) integers, from the strategy's seed: keep it private).
 """
 
 from __future__ import annotations
@@ -78,9 +78,10 @@ def amplify(x: np.ndarray, anchor: np.ndarray, gamma: float) -> np.ndarray:
 
 
 class VariateSketch:
-    """A secret CountSketch S of each client's c_i (the sum of its applied Δc_i): k numbers per
-    client, ‖S c_i‖ ≈ ‖c_i‖ (the module docstring). S maps coordinate j to bucket h(j) with sign
-    s(j), both drawn from a secret ``seed``; S v = Σ_j s(j) v_j e_{h(j)}, O(d)."""
+    """A CountSketch S of each client's c_i (the sum of its applied Δc_i): k numbers per client,
+    ‖S c_i‖ ≈ ‖c_i‖ (the module docstring). S maps coordinate j to bucket h(j) with sign s(j),
+    both drawn from ``seed`` (the strategy's: a client that knew S could hide c_i in its kernel, so
+    a deployment keeps its seed private; None: a fresh secret one); S v = Σ_j s(j) v_j e_{h(j)}, O(d)."""
 
     def __init__(self, seed: int | None = None, rows: dict[int, np.ndarray] | None = None) -> None:
         self.seed = secrets.randbits(63) if seed is None else int(seed)
@@ -167,7 +168,9 @@ class Scaffold(AvailabilityStrategy):
         self.run_key = secrets.token_hex(8)  # new run, new client variates; kept by checkpoints
         self.c: np.ndarray | None = None
         self.accepted: dict[int, int] = {}  # client id -> the round of its last applied reply
-        self.variates = VariateSketch()  # S c_i per client: the c_i bound's norms
+        # S c_i per client: the c_i bound's norms; its hash from the strategy's seed (same config, same
+        # verdicts), secret as long as that seed is
+        self.variates = VariateSketch(int(np.random.SeedSequence([int(self.params.seed), SKETCH_SIZE]).generate_state(1)[0]))
         self.variate_bounds: NormBounds = self.params.bounds()  # ‖c_i^+‖ (no widening: a mean gradient)
         self.variate_bounds.widens, self.variate_bounds.first_only = False, True
         self.variate_bounds.what = "control variate norm ‖c_i + Δc_i‖ (sketched)"
