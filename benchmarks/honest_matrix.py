@@ -5,7 +5,8 @@ Every registered rule (or ``--rules``) x the cases of ``tests/honest_cases.py`` 
 newcomer whose label no other client has; an fp16 client; a client whose loss is far above the
 others'; rounds of 200 and 1,000 replies), synchronous, and FedAsync and FedBuff asynchronous
 (jobs of 5-15 s on a virtual clock, one honest 0.2 s device among them in the ``fast`` case).
-Per cell: honest replies, rejected (the false-rejection rate), cut, the largest
+Per cell: honest replies, rejected (the false-rejection rate), cut (data sizes, clipped updates,
+participation weights capped), the largest
 ``norm / (reference x widening)`` any honest reply reached (what ``max-norm-ratio`` must exceed),
 and the largest difference of the final model from the same run with the bounds off (0: bit for
 bit). Softmax regression clients in NumPy through the real strategies (mocked messages): no

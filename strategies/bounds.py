@@ -159,12 +159,22 @@ class NormBounds:
         multiple of ‖x^t‖ (the ``scale`` passed to :meth:`check`, when > 0) is rejected; 0 = off.
         Spec key ``max-model-ratio``.
     max_examples_ratio : num-examples above this multiple of the data sizes' reference are cut.
+    widens : declared num-steps and the rounds away widen the ratio bound (the model's change
+        grows with both); False for a quantity that does not grow with them (SCAFFOLD's c_i, a
+        mean gradient).
+    first_only : the reference is the lower median over nodes of their first judged norms alone,
+        not the larger of that and their latest ones: for a quantity that honestly stays at its
+        first scale and that an attacker could otherwise raise through the honest replies
+        (SCAFFOLD's c_i: c drags every honest step, so the honest c_j grow with the attacker's).
     """
 
     max_update_norm: float = MAX_UPDATE_NORM
     max_norm_ratio: float = MAX_NORM_RATIO
     max_model_ratio: float = MAX_MODEL_RATIO
     max_examples_ratio: float = MAX_EXAMPLES_RATIO
+    widens: bool = True
+    first_only: bool = False
+    what: str = "update norm"  # in reasons
     ratio: RatioBound = field(init=False, compare=False, repr=False)
     examples: RatioBound = field(init=False, compare=False, repr=False)
     work: RatioBound = field(init=False, compare=False, repr=False)  # declared num-steps, per node
@@ -229,6 +239,8 @@ class NormBounds:
         ``clip`` (``robust=clip``): a report beyond the ratio bound is kept, scaled down by
         ``clip(report, norm, limit)``, and its entry is ``limit``.
         """
+        if not self.widens:
+            steps_of, stateful = None, False
         no_reference = self._no_reference
         if no_reference is None:
             no_reference = len(set(self.ratio.entries) | {node_of(r) for r in reports}) < MIN_POOL
@@ -240,14 +252,14 @@ class NormBounds:
             try:
                 norm = float(norm_of(r))
             except Exception as exc:  # noqa: BLE001 (one reply, one verdict)
-                reject(node_of(r), f"update norm cannot be computed: {type(exc).__name__}: {exc}")
+                reject(node_of(r), f"{self.what} cannot be computed: {type(exc).__name__}: {exc}")
                 continue
             if self.max_update_norm and norm > self.max_update_norm:  # inf included
-                reject(node_of(r), f"update norm {norm:.2g} > max-update-norm {self.max_update_norm:.2g}")
+                reject(node_of(r), f"{self.what} {norm:.2g} > max-update-norm {self.max_update_norm:.2g}")
             elif not math.isfinite(norm):
-                reject(node_of(r), f"update norm {norm} is not finite")
+                reject(node_of(r), f"{self.what} {norm} is not finite")
             elif norm > model_cap:
-                reject(node_of(r), f"update norm {norm:.2g} > max-model-ratio {self.max_model_ratio:g} x the "
+                reject(node_of(r), f"{self.what} {norm:.2g} > max-model-ratio {self.max_model_ratio:g} x the "
                                    f"model's norm {scale:.2g}")
             else:
                 under.append((r, norm))
@@ -273,8 +285,8 @@ class NormBounds:
                 self._pending[node] = limit
             else:
                 why = f" x work {widen:.3g}" if widen > 1 else ""
-                reject(node, f"update norm {norm:.2g} > max-norm-ratio {self.max_norm_ratio:g}{why} x the "
-                             f"median of recent norms {reference:.2g} (one per node)")
+                reject(node, f"{self.what} {norm:.2g} > max-norm-ratio {self.max_norm_ratio:g}{why} x the "
+                             f"median of {'first' if self.first_only else 'recent'} norms {reference:.2g} (one per node)")
         return kept
 
     def reference(self, norms: Mapping[int, float]) -> float | None:
@@ -283,7 +295,10 @@ class NormBounds:
         client with unrelated labels or a newcomer keeps its scale while the others' go to 0),
         and no honest update is measured above R x what a client new to the run sends."""
         latest, fresh = self.ratio.reference(norms), self.fresh.reference(norms)
-        self.last_reference = None if latest is None else max(latest, fresh or 0.0)
+        if latest is None:
+            self.last_reference = None
+        else:
+            self.last_reference = fresh if self.first_only and fresh is not None else max(latest, fresh or 0.0)
         return self.last_reference
 
     def clip_examples(self, reports: list[Any], node_of: Callable[[Any], int] | None = None) -> int:

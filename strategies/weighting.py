@@ -12,6 +12,9 @@ from typing import Any
 import numpy as np
 
 AUTO_WEIGHTING = "auto"  # the rule's paper_weighting
+# a client back after more rounds than this, or new, has a participation estimate that rests on
+# its absence (FedAU's default cutoff K): its weight is capped (:func:`cap_rare_weights`)
+LONG_SILENT_ROUNDS = 50
 RESOLVED_WEIGHTINGS = ("equal", "num-examples")
 WEIGHTINGS = (AUTO_WEIGHTING, *RESOLVED_WEIGHTINGS)
 
@@ -54,6 +57,28 @@ def cap_shares(weights: np.ndarray, max_share: float) -> np.ndarray:
         free = ~capped
         rest = 1.0 - max_share * capped.sum()
         out = np.where(capped, max_share, weights * rest / weights[free].sum())
+
+
+def cap_rare_weights(weights: np.ndarray, rare: np.ndarray, seen: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, int]:
+    """The weights of clients ``ids`` (``weights``: theirs, from the rule's participation estimate),
+    those of the ``rare`` ones (new, or back after more than :data:`LONG_SILENT_ROUNDS` rounds)
+    capped at the largest weight any OTHER client seen before would get now (``seen``: the
+    weights every seen client would get, by client id, NaN for the unseen): a new or long-silent
+    id gains no more weight than a returning client (FedAU's newcomer cap, Wang & Ji 2024, made
+    one rule for the participation estimates; 1 when no other client was seen). Returns the
+    weights and how many were capped."""
+    out = np.asarray(weights, np.float64).copy()
+    if not rare.any():
+        return out, 0
+    known = np.flatnonzero(~np.isnan(seen))
+    order = known[np.argsort(seen[known])[::-1][:2]]  # the two largest: the largest other than oneself
+    capped = 0
+    for k in np.flatnonzero(rare):
+        others = [j for j in order if j != ids[k]]
+        cap = float(seen[others[0]]) if others else 1.0
+        if out[k] > cap:
+            out[k], capped = cap, capped + 1
+    return out, capped
 
 
 def matrix_runs(vectors: Sequence[np.ndarray]) -> list[tuple[np.ndarray, list[int]]]:

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 from replies import build_rule, rule_reply, start_round
 
+from strategies.protocol import SCAFFOLD_DC_PREFIX
+
 N, DIM, STEP, MODEL_NORM = 8, 16, 0.1, 12.0
 SIZES = (1e6, 1e4, 3e3, 1e3, 300.0, 100.0, 30.0, 20.0, 10.0, 7.0, 5.0, 3.0, 2.0, 1.5, 1.0)  # x the honest max
 EXAMPLES = (10**9, 10**6, 10**4, 1000, 300, 100, 30, 10)
@@ -38,12 +40,12 @@ class Attack:
         return {"num-examples": self.num_examples, "num-steps": tau, "a-norm": tau * ratio}
 
 
-def honest_updates(rounds: int, seed: int) -> list[np.ndarray]:
-    """Per round an (N, DIM) array: drift along e_0 plus noise, median norm about STEP."""
+def honest_updates(rounds: int, seed: int, n: int = N) -> list[np.ndarray]:
+    """Per round an (n, DIM) array: drift along e_0 plus noise, median norm about STEP."""
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(rounds):
-        u = rng.normal(0, 1, (N, DIM))
+        u = rng.normal(0, 1, (n, DIM))
         u[:, 0] += 3.0
         u *= STEP / np.median(np.linalg.norm(u, axis=1))
         out.append(u.astype(np.float32))
@@ -52,23 +54,27 @@ def honest_updates(rounds: int, seed: int) -> list[np.ndarray]:
 
 def play_round(s, name: str, t: int, x: np.ndarray, ups: np.ndarray, attack: Attack | None, attackers: int = 1):
     """One round; returns (new x, whether the (first) attacker's reply was accepted). The last
-    ``attackers`` clients all send ``attack`` (None: they reply honestly)."""
-    sent = start_round(s, t, x, [100 + c for c in range(N)])
+    ``attackers`` clients all send ``attack`` (None: they reply honestly); ``len(ups)`` clients."""
+    n = len(ups)
+    sent = start_round(s, t, x, [100 + c for c in range(n)])
     honest = dict(**{"num-examples": 10, "num-steps": 2, "a-norm": 2.0, "train-loss": 1.0})
     replies = [rule_reply(name, sent[100 + c], x + ups[c], c, ups[c], **honest)
-               for c in range(N - attackers) if 100 + c in sent]
+               for c in range(n - attackers) if 100 + c in sent]
     direction = np.zeros(DIM, np.float32)
     direction[1] = 1.0  # orthogonal to the honest drift
-    for a in range(N - attackers, N):
+    for a in range(n - attackers, n):
         if 100 + a not in sent:  # not picked (power-of-choice)
             continue
         if attack is None:
             replies.append(rule_reply(name, sent[100 + a], x + ups[a], a, ups[a], **honest))
         else:
             delta = (attack.size * float(np.linalg.norm(ups, axis=1).max()) * direction).astype(np.float32)
-            replies.append(rule_reply(name, sent[100 + a], x + delta, a, delta, **attack.metrics(), **{"train-loss": 1.0}))
+            # SCAFFOLD: Δc_i = 0, its c_i kept within its bound (the Δc_i channel: tests/test_scaffold_channel.py)
+            dc = {SCAFFOLD_DC_PREFIX + "w": np.zeros(DIM, np.float32)} if name.endswith("scaffold") else None
+            replies.append(rule_reply(name, sent[100 + a], x + delta, a, delta, arrays=dc, **attack.metrics(),
+                                      **{"train-loss": 1.0}))
     out, _ = s.aggregate_train(t, replies)
-    return out["w"].numpy(), N - attackers in s.round_log.participants
+    return out["w"].numpy(), n - attackers in s.round_log.participants
 
 
 def strongest(s, name: str, t: int, x: np.ndarray, ups: np.ndarray, attackers: int = 1) -> Attack:
@@ -85,19 +91,20 @@ def strongest(s, name: str, t: int, x: np.ndarray, ups: np.ndarray, attackers: i
     return attack
 
 
-def influence(spec: str, rounds: int = 30, seed: int = 0, search_every: int = 1, attackers: int = 1, **kwargs) -> dict:
+def influence(spec: str, rounds: int = 30, seed: int = 0, search_every: int = 1, attackers: int = 1, n: int = N,
+              **kwargs) -> dict:
     """The attackers' influence on ``spec`` over ``rounds`` rounds, in units of STEP (``attackers``
-    of the N clients, the last ones, all sending the same attack). The attack is searched anew
+    of the ``n`` clients, the last ones, all sending the same attack). The attack is searched anew
     every ``search_every`` rounds (and whenever the last one is rejected)."""
     name = spec.split(":")[0]
     flwr_log = logging.getLogger("flwr")
     level, flwr_log.level = flwr_log.level, logging.ERROR
     try:
-        ups = honest_updates(rounds, seed)
+        ups = honest_updates(rounds, seed, n)
         x0 = np.zeros(DIM, np.float32)
         x0[2:] = MODEL_NORM / np.sqrt(DIM - 2)
-        honest = build_rule(name, n=N, spec=spec if ":" in spec else "", max_failed_rounds=0, **kwargs)
-        hostile = build_rule(name, n=N, spec=spec if ":" in spec else "", max_failed_rounds=0, **kwargs)
+        honest = build_rule(name, n=n, spec=spec if ":" in spec else "", max_failed_rounds=0, **kwargs)
+        hostile = build_rule(name, n=n, spec=spec if ":" in spec else "", max_failed_rounds=0, **kwargs)
         xh, xa = x0.copy(), x0.copy()
         per_round, distance, accepted, attacks = [], 0.0, 0, []
         attack = None

@@ -172,7 +172,7 @@ class Result:
     x: np.ndarray
     replies: int = 0
     rejected: list = field(default_factory=list)  # (round, node, reason)
-    cut: int = 0  # num-examples cut or updates clipped
+    cut: int = 0  # num-examples cut, updates clipped or participation weights capped
 
 
 def run_sync(name: str, c: Case, bounds: bool | str = True) -> Result:
@@ -199,7 +199,7 @@ def run_sync(name: str, c: Case, bounds: bool | str = True) -> Result:
             x = arrays["w"].numpy()
             out.replies += len(replies)
             out.rejected += [(t, node, why) for node, why in s.round_log.rejected]
-            out.cut += int(metrics.get("num-examples-clipped", 0)) + int(metrics.get("num-clipped", 0))
+            out.cut += sum(int(metrics.get(k, 0)) for k in ("num-examples-clipped", "num-clipped", "weights-capped"))
         out.x = x
         return out
     finally:
@@ -281,6 +281,7 @@ class Recorder:
                         continue
                     steps = kwargs.get("steps_of", lambda _: None)(r)
                     widen = bounds.work_factor(steps, work) * (bounds.gap_factor(node_of(r)) if kwargs.get("stateful") else 1.0)
+                    widen = widen if bounds.widens else 1.0
                     kind = "update" if getattr(norm_of, "__name__", "") == "update_norm" else "other"
                     recorder.ratios[kind].append(norm / (ref * widen))
             return kept

@@ -103,8 +103,9 @@ REFERENCES = {
     "fedpbc:catch-up=true": lambda P: ref.fedpbc_code(H, E, P, X0, K, LR),  # the official code's loop
     "fedstale:beta=0.3": lambda P: ref.fedstale(H, E, P, X0, K, LR, 0.3),
     "fedstale:beta=1": lambda P: ref.fedstale(H, E, P, X0, K, LR, 1.0),
-    "debiased-fedavg": lambda P: ref.debiased_fedavg(H, E, P, X0, K, LR, "share"),
-    "debiased-fedavg:estimate=marginal": lambda P: ref.debiased_fedavg(H, E, P, X0, K, LR, "marginal"),
+    # the paper's weights: its newcomers' weight is capped with the bounds on (docs/threat-model.md)
+    "debiased-fedavg:max-norm-ratio=0": lambda P: ref.debiased_fedavg(H, E, P, X0, K, LR, "share"),
+    "debiased-fedavg:estimate=marginal,max-norm-ratio=0": lambda P: ref.debiased_fedavg(H, E, P, X0, K, LR, "marginal"),
 }
 
 

@@ -16,7 +16,15 @@ the marginal participation probability p̂_i = n_i / (t + 1) ≈ K π_i:
 
 which differs from the share form only when |A_t| varies. The counts include the current round,
 so p̂_i ≥ 1/(t + 1) > 0. No official code was found; this follows the paper's description.
-Memory: one counter per client.
+Memory: two counters per client.
+
+A new client id, or one back after ``LONG_SILENT_ROUNDS`` (50) rounds or more, has a tiny π̂_i:
+one reply would weigh 1/(N π̂_i), up to t (measured: 67.6 and 135 m from one reply after 100
+rounds). With the bounds on (``max-norm-ratio`` > 0) such a reply weighs at most what the other
+clients seen before would (the largest of their 1/(N π̂_j): FedAU's newcomer cap,
+:func:`strategies.weighting.cap_rare_weights`); an honest newcomer or rare client is capped too,
+since one reply cannot tell it from an attacker's (counted as ``weights-capped``);
+``max-norm-ratio=0``: the paper's weights.
 """
 
 from __future__ import annotations
@@ -28,20 +36,24 @@ import numpy as np
 
 from ..base import AvailabilityStrategy, ClientReport
 from ..streaming import Fold, RunningSum
+from ..weighting import LONG_SILENT_ROUNDS, cap_rare_weights
 
 ESTIMATES = ("share", "marginal")
 
 
-def debiased_weights(counts: np.ndarray, rounds: int, active: list[int], estimate: str) -> np.ndarray:
+def debiased_weights(counts: np.ndarray, rounds: int, active: list[int], estimate: str,
+                     own: np.ndarray | None = None) -> np.ndarray:
     """The weight of each active client's Δ_i (they sum to ~1 when π̂ is right).
 
-    ``counts``: participations per client including this round's; ``rounds``: t + 1."""
+    ``counts``: participations per client including this round's; ``rounds``: t + 1; ``own``:
+    the counts to weigh the active clients by, if not theirs (a capped weight's)."""
     counts = np.asarray(counts, np.float64)
+    mine = counts[active] if own is None else np.asarray(own, np.float64)
     n = counts.size
     if estimate == "share":
-        share = counts[active] / counts.sum()
+        share = mine / counts.sum()
         return 1.0 / (n * share * len(active))
-    p = counts[active] / rounds
+    p = mine / rounds
     return 1.0 / (n * p)
 
 
@@ -51,6 +63,7 @@ class DebiasedState:
 
     counts: np.ndarray | None = None
     rounds: int = 0  # rounds observed (t + 1 after round t)
+    absent: np.ndarray | None = None  # rounds since each client's last accepted reply
 
 
 class DebiasedFedAvg(AvailabilityStrategy):
@@ -76,27 +89,57 @@ class DebiasedFedAvg(AvailabilityStrategy):
         self.estimate = estimate
         self.counts: np.ndarray | None = None
         self.rounds = 0
+        self.absent: np.ndarray | None = None
 
-    def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
+    def capped_counts(self, active: list[int]) -> tuple[np.ndarray, int]:
+        """The counts (this round's included) that weigh the ``active`` clients: a new or
+        long-silent client's raised to the smallest count of the other clients seen before (its
+        weight then at most theirs), when the bounds are on; and how many were raised."""
+        assert self.counts is not None and self.absent is not None
+        ids = np.asarray(active, np.int64)
+        after = self.counts[ids] + 1.0
+        if not self.bounds.max_norm_ratio:
+            return after, 0
+        rare = (self.counts[ids] == 0) | (self.absent[ids] >= LONG_SILENT_ROUNDS)
+        if not rare.any():
+            return after, 0
+        before = self.counts.astype(np.float64)
+        factors, capped = cap_rare_weights(1.0 / after, rare, np.where(before > 0, 1.0 / (before + 1.0), np.nan), ids)
+        return np.where(factors < 1.0 / after, 1.0 / factors, after), capped
+
+    def new_counts(self, t: int) -> np.ndarray:
+        """The counts, made at the first round (and the absences)."""
         n = self.require_num_clients()
         if self.counts is None:
             self.counts = np.zeros(n, np.int64)
+        if self.absent is None:
+            self.absent = np.zeros(n, np.int64)
         self.rounds = t + 1
+        return self.counts
+
+    def tally(self, active: list[int]) -> None:
+        """This round's participations: n_i += 1, and the absences."""
+        assert self.counts is not None and self.absent is not None
+        self.counts[active] += 1
+        self.absent += 1
+        self.absent[active] = 0
+
+    def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
+        counts = self.new_counts(t)
+        active = [r.client_id for r in reports]
+        own, capped = self.capped_counts(active)
+        self.tally(active)
         if not reports:
             return x, {}
-        active = [r.client_id for r in reports]
-        self.counts[active] += 1
-        w = debiased_weights(self.counts, self.rounds, active, self.estimate)
+        w = debiased_weights(counts, self.rounds, active, self.estimate, own if capped else None)
         deltas = self.stacked("deltas", [r.delta for r in reports])
         u = np.einsum("i,ij->j", w, deltas.astype(np.float64))
         return x + (self.server_lr * u).astype(np.float32), {"mean-weight": float(w.mean()),
-                                                              "max-weight": float(w.max())}
+                                                              "max-weight": float(w.max()),
+                                                              "weights-capped": float(capped)}
 
     def start_fold(self, t: int, x: np.ndarray) -> Fold:
-        n = self.require_num_clients()
-        if self.counts is None:
-            self.counts = np.zeros(n, np.int64)
-        self.rounds = t + 1
+        self.new_counts(t)
         return DebiasedFold(self, x)
 
 
@@ -112,23 +155,26 @@ class DebiasedFold(Fold):
         self.sum = RunningSum(x.size)  # Σ Δ_i / c_i ("share") or Σ w_i Δ_i ("marginal")
         self.largest = 0.0  # the largest per-reply factor added
         self.ids: list[int] = []
+        self.capped = 0
 
     def add(self, report: ClientReport) -> None:
-        assert self.rule.counts is not None
-        c = float(self.rule.counts[report.client_id] + 1)
+        own, capped = self.rule.capped_counts([report.client_id])  # the counts before the round
+        c = float(own[0])
+        self.capped += capped
         w = 1.0 / c if self.rule.estimate == "share" else self.rule.rounds / (self.n * c)
         self.sum.add(w, report.delta)
         self.largest = max(self.largest, w)
         self.ids.append(report.client_id)
 
     def finish(self) -> tuple[np.ndarray, dict[str, float]]:
+        self.rule.tally(self.ids)
         if not self.ids:
             return self.x, {}
         counts = self.rule.counts
         assert counts is not None
-        counts[self.ids] += 1
         m = len(self.ids)
         scale = float(counts.sum()) / (self.n * m) if self.rule.estimate == "share" else 1.0
         u = scale * self.sum.total
         return self.x + (self.rule.server_lr * u).astype(np.float32), {
-            "mean-weight": scale * self.sum.weight / m, "max-weight": scale * self.largest}
+            "mean-weight": scale * self.sum.weight / m, "max-weight": scale * self.largest,
+            "weights-capped": float(self.capped)}

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..base import AvailabilityStrategy, ClientReport
 from ..streaming import Fold, RunningSum, step
-from ..weighting import weighted_sum
+from ..weighting import LONG_SILENT_ROUNDS, cap_rare_weights, weighted_sum
 
 
 @dataclass
@@ -25,6 +25,7 @@ class FedAUState:
     interval_sum: np.ndarray | None = None
     interval_num: np.ndarray | None = None
     seen: np.ndarray | None = None  # whether a reply of the client was ever accepted
+    absent: np.ndarray | None = None  # rounds since the client's last accepted reply (the cutoff does not reset it)
 
 
 class FedAU(AvailabilityStrategy):
@@ -41,8 +42,12 @@ class FedAU(AvailabilityStrategy):
     The absent clients' bookkeeping runs in every round, empty rounds included (an empty round
     leaves the model as it is). For Bernoulli(p_i) participation ω_i → 1/p_i (K = ∞). A client's
     first accepted reply gets at most the largest ω of the clients seen before
-    (:meth:`cap_newcomers`), so a squatter on an id silent for K rounds gains no weight of K.
-    Metric ``mean-omega``: the mean ω_i of the round's participants.
+    (:meth:`cap_newcomers`), so a squatter on an id silent for K rounds gains no weight of K. With
+    the bounds on (``max-norm-ratio`` > 0) a client back after ``LONG_SILENT_ROUNDS`` (50) rounds
+    or more gets at most the largest ω of the other clients seen before
+    (:func:`strategies.weighting.cap_rare_weights`): an honest rare client too (it cannot be told
+    from one reply of an attacker after a long silence); ``max-norm-ratio=0``: the paper's ω.
+    Metrics ``mean-omega`` (the mean ω_i of the round's participants), ``weights-capped``.
     """
 
     equal_weights_only = True
@@ -58,6 +63,7 @@ class FedAU(AvailabilityStrategy):
         self.interval_sum: np.ndarray | None = None  # Σ of recorded intervals
         self.interval_num: np.ndarray | None = None  # number of recorded intervals
         self.seen: np.ndarray | None = None  # clients with an accepted reply (cap_newcomers)
+        self.absent: np.ndarray | None = None  # rounds since each client's last accepted reply
         if self.num_clients is not None:
             self._init_state(self.num_clients)
 
@@ -66,6 +72,7 @@ class FedAU(AvailabilityStrategy):
         self.interval_sum = np.zeros(n, np.int64)
         self.interval_num = np.zeros(n, np.int64)
         self.seen = np.zeros(n, bool)
+        self.absent = np.zeros(n, np.int64)
 
     def omega(self) -> np.ndarray:
         """The current ω_i of every client (mean of past intervals, 1 if none)."""
@@ -87,16 +94,28 @@ class FedAU(AvailabilityStrategy):
         cap = float(self.omega()[returning].max()) if returning.any() else 1.0
         return np.where(new, np.minimum(omega, cap), omega)
 
+    def cap_rare(self, ids: np.ndarray, omega: np.ndarray, every: np.ndarray) -> tuple[np.ndarray, int]:
+        """``omega`` (clients ``ids``'s, newcomers capped) with the long-silent ones capped at the
+        largest ω of the other clients seen (``every``: every client's ω), when the bounds are on."""
+        if not self.bounds.max_norm_ratio:
+            return omega, 0
+        assert self.seen is not None
+        if self.absent is None:  # a checkpoint from before
+            self.absent = np.zeros(self.seen.size, np.int64)
+        rare = ~self.seen[ids] | (self.absent[ids] >= LONG_SILENT_ROUNDS)
+        return cap_rare_weights(omega, rare, np.where(self.seen, every, np.nan), ids)
+
     def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
         n = self.start_round()
         ids = np.array([r.client_id for r in reports], np.int64)
-        omega = self.omega()[ids]  # before this round's interval is recorded (causal)
-        omega = self.cap_newcomers(ids, omega)
+        every = self.omega()
+        omega = every[ids]  # before this round's interval is recorded (causal)
+        omega, capped = self.cap_rare(ids, self.cap_newcomers(ids, omega), every)
         self.record(ids)
         if not reports:
             return x, {}
         u = weighted_sum(omega / n, (r.delta for r in reports))  # float32: one BLAS product of the rows
-        return x + self.server_lr * u, {"mean-omega": float(omega.mean())}
+        return x + self.server_lr * u, {"mean-omega": float(omega.mean()), "weights-capped": float(capped)}
 
     def start_round(self) -> int:
         """N, with the per-client state made on the first round."""
@@ -113,6 +132,10 @@ class FedAU(AvailabilityStrategy):
         present[ids] = True
         assert self.seen is not None
         self.seen |= present
+        if self.absent is None:
+            self.absent = np.zeros(n, np.int64)
+        self.absent[present] = 0
+        self.absent[~present] += 1
         self.interval_sum[present] += self.count[present] + 1
         self.interval_num[present] += 1
         self.count[present] = 0
@@ -147,15 +170,19 @@ class FedAUFold(Fold):
         self.cap = float(self.omega[self.returning].max()) if self.returning.any() else 1.0
         self.ids: list[int] = []
         self.sum = RunningSum(x.size)
+        self.capped = 0
 
     def add(self, report: ClientReport) -> None:
         c = report.client_id
         w = float(self.omega[c]) if self.returning[c] else min(float(self.omega[c]), self.cap)
-        self.sum.add(w, report.delta)
+        ws, capped = self.rule.cap_rare(np.array([c]), np.array([w]), self.omega)
+        self.capped += capped
+        self.sum.add(float(ws[0]), report.delta)
         self.ids.append(c)
 
     def finish(self) -> tuple[np.ndarray, dict[str, float]]:
         self.rule.record(np.array(self.ids, np.int64))
         if not self.ids:
             return self.x, {}
-        return step(self.x, self.rule.server_lr, self.sum.total / self.n), {"mean-omega": self.sum.weight / len(self.ids)}
+        return step(self.x, self.rule.server_lr, self.sum.total / self.n), {
+            "mean-omega": self.sum.weight / len(self.ids), "weights-capped": float(self.capped)}

@@ -23,20 +23,35 @@ own gradients of the period (no extra gradient evaluations), which is what its e
 
 The train message carries c next to the model (keys ``scaffold.c.<key>``); the reply carries
 Δc_i (``scaffold.dc.<key>``), checked like the model's arrays and bounded by the same sanity
-bounds (``max-update-norm``, ``max-norm-ratio``) with its own running median. Server memory: x, c
-(and for Amplified SCAFFOLD x_r and the period's sum of Δc): O(d), nothing per client.
+bounds (``max-update-norm``, ``max-norm-ratio``) with its own per-node reference. And c_i itself
+is bounded (docs/threat-model.md, "SCAFFOLD's control variates"): honestly c_i^+ is a mean
+gradient of client i, so ‖c_i^+‖ ≤ ``max-norm-ratio`` × the lower median over nodes of their
+first ‖c_j^+‖ (not their latest: c drags every honest step, so the honest gradients grow until
+they cancel an attacker's share c_i/N, and a reference that follows them follows the attacker; no
+widening by work or absence: a mean gradient grows with neither). The server does not hold c_i (O(N d)); it holds a
+secret CountSketch S c_i of k = :data:`SKETCH_SIZE` numbers per client (Charikar, Chen and
+Farach-Colton, "Finding frequent items in data streams", ICALP 2002: E‖S v‖² = ‖v‖², a relative
+standard deviation ≤ √(2/k) of ‖S v‖² for any v not chosen knowing S), the sum of the client's
+applied Δc_i, and judges ‖S (c_i + Δc_i)‖. Without it an attacker's c_i, and with it c = (1/N)
+Σ c_i, grows by its Δc bound every round (an adaptive attacker, 1 of 8: 2.4e4 m over 30 rounds,
+``tests/test_scaffold_channel.py``); with it, its share of c stays ≤ R/N × the nodes' first
+‖c_j^+‖ (22.4 m over 30 rounds).
+Server memory: x, c (and for Amplified SCAFFOLD x_r and the period's sum of Δc): O(d), plus k
+numbers per client and the sketch's hash (O(d) integers, from the strategy's seed: keep it private).
 """
 
 from __future__ import annotations
 
 import math
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
 
 from ..base import AvailabilityStrategy, ClientReport
+from ..bounds import NormBounds
 from ..protocol import (
     ACCEPTED_ROUND,
     AMPLIFIED_SCAFFOLD_RULE,
@@ -50,7 +65,10 @@ from ..protocol import (
     SCAFFOLD_RUN_KEY,
 )
 from ..rule import Payload
+from ..state import kept_as
 from ..streaming import Fold, RunningSum, example_weight, step
+
+SKETCH_SIZE = 256  # k: numbers kept per client for ‖c_i‖ (‖S v‖² within ≈ 9 % of ‖v‖², one s.d.)
 
 
 def amplify(x: np.ndarray, anchor: np.ndarray, gamma: float) -> np.ndarray:
@@ -59,14 +77,65 @@ def amplify(x: np.ndarray, anchor: np.ndarray, gamma: float) -> np.ndarray:
     return anchor + gamma * (np.asarray(x, np.float64) - anchor)
 
 
+class VariateSketch:
+    """A CountSketch S of each client's c_i (the sum of its applied Δc_i): k numbers per client,
+    ‖S c_i‖ ≈ ‖c_i‖ (the module docstring). S maps coordinate j to bucket h(j) with sign s(j),
+    both drawn from ``seed`` (the strategy's: a client that knew S could hide c_i in its kernel, so
+    a deployment keeps its seed private; None: a fresh secret one); S v = Σ_j s(j) v_j e_{h(j)}, O(d)."""
+
+    def __init__(self, seed: int | None = None, rows: dict[int, np.ndarray] | None = None) -> None:
+        self.seed = secrets.randbits(63) if seed is None else int(seed)
+        self.rows: dict[int, np.ndarray] = dict(rows or {})
+        self._hash: tuple[np.ndarray, np.ndarray] | None = None
+        self._judged: dict[Any, np.ndarray] = {}  # S Δc_i of this round's judged replies
+
+    def project(self, v: np.ndarray) -> np.ndarray:
+        """S v (float64, k numbers)."""
+        if self._hash is None or self._hash[0].size != v.size:
+            rng = np.random.default_rng(self.seed)
+            self._hash = rng.integers(0, SKETCH_SIZE, v.size), rng.integers(0, 2, v.size) * 2.0 - 1.0
+        buckets, signs = self._hash
+        return np.bincount(buckets, weights=signs * v, minlength=SKETCH_SIZE)
+
+    def norm_after(self, client: int, dc: np.ndarray | None, key: Any = None) -> float:
+        """‖S (c_i + Δc_i)‖: the client's control variate if this Δc_i is applied; ``key``: S Δc_i
+        is kept under it for :meth:`add` (one O(d) projection per reply)."""
+        row = self.rows.get(client, np.zeros(SKETCH_SIZE))
+        if dc is None:
+            return float(np.linalg.norm(row))
+        sketch = self.project(dc)
+        if key is not None:
+            self._judged[key] = sketch
+        return float(np.linalg.norm(row + sketch))
+
+    def add(self, client: int, dc: np.ndarray, key: Any = None) -> None:
+        """Δc_i applied: S c_i ← S c_i + S Δc_i (kept under ``key`` when it was judged)."""
+        sketch = self._judged.pop(key, None) if key is not None else None
+        self.rows[client] = self.rows.get(client, np.zeros(SKETCH_SIZE)) + (self.project(dc) if sketch is None else sketch)
+
+    def forget_judged(self) -> None:
+        """Drop the projections of replies judged and not applied (a round's end)."""
+        self._judged = {}
+
+    def state(self) -> dict[str, Any]:
+        return {"seed": self.seed, "rows": {c: r.copy() for c, r in self.rows.items()}}
+
+    @classmethod
+    def of(cls, state: dict[str, Any] | None) -> VariateSketch:
+        return cls() if not state else cls(state["seed"], {int(c): np.asarray(r, np.float64) for c, r in state["rows"].items()})
+
+
 @dataclass
 class ScaffoldState:
-    """The run key naming the clients' c_i, and the server's c (flat float64). (The Δc bound's
-    running median is checkpointed with the other norm checks, :meth:`Scaffold.norm_checks`.)"""
+    """The run key naming the clients' c_i, the server's c (flat float64), each client's round of
+    its last applied reply and the sketch of its c_i. (The Δc_i and c_i bounds' references are
+    checkpointed with the other norm checks, :meth:`Scaffold.norm_checks`.)"""
 
     run_key: str
     c: np.ndarray | None = None
     accepted: dict[int, int] = field(default_factory=dict)  # client id -> round of its last applied reply
+    variates: VariateSketch | None = field(default=None, metadata=kept_as(
+        lambda v: v.state(), lambda saved, rule: VariateSketch.of(saved)))
 
     def __post_init__(self) -> None:
         if not RUN_KEY_PATTERN.fullmatch(str(self.run_key)):
@@ -99,6 +168,23 @@ class Scaffold(AvailabilityStrategy):
         self.run_key = secrets.token_hex(8)  # new run, new client variates; kept by checkpoints
         self.c: np.ndarray | None = None
         self.accepted: dict[int, int] = {}  # client id -> the round of its last applied reply
+        # S c_i per client: the c_i bound's norms; its hash from the strategy's seed (same config, same
+        # verdicts), secret as long as that seed is
+        self.variates = VariateSketch(int(np.random.SeedSequence([int(self.params.seed), SKETCH_SIZE]).generate_state(1)[0]))
+        self.variate_bounds: NormBounds = self.params.bounds()  # ‖c_i^+‖ (no widening: a mean gradient)
+        self.variate_bounds.widens, self.variate_bounds.first_only = False, True
+        self.variate_bounds.what = "control variate norm ‖c_i + Δc_i‖ (sketched)"
+
+    def variate_norm(self, report: ClientReport) -> float:
+        """‖c_i^+‖ ≈ ‖S (c_i + Δc_i)‖ (its sketch): the client's control variate once this reply
+        is applied (a plain report changes no c_i)."""
+        dc = report.payloads.get("dc")
+        return self.variates.norm_after(report.client_id, dc if dc is not None and dc.size else None,
+                                        key=(report.node_id, report.client_id, report.payload_norms.get("dc")))
+
+    def norm_checks(self) -> list[tuple[NormBounds, Callable[[ClientReport], float]]]:
+        """The model's and Δc_i's bounds (the base's), then ‖c_i^+‖'s (:meth:`variate_norm`)."""
+        return [*super().norm_checks(), (self.variate_bounds, self.variate_norm)]
 
     # ------------------------------------------------------------------ messages out
     def train_config(self, t: int, node_ids: list[int]) -> dict[str, Any]:
@@ -151,9 +237,12 @@ class VariateFold(Fold):
         dc = report.payloads.get("dc")
         if dc is not None and dc.size == self.x.size:
             self.dcs.add(1.0, dc)
+            self.rule.variates.add(report.client_id, dc, key=(report.node_id, report.client_id,
+                                                              report.payload_norms.get("dc")))
             self.dc_norms += report.payload_norms["dc"]
 
     def finish(self) -> tuple[np.ndarray, dict[str, float]]:
+        self.rule.variates.forget_judged()
         return self.rule.finish_round(self.t, self.x, self)
 
 
