@@ -184,6 +184,10 @@ class FedCompass(AsyncRule):
 
     name = "fedcompass"
     State: ClassVar[type] = CompassState
+    # one update per client per aggregation already (the buffers' merge), and the scheduler must see
+    # every arrival: no share window and no start-up hold (docs/threat-model.md, "A fast asynchronous node")
+    own_share_window: ClassVar[int] = 1
+    start_up_hold: ClassVar[bool] = False
     paper_weighting = "equal"  # p_i = 1/N (APPFL's "equal")
     needs_num_clients = True
 
@@ -308,8 +312,9 @@ class FedCompass(AsyncRule):
 
     def get_state(self) -> Any:
         base = super().get_state()
-        return CompassState(base.version, base.pending, base.snapshots, copy.deepcopy(self.compass),
-                            [*self.general], {g: [*v] for g, v in self.group_buffer.items()})
+        return CompassState(base.version, base.pending, base.snapshots, base.held, base.recent, base.released,
+                            compass=copy.deepcopy(self.compass), general=[*self.general],
+                            group_buffer={g: [*v] for g, v in self.group_buffer.items()})
 
     def set_state(self, state: Any) -> None:
         super().set_state(state)
