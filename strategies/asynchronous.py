@@ -20,23 +20,17 @@ Two drivers use the same two hooks:
   are arrivals from this round's version, in client-id order (staleness 0 until the rule
   aggregates within the round, then 1, ...), and x^{t+1} is the model after the last of them.
 
-Two guards of the bounds (``docs/threat-model.md``, "A fast asynchronous node"), both off with
-``max-norm-ratio=0`` (the papers' rules):
+Two guards of the bounds, off with ``max-norm-ratio=0`` (the papers' rules; ``docs/threat-model.md``,
+"A fast asynchronous node", with their cost to honest runs):
 
-- **one node's share of an aggregation window**: the accepted updates of one node among the last
-  ``share_window`` accepted arrivals (FedBuff: its buffer of K; FedAsync: 10) together have a norm
-  of at most one update's bound (``max-norm-ratio`` x the reference x its work factor): an arrival
-  beyond what its node has left is cut to it (scaled down, counted in ``share-cut``), or rejected
-  when nothing is left. A node making 80 % of the arrivals moves the model as much as one node
-  sending one update per window at the bound; an honest fast device, whose updates are about the
-  reference each, is cut only beyond ``max-norm-ratio`` updates' worth in one window;
-- **the start-up hold**: until a majority of the run's nodes (at least 3, at most 64) have an
-  entry in the bounds, an arrival that passes the absolute checks is held, not applied; the
-  arrival that completes that majority releases the held ones, each judged against the reference
-  (rejected beyond the ratio bound, then the share limit), into one aggregation. Nothing honest is
-  dropped: the first arrivals are applied a few seconds later than the paper would (measured in
-  ``docs/threat-model.md``), and the reference that judges them is a majority's, not the fastest
-  nodes'.
+- **one node's share of a window**: one node's accepted updates among the last ``share_window``
+  accepted arrivals (FedBuff: its K; FedAsync: 10) together have a norm of at most one update's
+  bound (``max-norm-ratio`` x the reference x its work factor): beyond what its node has left an
+  arrival is cut to it (``share-cut`` in the row), or rejected when nothing is left;
+- **the start-up hold**: until a majority of the run's nodes (3 to 64) have an entry in the bounds,
+  the rule's aggregations wait (``held``); the first one after it applies them, each arrival of
+  the hold judged against that majority's reference (then the share limit). Nothing honest is
+  dropped: the first arrivals are applied a few seconds later than in the paper.
 
 Staleness functions s (Xie, Koyejo and Gupta, "Asynchronous Federated Optimization", 2019,
 Sec. 5.2): ``constant`` s = 1; ``poly`` s = (1 + δ)^(−a); ``hinge`` s = 1 if δ <= b else
@@ -92,6 +86,7 @@ class Arrival:
     staleness: int  # t − τ at arrival
     start: np.ndarray  # x^τ (FedAsync mixes the client's model x^τ + Δ_i)
     time: float = 0.0  # when it arrived (virtual or real seconds since the run's start)
+    judged: bool = True  # False: accepted during the start-up hold, judged when it ends
 
 
 @dataclass
@@ -250,53 +245,44 @@ class AsyncRule(AvailabilityStrategy):
             return Outcome(node, staleness=staleness, reason=why or "unavailable", unavailable=not why)
         assert start is not None
         arrival = Arrival(_owned(report), version, staleness, start, now)
-        if self._holds(arrival, len(connected)):
-            return Outcome(node, report.client_id, staleness, held=True)
-        released, self.held = [*self.held, arrival], []
-        outcome = Outcome(node, report.client_id, staleness)
-        aggregated = False
-        for a in released:
-            why, cut = self._share(a, judge=a is not arrival)
-            if why:
-                self.round_log.rejected.append((a.report.node_id, why))
-                if a is arrival:
-                    outcome.reason = why
-                continue
-            outcome.cut |= cut and a is arrival
-            aggregated = self.add(a) or aggregated
-        if aggregated:
+        self._nodes = max(self.num_clients or 0, len(connected))
+        outcome = Outcome(node, report.client_id, staleness, held=self._holding())
+        if outcome.held:  # judged when the hold ends (the scheduler of a rule still sees it now)
+            arrival.judged = False
+        else:
+            outcome.reason, outcome.cut = self._share(arrival, judge=False)
+            if outcome.reason:
+                self.round_log.rejected.append((node, outcome.reason))
+                return outcome
+        before = self.version
+        if self.add(arrival):
             assert self.current is not None
-            self.current = self._aggregate_now(self.current)
-        outcome.aggregated = aggregated
+            self.current = self._aggregate_now(self.current, hold=True)
+        outcome.aggregated = self.version > before
         return outcome
 
-    def _holds(self, arrival: Arrival, connected: int) -> bool:
-        """Whether ``arrival`` joins the start-up hold: while fewer than a majority of the run's
-        nodes (at least :data:`MIN_POOL`, at most :data:`REFERENCE_WINDOW`) have an entry in the
-        bounds, so that the reference that judges the held arrivals is an honest majority's even
-        when the fastest nodes are hostile. At most ``max_staleness`` + 1 arrivals are held: then
-        they are released against the reference there is, or, without one (fewer than 3 nodes
-        replied), the oldest is rejected (recorded)."""
-        n = max(self.num_clients or 0, connected)
-        if not (self.start_up_hold and self.bounds.max_norm_ratio and n >= MIN_POOL and not self._released):
+    def _holding(self) -> bool:
+        """Whether the start-up hold is on: until a majority of the run's nodes (at least
+        :data:`MIN_POOL`, at most :data:`REFERENCE_WINDOW`) have an entry in the bounds, so that
+        the reference that judges the held arrivals is a majority's even when the fastest nodes
+        are hostile. Once more than ``max_staleness`` + 1 arrivals are held, it ends as soon as
+        there is a reference (3 nodes); without one the oldest held arrival is rejected (recorded)."""
+        if self._released or not (self.start_up_hold and self.bounds.max_norm_ratio and self._nodes >= MIN_POOL):
             return False
-        if len(self.bounds.ratio.entries) >= min(max(MIN_POOL, n // 2 + 1), REFERENCE_WINDOW):
+        majority = min(max(MIN_POOL, self._nodes // 2 + 1), REFERENCE_WINDOW)
+        if len(self.bounds.ratio.entries) >= majority or (
+                len(self.held) > self.max_staleness and self.bounds.reference({}) is not None):
             self._released = True
             return False
-        self.held.append(arrival)
-        if len(self.held) <= self.max_staleness + 1:
-            return True
-        if self.arrival_limit(arrival.report) is not None:
-            self._released = True
-            self.held.pop()
-            return False
-        old = self.held.pop(0)
-        self.round_log.rejected.append((old.report.node_id, (
-            f"held longer than max-staleness {self.max_staleness} + 1 arrivals while the bounds had no "
-            f"reference (fewer than {MIN_POOL} nodes replied)")))
+        if len(self.held) > self.max_staleness:
+            old = self.held.pop(0)
+            self.round_log.rejected.append((old.report.node_id, (
+                f"held longer than max-staleness {self.max_staleness} + 1 arrivals while the bounds had no "
+                f"reference (fewer than {MIN_POOL} nodes replied)")))
         return True
 
     _released = False  # the start-up hold is over (for the run)
+    _nodes = 0  # the run's nodes (num_clients, or the nodes connected at the last arrival)
 
     @property
     def share_window(self) -> int:
@@ -358,7 +344,25 @@ class AsyncRule(AvailabilityStrategy):
         """The next aggregation's record starts empty (the asynchronous loop, after each row)."""
         self.round = RoundIntake()
 
-    def _aggregate_now(self, x: np.ndarray) -> np.ndarray:
+    def _aggregate_now(self, x: np.ndarray, hold: bool = False) -> np.ndarray:
+        """Apply the held arrivals (``self.pending``) to x, a new version; ``hold`` (an
+        asynchronous arrival or deadline): while the start-up hold is on they wait in ``held``
+        instead, and when it is over the arrivals accepted during it are judged first."""
+        if hold and self._holding():
+            self.held += self.pending
+            self.pending = []
+            return x
+        waiting, self.held = [*self.held, *self.pending], []
+        self.pending = []
+        for a in waiting:
+            why = "" if a.judged else self._share(a, judge=True)[0]
+            if why:
+                self.round_log.rejected.append((a.report.node_id, why))
+            else:
+                a.judged = True
+                self.pending.append(a)
+        if not self.pending:
+            return x
         new, self.last_metrics = self.apply(x)
         if self.share_cuts:
             self.last_metrics = {**self.last_metrics, "share-cut": float(self.share_cuts)}

@@ -184,10 +184,9 @@ class FedCompass(AsyncRule):
 
     name = "fedcompass"
     State: ClassVar[type] = CompassState
-    # one update per client per aggregation already (the buffers' merge), and the scheduler must see
-    # every arrival: no share window and no start-up hold (docs/threat-model.md, "A fast asynchronous node")
-    own_share_window: ClassVar[int] = 1
-    start_up_hold: ClassVar[bool] = False
+    # the share window (10 arrivals) and the start-up hold of the base: its buffers keep one update
+    # per client per aggregation, but a fast client alone in its group aggregates at its own pace;
+    # the hold defers aggregations, the scheduler sees every arrival (docs/threat-model.md)
     paper_weighting = "equal"  # p_i = 1/N (APPFL's "equal")
     needs_num_clients = True
 
@@ -260,8 +259,9 @@ class FedCompass(AsyncRule):
             if g in self.compass.groups and self.group_buffer.get(g):
                 self._take_group(g, now, "deadline")
                 assert self.current is not None
-                self.current = self._aggregate_now(self.current)
-                aggregated = True
+                before = self.version
+                self.current = self._aggregate_now(self.current, hold=True)
+                aggregated |= self.version > before
         return aggregated
 
     # ------------------------------------------------------------ the rule
