@@ -28,9 +28,9 @@ Two guards of the bounds, off with ``max-norm-ratio=0`` (the papers' rules; ``do
   bound (``max-norm-ratio`` x the reference x its work factor): beyond what its node has left an
   arrival is cut to it (``share-cut`` in the row), or rejected when nothing is left;
 - **the start-up hold**: until a majority of the run's nodes (3 to 64) have an entry in the bounds,
-  the rule's aggregations wait (``held``); the first one after it applies them, each arrival of
-  the hold judged against that majority's reference (then the share limit). Nothing honest is
-  dropped: the first arrivals are applied a few seconds later than in the paper.
+  the rule's aggregations wait (``held``, at most ``max_staleness`` + 1 arrivals); the first one
+  after it applies them, each arrival of the hold judged against that majority's reference (then
+  the share limit). Nothing honest is dropped: the first arrivals are applied later than in the paper.
 
 Staleness functions s (Xie, Koyejo and Gupta, "Asynchronous Federated Optimization", 2019,
 Sec. 5.2): ``constant`` s = 1; ``poly`` s = (1 + δ)^(−a); ``hinge`` s = 1 if δ <= b else
@@ -39,6 +39,7 @@ Sec. 5.2): ``constant`` s = 1; ``poly`` s = (1 + δ)^(−a); ``hinge`` s = 1 if 
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import deque
 from collections.abc import Iterable
@@ -53,6 +54,8 @@ from .bounds import MIN_POOL, REFERENCE_WINDOW
 from .intake import RoundIntake
 from .protocol import CLIENT_RULE, IGNORE_AVAILABILITY, PLAIN_RULE, SERVER_ROUND
 from .replies import ClientReport
+
+log = logging.getLogger("flwr")
 
 STALENESS_FUNCTIONS = ("constant", "poly", "hinge")
 
@@ -265,21 +268,20 @@ class AsyncRule(AvailabilityStrategy):
         """Whether the start-up hold is on: until a majority of the run's nodes (at least
         :data:`MIN_POOL`, at most :data:`REFERENCE_WINDOW`) have an entry in the bounds, so that
         the reference that judges the held arrivals is a majority's even when the fastest nodes
-        are hostile. Once more than ``max_staleness`` + 1 arrivals are held, it ends as soon as
-        there is a reference (3 nodes); without one the oldest held arrival is rejected (recorded)."""
+        are hostile; and at most ``max_staleness`` + 1 held arrivals (churn may keep most nodes
+        away): then it ends against the reference there is, or, with fewer than 3 nodes heard,
+        none (``max-update-norm`` alone, logged: the honest side)."""
         if self._released or not (self.start_up_hold and self.bounds.max_norm_ratio and self._nodes >= MIN_POOL):
             return False
         majority = min(max(MIN_POOL, self._nodes // 2 + 1), REFERENCE_WINDOW)
-        if len(self.bounds.ratio.entries) >= majority or (
-                len(self.held) > self.max_staleness and self.bounds.reference({}) is not None):
-            self._released = True
-            return False
-        if len(self.held) > self.max_staleness:
-            old = self.held.pop(0)
-            self.round_log.rejected.append((old.report.node_id, (
-                f"held longer than max-staleness {self.max_staleness} + 1 arrivals while the bounds had no "
-                f"reference (fewer than {MIN_POOL} nodes replied)")))
-        return True
+        if len(self.bounds.ratio.entries) < majority and len(self.held) <= self.max_staleness:
+            return True
+        self._released = True
+        if self.bounds.reference({}) is None:
+            log.warning("%s: the start-up hold ends after %d held arrivals from fewer than %d nodes: they and the "
+                        "next ones are bounded by max-update-norm alone until %d nodes have replied", self.name,
+                        len(self.held), MIN_POOL, MIN_POOL)
+        return False
 
     _released = False  # the start-up hold is over (for the run)
     _nodes = 0  # the run's nodes (num_clients, or the nodes connected at the last arrival)

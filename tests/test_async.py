@@ -124,6 +124,22 @@ def test_the_start_up_hold_applies_the_first_arrivals_once_a_majority_of_nodes_r
         assert s.version == 1 and [n for n, _ in s.round_log.rejected] == ([102] if huge else [])
 
 
+def test_a_start_up_hold_without_a_majority_ends_after_max_staleness_arrivals(caplog):
+    """Churn may keep most nodes away: 2 nodes of 8 replying, the hold ends after max-staleness + 1
+    held arrivals and applies them all (no reference yet: max-update-norm alone, logged), none dropped."""
+    s = build_strategy("fedasync:max-staleness=2", num_clients=8)
+    s.begin(named_arrays({"w": np.zeros(2, np.float32)}))
+    outcomes = []
+    for i in range(4):
+        msg, version = s.job(100 + i % 2, i + 1)
+        msg.metadata.__dict__["_message_id"] = uuid.uuid4().hex
+        outcomes.append(s.arrive(reply(msg, s.snapshots.get(version, s.current) + 0.1, **{"client-id": i % 2}),
+                                 msg, version, {100, 101}))
+    assert [o.held for o in outcomes] == [True, True, True, False] and outcomes[-1].aggregated
+    assert s.version == 1 and len(s.applied) == 4 and not s.round_log.rejected
+    assert "start-up hold ends after 3 held arrivals" in caplog.text
+
+
 def test_staleness_functions_by_hand():
     assert staleness_weight("constant", 7, 0.5, 4) == 1.0
     assert staleness_weight("poly", 3, 0.5, 4) == pytest.approx(0.5)  # (1 + 3)^-0.5
@@ -277,7 +293,8 @@ def test_an_async_deployment_follows_the_churn_driver(tmp_path):
 
     trace = tmp_path / "trace.csv"
     trace.write_text(CHURN_TRACE)
-    cfg = {"num-server-rounds": 6, "strategy": "fedbuff:k=2", "availability": f"trace-matrix:path={trace}",
+    cfg = {"num-server-rounds": 6, "strategy": "fedbuff:k=2,max-norm-ratio=0",  # every buffer of 2: no start-up hold
+           "availability": f"trace-matrix:path={trace}",
            "dataset": "digits", "model": "logreg", "local-steps": "steps:n=2", "partition": "iid",
            "round-timeout": 120.0, "round-deadline": 15.0, "checkpoint-every": 0, "device": "cpu",
            "results-dir": str(tmp_path / "results"), "progress": False}
