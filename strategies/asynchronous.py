@@ -20,6 +20,18 @@ Two drivers use the same two hooks:
   are arrivals from this round's version, in client-id order (staleness 0 until the rule
   aggregates within the round, then 1, ...), and x^{t+1} is the model after the last of them.
 
+Two guards of the bounds, off with ``max-norm-ratio=0`` (the papers' rules; ``docs/threat-model.md``,
+"A fast asynchronous node", with their cost to honest runs):
+
+- **one node's share of a window**: one node's accepted updates among the last ``share_window``
+  accepted arrivals (FedBuff: its K; FedAsync: 10) together have a norm of at most one update's
+  bound (``max-norm-ratio`` x the reference x its work factor): beyond what its node has left an
+  arrival is cut to it (``share-cut`` in the row), or rejected when nothing is left;
+- **the start-up hold**: until a majority of the run's nodes (3 to 64) have an entry in the bounds,
+  the rule's aggregations wait (``held``, at most ``max_staleness`` + 1 arrivals); the first one
+  after it applies them, each arrival of the hold judged against that majority's reference (then
+  the share limit). Nothing honest is dropped: the first arrivals are applied later than in the paper.
+
 Staleness functions s (Xie, Koyejo and Gupta, "Asynchronous Federated Optimization", 2019,
 Sec. 5.2): ``constant`` s = 1; ``poly`` s = (1 + δ)^(−a); ``hinge`` s = 1 if δ <= b else
 1 / (a (δ − b) + 1), δ the staleness (as APPFL's and Plato's FedAsync; FLGo's hinge omits the + 1).
@@ -27,6 +39,9 @@ Sec. 5.2): ``constant`` s = 1; ``poly`` s = (1 + δ)^(−a); ``hinge`` s = 1 if 
 
 from __future__ import annotations
 
+import logging
+import math
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -35,9 +50,12 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType
 
 from .base import AvailabilityStrategy
+from .bounds import MIN_POOL, REFERENCE_WINDOW
 from .intake import RoundIntake
 from .protocol import CLIENT_RULE, IGNORE_AVAILABILITY, PLAIN_RULE, SERVER_ROUND
 from .replies import ClientReport
+
+log = logging.getLogger("flwr")
 
 STALENESS_FUNCTIONS = ("constant", "poly", "hinge")
 
@@ -71,6 +89,7 @@ class Arrival:
     staleness: int  # t − τ at arrival
     start: np.ndarray  # x^τ (FedAsync mixes the client's model x^τ + Δ_i)
     time: float = 0.0  # when it arrived (virtual or real seconds since the run's start)
+    judged: bool = True  # False: accepted during the start-up hold, judged when it ends
 
 
 @dataclass
@@ -83,6 +102,8 @@ class Outcome:
     reason: str = ""  # "" = accepted; else why not (stale, rejected, unavailable)
     unavailable: bool = False
     aggregated: bool = False
+    held: bool = False  # accepted and held until the bounds have a reference (the start-up hold)
+    cut: bool = False  # scaled down to what its node had left of its share of the window
 
 
 @dataclass
@@ -92,6 +113,9 @@ class AsyncState:
     version: int = 0
     pending: list[Arrival] = field(default_factory=list)
     snapshots: dict[int, np.ndarray] = field(default_factory=dict)
+    held: list[Arrival] = field(default_factory=list)  # the start-up hold
+    recent: list[tuple[int, float]] = field(default_factory=list)  # the share window: (node, norm applied)
+    released: bool = False  # the start-up hold is over
 
 
 class AsyncRule(AvailabilityStrategy):
@@ -100,19 +124,31 @@ class AsyncRule(AvailabilityStrategy):
     ``max_staleness``: an arrival older than this many versions is rejected (recorded as
     ``stale``) and reaches neither the rule nor the bounds' history. ``concurrency``: at most
     this many jobs in flight in the asynchronous loop (0: every idle available client).
+    ``share_window``: the accepted arrivals over which one node's updates together are bounded as
+    one update (the module docstring; 0: the rule's own, :attr:`own_share_window`; 1: no limit).
     """
 
     asynchronous: ClassVar[bool] = True
     State: ClassVar[type] = AsyncState
+    own_share_window: ClassVar[int] = 10  # FedAsync's window of recent arrivals (FedBuff: its K)
+    start_up_hold: ClassVar[bool] = True  # hold arrivals while the bounds have no reference
 
-    def __init__(self, *, max_staleness: int = 100, concurrency: int = 0, **kwargs: Any) -> None:
+    def __init__(self, *, max_staleness: int = 100, concurrency: int = 0, share_window: int = 0,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if max_staleness < 0:
             raise ValueError(f"strategy '{self.name}': max-staleness={max_staleness} must be >= 0")
         if concurrency < 0:
             raise ValueError(f"strategy '{self.name}': concurrency={concurrency} must be >= 0 (0: no limit)")
+        if share_window < 0:
+            raise ValueError(f"strategy '{self.name}': share-window={share_window} must be >= 0 (0: the rule's "
+                             f"own, 1: no limit on a node's share)")
         self.max_staleness = int(max_staleness)
         self.concurrency = int(concurrency)
+        self._share_window = int(share_window)
+        self.held: list[Arrival] = []  # accepted before the bounds had a reference (the start-up hold)
+        self.recent: deque[tuple[int, float]] = deque()  # the share window's last arrivals: (node, norm applied)
+        self.share_cuts = 0  # arrivals cut to their node's share (since the last aggregation)
         self.version = 0
         self.pending: list[Arrival] = []
         self.snapshots: dict[int, np.ndarray] = {}
@@ -212,11 +248,88 @@ class AsyncRule(AvailabilityStrategy):
             return Outcome(node, staleness=staleness, reason=why or "unavailable", unavailable=not why)
         assert start is not None
         arrival = Arrival(_owned(report), version, staleness, start, now)
-        aggregated = self.add(arrival)
-        if aggregated:
+        self._nodes = max(self.num_clients or 0, len(connected))
+        outcome = Outcome(node, report.client_id, staleness, held=self._holding())
+        if outcome.held:  # judged when the hold ends (the scheduler of a rule still sees it now)
+            arrival.judged = False
+        else:
+            outcome.reason, outcome.cut = self._share(arrival, judge=False)
+            if outcome.reason:
+                self.round_log.rejected.append((node, outcome.reason))
+                return outcome
+        before = self.version
+        if self.add(arrival):
             assert self.current is not None
-            self.current = self._aggregate_now(self.current)
-        return Outcome(node, report.client_id, staleness, aggregated=aggregated)
+            self.current = self._aggregate_now(self.current, hold=True)
+        outcome.aggregated = self.version > before
+        return outcome
+
+    def _holding(self) -> bool:
+        """Whether the start-up hold is on: until a majority of the run's nodes (at least
+        :data:`MIN_POOL`, at most :data:`REFERENCE_WINDOW`) have an entry in the bounds, so that
+        the reference that judges the held arrivals is a majority's even when the fastest nodes
+        are hostile; and at most ``max_staleness`` + 1 held arrivals (churn may keep most nodes
+        away): then it ends against the reference there is, or, with fewer than 3 nodes heard,
+        none (``max-update-norm`` alone, logged: the honest side)."""
+        if self._released or not (self.start_up_hold and self.bounds.max_norm_ratio and self._nodes >= MIN_POOL):
+            return False
+        majority = min(max(MIN_POOL, self._nodes // 2 + 1), REFERENCE_WINDOW)
+        if len(self.bounds.ratio.entries) < majority and len(self.held) <= self.max_staleness:
+            return True
+        self._released = True
+        if self.bounds.reference({}) is None:
+            log.warning("%s: the start-up hold ends after %d held arrivals from fewer than %d nodes: they and the "
+                        "next ones are bounded by max-update-norm alone until %d nodes have replied", self.name,
+                        len(self.held), MIN_POOL, MIN_POOL)
+        return False
+
+    _released = False  # the start-up hold is over (for the run)
+    _nodes = 0  # the run's nodes (num_clients, or the nodes connected at the last arrival)
+
+    @property
+    def share_window(self) -> int:
+        """The accepted arrivals over which a node's updates are bounded as one (``share_window``,
+        or the rule's own)."""
+        return self._share_window or self.own_share_window
+
+    def arrival_limit(self, report: ClientReport) -> float | None:
+        """The ratio bound one update of ``report``'s node has now (:meth:`NormBounds.check`'s
+        ``max-norm-ratio`` x the reference x the work factor, against the nodes' entries); inf
+        when the ratio test is off; None while the bounds have no reference."""
+        bounds = self.bounds
+        if not bounds.max_norm_ratio:
+            return math.inf
+        reference = bounds.reference({})
+        if reference is None:
+            return None
+        return bounds.max_norm_ratio * reference * bounds.work_factor(report.num_steps, bounds.work.reference({}))
+
+    def _share(self, arrival: Arrival, judge: bool) -> tuple[str, bool]:
+        """One node's share of the window: ("", cut?) with ``arrival``'s Δ_i scaled down to what its
+        node has left, or (why, False) when it is rejected. ``judge``: a held arrival, first judged
+        here against the reference that released it."""
+        report, node = arrival.report, arrival.report.node_id
+        limit = self.arrival_limit(report)
+        if limit is None:  # no reference and no hold (fewer than 3 nodes, or the rule holds nothing)
+            return "", False
+        norm = float(report.norm) if report.norm is not None else float(np.linalg.norm(report.delta))
+        if judge and norm > limit:
+            return (f"update norm {norm:.2g} > max-norm-ratio {self.bounds.max_norm_ratio:g} x the median of recent "
+                    f"norms (one per node), judged when the bounds first had a reference (start-up hold)"), False
+        left = limit - sum(n for who, n in self.recent if who == node)
+        cut = norm > left
+        if cut and left <= 0:
+            return (f"the node's share of the last {self.share_window} arrivals is spent (its updates there "
+                    f"together reach one update's bound {limit:.2g})"), False
+        if cut:
+            report.delta = report.delta * np.float32(left / norm)
+            report.norm, norm = left, left
+            self.share_cuts += 1
+            self.round.norms_clipped += 1
+        self.recent.append((node, norm))
+        while len(self.recent) >= self.share_window:
+            self.recent.popleft()
+        return "", cut
 
     def _check_one(self, reply: Message, sent: Message, version: int, connected: set[int]) -> ClientReport | None:
         """The reply through the checks every rule's replies go through (:class:`ReplyIntake`),
@@ -233,8 +346,29 @@ class AsyncRule(AvailabilityStrategy):
         """The next aggregation's record starts empty (the asynchronous loop, after each row)."""
         self.round = RoundIntake()
 
-    def _aggregate_now(self, x: np.ndarray) -> np.ndarray:
+    def _aggregate_now(self, x: np.ndarray, hold: bool = False) -> np.ndarray:
+        """Apply the held arrivals (``self.pending``) to x, a new version; ``hold`` (an
+        asynchronous arrival or deadline): while the start-up hold is on they wait in ``held``
+        instead, and when it is over the arrivals accepted during it are judged first."""
+        if hold and self._holding():
+            self.held += self.pending
+            self.pending = []
+            return x
+        waiting, self.held = [*self.held, *self.pending], []
+        self.pending = []
+        for a in waiting:
+            why = "" if a.judged else self._share(a, judge=True)[0]
+            if why:
+                self.round_log.rejected.append((a.report.node_id, why))
+            else:
+                a.judged = True
+                self.pending.append(a)
+        if not self.pending:
+            return x
         new, self.last_metrics = self.apply(x)
+        if self.share_cuts:
+            self.last_metrics = {**self.last_metrics, "share-cut": float(self.share_cuts)}
+            self.share_cuts = 0
         new = np.asarray(new, dtype=np.float32)
         if not np.all(np.isfinite(new)):
             new = x  # as aggregate_train: a non-finite model is never taken
@@ -249,11 +383,15 @@ class AsyncRule(AvailabilityStrategy):
     last_metrics: dict[str, float] = {}
 
     def get_state(self) -> Any:
-        return AsyncState(self.version, [*self.pending], {v: s.copy() for v, s in self.snapshots.items()})
+        return AsyncState(self.version, [*self.pending], {v: s.copy() for v, s in self.snapshots.items()},
+                          [*self.held], [*self.recent], self._released)
 
     def set_state(self, state: Any) -> None:
         self.version, self.pending = int(state.version), list(state.pending)
         self.snapshots = {int(v): np.asarray(s, np.float32) for v, s in state.snapshots.items()}
+        self.held = list(getattr(state, "held", []))
+        self.recent = deque((int(n), float(v)) for n, v in getattr(state, "recent", []))
+        self._released = bool(getattr(state, "released", False))
 
 
 def _owned(report: ClientReport) -> ClientReport:

@@ -89,7 +89,8 @@ def async_jobs(strategy, x, nodes):
 
 
 def test_fedasync_mixes_each_arrival_by_hand():
-    s = build_strategy("fedasync:alpha=0.5,staleness=poly,staleness-a=1", num_clients=3)
+    """The paper's rule (bounds off, so no start-up hold)."""
+    s = build_strategy("fedasync:alpha=0.5,staleness=poly,staleness-a=1,max-norm-ratio=0", num_clients=3)
     x0 = np.array([1.0, -2.0, 0.5], np.float32)
     d = {100: np.array([0.2, 0.1, -0.3], np.float32), 101: np.array([-0.1, 0.4, 0.2], np.float32),
          102: np.array([0.3, -0.2, 0.1], np.float32)}
@@ -103,6 +104,42 @@ def test_fedasync_mixes_each_arrival_by_hand():
     assert s.version == 3 and s.snapshots.keys() <= {3}  # versions no job needs are dropped
 
 
+def test_the_start_up_hold_applies_the_first_arrivals_once_a_majority_of_nodes_replied():
+    """With the bounds on, the arrivals before a majority of the nodes (at least 3) have an entry
+    are held, then applied in one aggregation, in the order they arrived (staleness 0: no version
+    passed); a huge first arrival is judged against that majority's reference and rejected."""
+    d = {100: np.array([0.2, 0.1, -0.3], np.float32), 101: np.array([-0.1, 0.4, 0.2], np.float32)}
+    x0 = np.array([1.0, -2.0, 0.5], np.float32)
+    for huge in (False, True):
+        s = build_strategy("fedasync:alpha=0.5,staleness=poly,staleness-a=1", num_clients=3)
+        jobs = async_jobs(s, x0, [102, 100, 101])
+        first = np.full(3, 1e5, np.float32) if huge else np.array([0.1, 0.1, 0.1], np.float32)
+        out = [s.arrive(reply(jobs[102][0], x0 + first, **{"client-id": 2}), *jobs[102], {100, 101, 102})]
+        out += [s.arrive(reply(jobs[n][0], x0 + d[n], **{"client-id": n - 100}), *jobs[n], {100, 101, 102}) for n in d]
+        assert [o.held for o in out] == [True, True, False] and [o.aggregated for o in out] == [False, False, True]
+        x = x0 if huge else 0.5 * x0 + 0.5 * (x0 + first)
+        for n in d:  # released together: each staleness 0, mixed in arrival order into one version
+            x = 0.5 * x + 0.5 * (x0 + d[n])
+        np.testing.assert_allclose(s.current, x, rtol=1e-6)
+        assert s.version == 1 and [n for n, _ in s.round_log.rejected] == ([102] if huge else [])
+
+
+def test_a_start_up_hold_without_a_majority_ends_after_max_staleness_arrivals(caplog):
+    """Churn may keep most nodes away: 2 nodes of 8 replying, the hold ends after max-staleness + 1
+    held arrivals and applies them all (no reference yet: max-update-norm alone, logged), none dropped."""
+    s = build_strategy("fedasync:max-staleness=2", num_clients=8)
+    s.begin(named_arrays({"w": np.zeros(2, np.float32)}))
+    outcomes = []
+    for i in range(4):
+        msg, version = s.job(100 + i % 2, i + 1)
+        msg.metadata.__dict__["_message_id"] = uuid.uuid4().hex
+        outcomes.append(s.arrive(reply(msg, s.snapshots.get(version, s.current) + 0.1, **{"client-id": i % 2}),
+                                 msg, version, {100, 101}))
+    assert [o.held for o in outcomes] == [True, True, True, False] and outcomes[-1].aggregated
+    assert s.version == 1 and len(s.applied) == 4 and not s.round_log.rejected
+    assert "start-up hold ends after 3 held arrivals" in caplog.text
+
+
 def test_staleness_functions_by_hand():
     assert staleness_weight("constant", 7, 0.5, 4) == 1.0
     assert staleness_weight("poly", 3, 0.5, 4) == pytest.approx(0.5)  # (1 + 3)^-0.5
@@ -113,7 +150,7 @@ def test_staleness_functions_by_hand():
 
 
 def test_fedbuff_weights_stale_updates_by_the_papers_scaling():
-    s = build_strategy("fedbuff:k=2", num_clients=3)  # poly, a = 0.5: 1 / sqrt(1 + staleness)
+    s = build_strategy("fedbuff:k=2,max-norm-ratio=0", num_clients=3)  # the paper (no start-up hold); poly, a = 0.5: 1 / sqrt(1 + staleness)
     x0 = np.zeros(2, np.float32)
     jobs = async_jobs(s, x0, [100, 101, 102])
     d = {100: np.array([1.0, 0.0], np.float32), 101: np.array([0.0, 1.0], np.float32),
@@ -133,7 +170,7 @@ def test_fedbuff_weights_stale_updates_by_the_papers_scaling():
 
 # ------------------------------------------------------------------ the staleness bound
 def test_an_arrival_staler_than_max_staleness_is_rejected_and_recorded():
-    s = build_strategy("fedbuff:k=1,max-staleness=1,staleness=constant", num_clients=3)
+    s = build_strategy("fedbuff:k=1,max-staleness=1,staleness=constant,max-norm-ratio=0", num_clients=3)
     x0 = np.zeros(3, np.float32)
     jobs = async_jobs(s, x0, [100, 101, 102])
     d = np.array([0.1, 0.2, 0.3], np.float32)
@@ -256,7 +293,8 @@ def test_an_async_deployment_follows_the_churn_driver(tmp_path):
 
     trace = tmp_path / "trace.csv"
     trace.write_text(CHURN_TRACE)
-    cfg = {"num-server-rounds": 6, "strategy": "fedbuff:k=2", "availability": f"trace-matrix:path={trace}",
+    cfg = {"num-server-rounds": 6, "strategy": "fedbuff:k=2,max-norm-ratio=0",  # every buffer of 2: no start-up hold
+           "availability": f"trace-matrix:path={trace}",
            "dataset": "digits", "model": "logreg", "local-steps": "steps:n=2", "partition": "iid",
            "round-timeout": 120.0, "round-deadline": 15.0, "checkpoint-every": 0, "device": "cpu",
            "results-dir": str(tmp_path / "results"), "progress": False}

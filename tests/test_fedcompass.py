@@ -268,7 +268,7 @@ def run_ours(sec_per_step, horizon, dim, x0, spec, jitter=0.0):
 
 
 OFFICIAL = {"q_min": 20, "q_max": 100, "momentum": 0.9, "factor": 1.5, "alpha": 0.9, "a": 0.5}
-SPEC = "fedcompass:q-min=20,q-max=100,speed-momentum=0.9,latest-time-factor=1.5,alpha=0.9,staleness=poly,staleness-a=0.5"
+SPEC = "fedcompass:q-min=20,q-max=100,speed-momentum=0.9,latest-time-factor=1.5,alpha=0.9,staleness=poly,staleness-a=0.5,max-norm-ratio=0"  # the paper (no start-up hold)
 
 
 @pytest.mark.parametrize(("speeds", "jitter"), [
@@ -335,8 +335,8 @@ def test_fedcompass_in_the_asynchronous_loop_on_the_virtual_clock(tmp_path):
     parse_profiles(tomllib.loads(DEVICES), 3)
     cfg = {"num-clients": 3, "dataset": "digits", "model": "mlp", "eval-every": 0, "availability": "always",
            "local-steps": "steps:n=3", "checkpoint-every": 0, "progress": False, "num-server-rounds": 8,
-           "strategy": "fedcompass:q-min=2,q-max=8", "weighting": "equal", "devices": str(devices),
-           "results-dir": str(tmp_path), "run-name": "compass"}
+           "strategy": "fedcompass:q-min=2,q-max=8,max-norm-ratio=0", "weighting": "equal",  # the paper: no hold
+           "devices": str(devices), "results-dir": str(tmp_path), "run-name": "compass"}
     rows = read_metrics(run_inprocess(cfg))
     port, _ = run_official([0.11, 0.23, 0.47], rows[-1]["virtual-time"], 2, np.zeros(2),
                            **{**OFFICIAL, "q_min": 2, "q_max": 8})

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from honest_cases import case, run_async, run_sync
+from honest_cases import X0, case, run_async, run_sync
 
 from strategies import STRATEGIES
 
@@ -52,7 +52,16 @@ def test_rounds_of_200_replies_reject_nothing(name):
 
 @pytest.mark.parametrize("name", ["fedasync", "fedbuff"])
 def test_asynchronous_rules_reject_no_honest_arrival_of_a_fast_device_or_a_newcomer(name):
+    """Nothing rejected or cut: the run equals the run whose ratio bound never binds (1e9, the
+    start-up hold kept), bit for bit; the hold alone moves the final model from the bounds-off
+    run by at most the documented share of that run's movement (docs/threat-model.md, "A fast
+    asynchronous node": FedBuff 0.024, FedAsync 0.048 measured on back-10 with a fast device)."""
     for case_name in ("back-10", "mixed"):
-        c, c_off = case(case_name), case(case_name)
-        c.speeds[7] = c_off.speeds[7] = 0.2  # an honest fast device: 0.2 s jobs among 5-11 s ones
-        assert_honest(run_async(name, c), run_async(name, c_off, bounds=False))
+        runs = []
+        for bounds in (True, "max-norm-ratio=1e9", False):
+            c = case(case_name)
+            c.speeds[7] = 0.2  # an honest fast device: 0.2 s jobs among 5-11 s ones
+            runs.append(run_async(name, c, bounds=bounds))
+        on, unbinding, off = runs
+        assert_honest(on, unbinding)
+        assert np.linalg.norm(on.x - off.x) <= 0.06 * np.linalg.norm(off.x - X0)

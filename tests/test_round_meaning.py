@@ -40,7 +40,7 @@ def test_async_simulated_and_deployed_agree_on_what_schedule_round_t_is(tmp_path
     run_dir = run_inprocess({
         "dataset": "quadratic", "model": "quadratic", "partition": "natural", "num-clients": 6,
         "local-steps": f"steps:n={STEPS}", "batch-size": 1, "lr": 0.1, "availability": spec,
-        "strategy": "fedbuff:k=2", "num-server-rounds": aggregations, "eval-every": 0, "checkpoint-every": 0,
+        "strategy": "fedbuff:k=2,max-norm-ratio=0", "num-server-rounds": aggregations, "eval-every": 0, "checkpoint-every": 0,  # no start-up hold
         "progress": False, "device": "cpu", "results-dir": str(tmp_path), "run-name": "sim"})
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     driver = AggregationChurn(NoNodes(), build_schedule(spec, 6, 0), aggregations)  # type: ignore[arg-type]

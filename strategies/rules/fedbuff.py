@@ -40,11 +40,19 @@ class FedBuff(AsyncRule):
         self.k, self.staleness = int(k), staleness
         self.staleness_a, self.staleness_b = float(staleness_a), float(staleness_b)
 
+    @property
+    def own_share_window(self) -> int:  # type: ignore[override]
+        """A node's updates in one buffer of K are bounded as one (the module docstring of
+        :mod:`strategies.asynchronous`)."""
+        return self.k
+
     def add(self, arrival: Arrival) -> bool:
         self.pending.append(arrival)
         return len(self.pending) >= self.k
 
     def apply(self, x: np.ndarray) -> tuple[np.ndarray, dict[str, float]]:
+        """Σ w_k s(δ_k) Δ_k over the buffer (more than K after the start-up hold's release: one
+        average of the held arrivals, which all trained from the first versions)."""
         reports = [a.report for a in self.pending]
         s = [staleness_weight(self.staleness, a.staleness, self.staleness_a, self.staleness_b) for a in self.pending]
         w = self.weights(reports)

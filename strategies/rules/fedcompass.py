@@ -184,6 +184,9 @@ class FedCompass(AsyncRule):
 
     name = "fedcompass"
     State: ClassVar[type] = CompassState
+    # the share window (10 arrivals) and the start-up hold of the base: its buffers keep one update
+    # per client per aggregation, but a fast client alone in its group aggregates at its own pace;
+    # the hold defers aggregations, the scheduler sees every arrival (docs/threat-model.md)
     paper_weighting = "equal"  # p_i = 1/N (APPFL's "equal")
     needs_num_clients = True
 
@@ -256,8 +259,9 @@ class FedCompass(AsyncRule):
             if g in self.compass.groups and self.group_buffer.get(g):
                 self._take_group(g, now, "deadline")
                 assert self.current is not None
-                self.current = self._aggregate_now(self.current)
-                aggregated = True
+                before = self.version
+                self.current = self._aggregate_now(self.current, hold=True)
+                aggregated |= self.version > before
         return aggregated
 
     # ------------------------------------------------------------ the rule
@@ -308,8 +312,9 @@ class FedCompass(AsyncRule):
 
     def get_state(self) -> Any:
         base = super().get_state()
-        return CompassState(base.version, base.pending, base.snapshots, copy.deepcopy(self.compass),
-                            [*self.general], {g: [*v] for g, v in self.group_buffer.items()})
+        return CompassState(base.version, base.pending, base.snapshots, base.held, base.recent, base.released,
+                            compass=copy.deepcopy(self.compass), general=[*self.general],
+                            group_buffer={g: [*v] for g, v in self.group_buffer.items()})
 
     def set_state(self, state: Any) -> None:
         super().set_state(state)
