@@ -32,6 +32,7 @@ from runconfig.extensions import ExtensionError, resolve
 
 from .base import AvailabilityStrategy
 from .params import SPEC_FIELDS, StrategyParams
+from .secure import secure_class
 
 # the shared parameters a spec may set for every rule (e.g. "mifa:max-norm-ratio=50")
 SPEC_SHARED = set(SPEC_FIELDS)
@@ -144,6 +145,7 @@ def _rule_and_params(spec: str) -> tuple[type[AvailabilityStrategy], str, dict[s
     arguments, type-checked against the class's own defaults."""
     cls, label, own_spec = _rule_class(spec)
     parsed = parse_spec(own_spec)
+    cls = secure_class(cls, parsed.params.get("secure"))  # spec option secure=secagg+ (or the rule's refusal)
     allowed = strategy_params(cls)
     params = parsed.take({k: (v if v is not inspect.Parameter.empty else None) for k, v in allowed.items()},
                          what="strategy")
