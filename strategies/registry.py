@@ -55,8 +55,10 @@ def _collect() -> dict[str, type[AvailabilityStrategy]]:
 
 
 def is_oracle(cls: type[AvailabilityStrategy]) -> bool:
-    """Whether the rule reads the schedule's true probabilities (it takes ``probabilities``)."""
-    return "probabilities" in inspect.signature(cls).parameters
+    """Whether the rule reads the schedule's true probabilities (it, or a class it extends, takes
+    ``probabilities``: a rule's secure variant passes it on)."""
+    return any("probabilities" in inspect.signature(k).parameters for k in cls.__mro__
+               if isinstance(k, type) and issubclass(k, AvailabilityStrategy))
 
 
 STRATEGIES: dict[str, type[AvailabilityStrategy]] = _collect()

@@ -146,6 +146,7 @@ class _StageGrid(Grid):
         self.grid, self.server_round = grid, server_round
         self.sent: dict[str, dict[int, Message]] = {}
         self.replies: dict[str, list[Message]] = {}
+        self.node_of: dict[str, int] = {}  # message id -> the node it went to (an error reply may come from the SuperLink)
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> list[Message]:
         messages = list(messages)
@@ -159,6 +160,7 @@ class _StageGrid(Grid):
         replies = list(self.grid.send_and_receive(messages, timeout=timeout)) if messages else []
         self.sent[stage] = {m.metadata.dst_node_id: m for m in messages}
         self.replies[stage] = replies
+        self.node_of.update({m.metadata.message_id: m.metadata.dst_node_id for m in messages})
         return replies
 
     def get_node_ids(self) -> Iterable[int]:  # noqa: D102
@@ -222,7 +224,7 @@ def _run(grid: Grid, server_round: int, contents: Mapping[int, RecordDict], node
         if stage == Stage.SHARE_KEYS:  # U2 of Bonawitz et al.: only who shared keys can be masked with, or recovered
             state.sampled_node_ids = set(state.active_node_ids)
         out.threshold, out.shares = state.threshold, state.num_shares
-        out.failures += [_reason(m) for m in stages.replies.get(stage, []) if m.has_error()]
+        out.failures += [_reason(m, stages.node_of) for m in stages.replies.get(stage, []) if m.has_error()]
         if stage == Stage.SETUP:
             out.setup_answers = [m.metadata.src_node_id for m in stages.replies.get(stage, []) if not m.has_error()]
         if not ok:
@@ -242,6 +244,7 @@ def _run(grid: Grid, server_round: int, contents: Mapping[int, RecordDict], node
     return out
 
 
-def _reason(m: Message) -> str:
+def _reason(m: Message, node_of: Mapping[str, int]) -> str:
     first = next((line for line in str(m.error.reason).splitlines() if line.strip()), "")
-    return f"node {m.metadata.src_node_id}: {first.strip()[:200]}"
+    node = node_of.get(m.metadata.reply_to_message_id, m.metadata.src_node_id)
+    return f"node {node}: {first.strip()[:200]}"

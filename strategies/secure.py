@@ -258,7 +258,7 @@ class _SecureFold(Fold):
     def finish(self) -> tuple[np.ndarray, dict[str, float]]:
         out = self.rule.outcome
         if out is None or not out.completed or out.total is None:
-            return self.x, {}
+            return self.fold.finish()  # a halted round is an empty round (FedAU still counts the absences)
         if self.nodes != set(out.survivors):
             self.rule.round.problems.append(
                 f"SecAgg+'s sum holds the vectors of nodes {sorted(set(out.survivors) - self.nodes)} whose replies "
