@@ -106,6 +106,18 @@ def secure_kind(value: Any) -> str:
     return text
 
 
+def secure_spec(spec: str) -> bool:
+    """Whether a strategy spec sets ``secure`` on (``fedau:secure=secagg+``), read from its text."""
+    for part in spec.replace(":", ",").split(","):
+        key, _, value = part.partition("=")
+        if key.strip() == "secure":
+            try:
+                return bool(secure_kind(value))
+            except ValueError:
+                return True  # the strategy's own check names the bad value
+    return False
+
+
 def secure_class(cls: type[AvailabilityStrategy], value: Any) -> type[AvailabilityStrategy]:
     """``cls`` itself when ``secure`` is off, else its secure variant; ValueError naming the reason
     when the rule cannot run on SecAgg+."""

@@ -84,9 +84,11 @@ def test_the_secure_aggregate_equals_the_plain_one_under_churn_and_departures(sp
 
 def test_the_projects_serverapp_runs_a_secure_rule_under_churn(tmp_path):
     """``strategy = "fedau:secure=secagg+"`` in the project's own ServerApp (in process, server gate):
-    every round with two or more online clients completes with exactly those clients."""
+    every round with two or more online clients completes with exactly those clients. The cohort
+    engine trains such a run per client (SecAgg+'s stages run in each client's mod), and says so."""
     path = run_inprocess({**TINY, "strategy": "fedau:secure=secagg+", "availability": SPEC, "schedule-seed": SEED,
-                          "num-server-rounds": 2, "results-dir": str(tmp_path)})
+                          "num-server-rounds": 2, "results-dir": str(tmp_path), "engine": "cohort"})
+    assert json.loads((path / "config.json").read_text())["engine-used"] == "per-client"
     rows = read_metrics(path)
     schedule = build_schedule(SPEC, N, SEED)
     assert [r["participants"] for r in rows] == [np.flatnonzero(schedule.available(t)).tolist() for t in range(2)]
@@ -114,8 +116,10 @@ def test_bounds_that_need_each_update_are_refused_under_secure(spec, why):
 
 
 def test_a_refused_secure_spec_is_a_config_error_naming_the_key(tmp_path):
-    with pytest.raises(ConfigError, match="strategy.*MIFA|strategy.*mifa.*each client's latest"):
+    with pytest.raises(ConfigError, match="'strategy'.*mifa.*each client's latest"):
         run_inprocess({**TINY, "strategy": "mifa:secure=secagg+", "results-dir": str(tmp_path)})
+    with pytest.raises(ConfigError, match=r"'devices'.*SecAgg\+'s four stages"):
+        run_inprocess({**TINY, "strategy": "fedau:secure=secagg+", "devices": "devices.toml", "results-dir": str(tmp_path)})
     assert not any(tmp_path.iterdir())
 
 
