@@ -5,7 +5,8 @@ subclass with a ``name`` is registered, so a new rule is one new module there. A
 uses the same grammar as schedules: ``fedau:cutoff=50``; its parameters are the rule's own
 keyword arguments (its constructors', beyond :class:`StrategyParams`) and the shared sanity bounds
 ``max-update-norm``, ``max-norm-ratio`` and ``max-weight-share``, type-checked against their
-defaults.
+defaults. ``secure=secagg+`` builds the rule's secure variant (:mod:`strategies.secure`, with its
+``secure-*`` keys), or raises the rule's reason for refusing it.
 
 A rule that lives outside the project is named like any user object (:mod:`runconfig.extensions`):
 ``mypkg.rules:MyRule:k=v`` or an entry point of group ``flchurn.strategies``; it must subclass
