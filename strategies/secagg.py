@@ -228,8 +228,9 @@ def _run(grid: Grid, server_round: int, contents: Mapping[int, RecordDict], node
         if stage == Stage.SETUP:
             out.setup_answers = [m.metadata.src_node_id for m in stages.replies.get(stage, []) if not m.has_error()]
         if not ok:
+            need = f"threshold {state.threshold}" if state.threshold else "SecAgg+ needs 2 or more"
             out.failures.append(f"SecAgg+ halted at stage {stage}: {len(state.active_node_ids)} of {len(nodes)} "
-                                f"node(s) active, threshold {state.threshold}")
+                                f"node(s) active, {need}")
             return out
     out.sent = stages.sent.get(Stage.COLLECT_MASKED_VECTORS, {})
     out.survivors = {m.metadata.src_node_id: m for m in stages.replies.get(Stage.COLLECT_MASKED_VECTORS, [])

@@ -137,3 +137,19 @@ def test_the_client_clips_weights_and_refuses_what_secaggs_range_would_clip():
         weighted_update(start, trained, {**config, SECURE_CLIPPING_RANGE: 0.2}, {"client-id": 1, "num-examples": 1})
     with pytest.raises(ValueError, match="client id 2 has no factor"):
         weighted_update(start, trained, config, {"client-id": 2, "num-examples": 1})
+
+
+def test_a_survivor_whose_reply_is_rejected_makes_the_round_apply_nothing():
+    """Its masked vector is inside the sum, so the round cannot apply the others' alone: fail closed,
+    with the reason in the round's problems (here every reply claims more examples than allowed)."""
+    run_config = {**default_run_config(), **TINY}
+    grid = InProcessGrid(3, {**run_config, "num-clients": 3})
+    secure = build_strategy("fedavg-all:secure=secagg+", num_clients=3, min_available_nodes=0, max_num_examples=10)
+    x = ArrayRecord(get_workload(from_run_config(WorkloadConfig, {**run_config, "num-clients": 3})).new_model().state_dict())
+    secure.configure_train(1, x, ConfigRecord(), grid)
+    new, metrics = secure.aggregate_train(1, [])
+    assert metrics["secure-completed"] == 1 and metrics["secure-survivors"] == 3
+    assert secure.round_log.participants == [] and len(secure.round_log.rejected) == 3
+    assert any("fail closed" in p for p in secure.problems)
+    layout = Layout.of(x)
+    assert np.array_equal(layout.flatten(new), layout.flatten(x))
