@@ -20,7 +20,10 @@ legacy ``fitres`` layout; :func:`masked_input` turns the handler's reply into th
 An entry beyond SecAgg+'s clipping range would be clipped silently by Flower's quantiser: the client
 refuses instead (a ValueError naming the entry and the spec key), so its node counts as dropped
 and its masks are recovered. Flower's stochastic rounding draws from numpy's global generator:
-seeded here per (round, client) and restored, so a run repeats.
+seeded here per (round, client) and restored, so a run repeats. In a deployment whose nodes hand
+messages to a long-lived worker (``client_app.worker``), the worker runs the ClientApp with its mods
+again: the stage that trains reaches it with SecAgg+'s stage already taken (Flower's mod pops it),
+so this mod passes it straight to the train handler there.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import numpy as np
 from flwr.app import Context, Message, MessageType
 from flwr.client.mod import secaggplus_mod
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
-from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key
 from flwr.compat.common import recorddict_compat as compat
 
 from strategies.protocol import (
@@ -53,8 +56,9 @@ SEED_SALT = 0x5EC_A66  # numpy's global generator for Flower's stochastic roundi
 def secure_mod(msg: Message, context: Context, call_next: Callable[[Message, Context], Message]) -> Message:
     """Flower mod: SecAgg+ messages to Flower's ``secaggplus_mod`` (the stage that trains through
     :func:`masked_input`), every other message straight on."""
-    if msg.metadata.message_type != MessageType.TRAIN or RECORD_KEY_CONFIGS not in msg.content.config_records:
-        return call_next(msg, context)
+    record = msg.content.config_records.get(RECORD_KEY_CONFIGS)
+    if msg.metadata.message_type != MessageType.TRAIN or record is None or Key.STAGE not in record:
+        return call_next(msg, context)  # not SecAgg+'s, or its training stage already taken up (the node's worker)
     config: Any = msg.content.config_records.get("config", {})
     client = context.node_config.get("partition-id", context.node_id)
     saved = np.random.get_state()
