@@ -3,6 +3,8 @@ updates run on Flower's SecAgg+, and their aggregate equals the plain one within
 under churn and with nodes leaving between stages; the other rules refuse with the reason."""
 
 import json
+import os
+import shutil
 
 import numpy as np
 import pytest
@@ -153,3 +155,28 @@ def test_a_survivor_whose_reply_is_rejected_makes_the_round_apply_nothing():
     assert any("fail closed" in p for p in secure.problems)
     layout = Layout.of(x)
     assert np.array_equal(layout.flatten(new), layout.flatten(x))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("flower-superlink") is None or shutil.which("flwr") is None,
+                    reason="flower-superlink / flwr not on PATH")
+@pytest.mark.skipif(not os.environ.get("FLCHURN_EXTRA_DEPLOY_TESTS"), reason="a 3-9 minute deployment: opt-in with "
+                    "FLCHURN_EXTRA_DEPLOY_TESTS=1 (CI's time budget; secure rounds under churn run in CI in process)")
+def test_a_secure_rule_deployed_with_churn_completes_every_round_with_the_online_clients(tmp_path):
+    """``python -m deploy launch --churn`` with ``fedau:secure=secagg+``: 4 SuperNode processes,
+    stopped and restarted by bernoulli:p=0.75 seed 1 (online {0,1,2,3}, {1,2}, {0,1,2,3}); every
+    round completes SecAgg+ with exactly the online clients (measured: docs/secure-aggregation.md)."""
+    from deploy.local import ProcessSite
+    from deploy.run import run_deployment
+
+    spec, seed, rounds = "bernoulli:p=0.75", 1, 3
+    cfg = {"num-server-rounds": rounds, "strategy": "fedau:secure=secagg+", "availability": spec,
+           "schedule-seed": seed, "dataset": "digits", "model": "mlp", "local-steps": "steps:n=2", "eval-every": 0,
+           "checkpoint-every": 0, "device": "cpu", "results-dir": str(tmp_path / "results"), "progress": False}
+    with ProcessSite(4, tmp_path / "work") as site:
+        out = run_deployment(site, cfg, churn="rounds", timeout=1200)
+    assert out.completed, out.status
+    schedule = build_schedule(spec, 4, seed).matrix(rounds)
+    assert [r["participants"] for r in out.rows] == [[c for c in range(4) if row[c]] for row in schedule]
+    assert [r["secure-completed"] for r in out.rows] == [1] * rounds
+    assert out.report is not None and not out.report.failures, out.report.failure_text()
