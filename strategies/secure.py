@@ -60,7 +60,8 @@ REFUSALS = {
     "stale": "it keeps each client's latest update to reuse in the rounds it misses, which needs each update",
     "fedstale": "it keeps each client's latest update to reuse in the rounds it misses, which needs each update",
     "fl-fdms": "it stores each client's update and compares clients' updates (similarities), which needs each update",
-    "full": "it reads every client's update of the oracle round, each one",
+    "full": ("an oracle that trains every client despite the schedule (ignore-availability), which SecAgg+'s "
+             "other stages, dated like any round message, would not reach (not built)"),
     "fedawe": "its clients echo their own models weighted per client (t − τ_i), and its bounds read each echo",
     "fedpbc": "its clients echo their own kept models, and its bounds read each echo",
     "fedexp": "its server step size reads each update's norm ‖Δ_i‖² against the norm of their mean",
@@ -85,9 +86,12 @@ def refusal(cls: type[AvailabilityStrategy]) -> str:
     """Why rule class ``cls`` cannot run with ``secure`` ("" when it can)."""
     if getattr(cls, "asynchronous", False):
         return ASYNCHRONOUS
-    if cls.name not in SECURE_RULES:
-        return REFUSALS.get(cls.name, GENERIC)
-    owner = next(c for c in cls.__mro__ if vars(c).get("name") == cls.name and c.__module__.startswith("strategies.rules"))
+    if cls.name in REFUSALS:
+        return REFUSALS[cls.name]
+    owner = next((c for c in cls.__mro__ if vars(c).get("name") in SECURE_RULES
+                  and c.__module__.startswith("strategies.rules")), None)  # the built-in rule (a user's subclass's parent)
+    if owner is None:
+        return GENERIC
     for klass in cls.__mro__[:cls.__mro__.index(owner)]:
         mine = [h for h in ("aggregate", "start_fold", "train_arrays", "send_payloads") if h in vars(klass)]
         if mine and not issubclass(klass, SecureRound):

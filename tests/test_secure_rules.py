@@ -106,6 +106,26 @@ def test_every_other_rule_refuses_secure_with_its_reason(name):
     assert reason in str(err.value)
 
 
+def test_a_users_subclass_runs_secure_unless_it_overrides_the_weighted_sum():
+    from strategies.rules.fedau import FedAU
+    from strategies.secure import refusal, secure_class
+
+    class Tracked(FedAU):
+        name = "tracked-fedau"
+
+        def summary(self):
+            super().summary()
+
+    class OwnSum(FedAU):
+        name = "own-sum"
+
+        def aggregate(self, t, x, reports):
+            return x, {}
+
+    assert refusal(Tracked) == "" and issubclass(secure_class(Tracked, "secagg+"), Tracked)
+    assert "OwnSum overrides aggregate of FedAU" in refusal(OwnSum)
+
+
 @pytest.mark.parametrize(("spec", "why"), [
     ("fedau:secure=secagg+,robust=median", "robust"),
     ("fedavg-active:secure=secagg+,max-norm-ratio=5", "max-norm-ratio"),
