@@ -126,6 +126,22 @@ def test_a_users_subclass_runs_secure_unless_it_overrides_the_weighted_sum():
     assert "OwnSum overrides aggregate of FedAU" in refusal(OwnSum)
 
 
+def test_the_flower_surface_the_secure_round_drives_is_there():
+    """strategies/secagg.py runs SecAggPlusWorkflow's stages one by one and reads its state's fields
+    (docs/flower-versions.md): fails here, naming them, when Flower changes them."""
+    import dataclasses
+    import inspect
+
+    from flwr.server.workflow import SecAggPlusWorkflow
+    from flwr.server.workflow.secure_aggregation.secaggplus_workflow import WorkflowState
+
+    fields = {f.name for f in dataclasses.fields(WorkflowState)}
+    assert {"nid_to_fitins", "sampled_node_ids", "active_node_ids", "threshold", "num_shares"} <= fields
+    for stage in ("setup_stage", "share_keys_stage", "collect_masked_vectors_stage", "unmask_stage"):
+        assert list(inspect.signature(getattr(SecAggPlusWorkflow, stage)).parameters) == ["self", "grid", "context",
+                                                                                        "state"], stage
+
+
 @pytest.mark.parametrize(("spec", "why"), [
     ("fedau:secure=secagg+,robust=median", "robust"),
     ("fedavg-active:secure=secagg+,max-norm-ratio=5", "max-norm-ratio"),
