@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.compat.common import recorddict_compat as compat
 from flwr.serverapp import Grid
 
 from .base import AvailabilityStrategy, ClientReport
@@ -227,8 +228,8 @@ class SecureRound(AvailabilityStrategy):
                 metrics = _plain_metrics(reply)
                 synthetic.append(Message(RecordDict({"arrays": record, "metrics": MetricRecord(metrics)}),
                                          reply_to=out.sent[node]))
-        else:  # halted: a failed round, with where and why
-            rnd.problems += out.failures[-1:] or ["SecAgg+ did not run: no node was addressed"]
+        elif out.addressed:  # halted: a failed round, with where and why (no node addressed: an empty round)
+            rnd.problems += out.failures[-1:]
         for why in out.failures[:-1] if not out.completed else out.failures:
             log.warning("%s (secure), round %d: %s", self.name, server_round, why)
         new, aggregated = super().aggregate_train(server_round, synthetic)
@@ -253,8 +254,6 @@ def _count_or_fraction(value: float) -> float:
 
 def _plain_metrics(reply: Message) -> dict[str, Any]:
     """The metrics a survivor's stage-2 reply carries in the clear (Flower's ``fitres.metrics``)."""
-    from flwr.compat.common import recorddict_compat as compat
-
     return dict(compat.recorddict_to_fitres(reply.content, keep_input=True).metrics)
 
 
