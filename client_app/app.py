@@ -42,6 +42,7 @@ from strategies.protocol import (
 )
 
 from . import timing
+from .secure import secure_mod
 from .worker import TRAIN_UNTIL, through_worker
 
 if TYPE_CHECKING:
@@ -49,7 +50,7 @@ if TYPE_CHECKING:
     from workloads.workload import Workload
 
 
-app = ClientApp(mods=[through_worker])
+app = ClientApp(mods=[secure_mod, through_worker])  # secure_mod: SecAgg+ messages (spec option secure=secagg+)
 
 
 def identity(context: Context) -> tuple[int, int]:

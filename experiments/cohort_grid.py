@@ -31,6 +31,7 @@ from client_app.app import TrainStart, local_training, train_reply, train_start
 from runconfig import WorkloadConfig, from_run_config
 from server_app.config import ENGINES
 from strategies.protocol import CORRECTED_RULES, LOCAL_STEPS
+from strategies.secure import secure_spec
 from workloads.vmapped import CohortTrainer, has_convolution, prefers_cohort
 from workloads.workload import Workload, get_workload
 
@@ -78,6 +79,8 @@ class CohortGrid(InProcessGrid):
             if used == "cohort" and rule in CORRECTED_RULES:
                 used, why = "per-client", (f"strategy '{rule}' corrects every local step with the client's "
                                            "control variate, which the vmapped solver does not apply")
+            if used == "cohort" and secure_spec(str(self.run_config.get("strategy", ""))):
+                used, why = "per-client", "secure=secagg+: SecAgg+'s stages run in each client's mod (client_app.secure)"
             if used == "cohort":
                 try:
                     self._trainer = CohortTrainer(wl)

@@ -25,6 +25,7 @@ from runconfig import ConfigError, config_key
 from runconfig.extensions import split_reference
 from strategies import AvailabilityStrategy, build_strategy, named_arrays
 from strategies.registry import is_asynchronous, is_asynchronous_spec
+from strategies.secure import secure_spec
 from workloads.workload import Workload, get_workload
 
 from . import checkpoint
@@ -62,6 +63,9 @@ def prepare(cfg: RunConfig) -> Setup:
             seed=cfg.workload.train_seed, fraction_evaluate=float(s.federated_evaluation), probabilities=schedule.prob,
             min_available_nodes=0,  # run() waits for min-nodes itself (wait-for-nodes); churn leaves rounds short
         )
+    if s.devices and secure_spec(s.strategy):  # strategies.secure: four stages a round, not one job per client
+        raise ConfigError(f"run config 'devices' = {s.devices!r}: strategy {s.strategy!r} runs SecAgg+'s four stages "
+                          "a round, which the virtual clock does not time: leave devices empty")
     arrays = ArrayRecord(workload.new_model().state_dict())
     start_round = 1
     if s.resume_from:

@@ -63,6 +63,12 @@ SCAFFOLD_DC_PREFIX = "scaffold.dc."  # reply: + model key -> Δc_i = c_i^+ − c
 SCAFFOLD_GAMMA = "scaffold-gamma"  # config: γ (local steps use η_l / γ; 1 for SCAFFOLD)
 SCAFFOLD_PERIOD = "scaffold-period"  # config: P (c_i refreshed once per P rounds; 1 for SCAFFOLD)
 
+# secure aggregation (spec option secure=secagg+: strategies.secure, client_app.secure): train config
+SECURE_FACTORS = "secure-factors"  # per client id: the factor f_i a client multiplies its update by before masking
+SECURE_EXAMPLE_SCALE = "secure-example-scale"  # > 0: also multiply by num-examples / this (data-size weights)
+SECURE_CLIP_NORM = "secure-clip-norm"  # the client clips ‖Δ_i‖₂ to this before scaling (the norm bound, moved)
+SECURE_CLIPPING_RANGE = "secure-clipping-range"  # SecAgg+'s per-entry range: a client refuses an entry beyond it
+
 
 def server_round_of(content: Any) -> int | None:
     """The 1-based round a message's content names (a flwr RecordDict; ``server-round`` in any of its ConfigRecords:

@@ -5,7 +5,8 @@ subclass with a ``name`` is registered, so a new rule is one new module there. A
 uses the same grammar as schedules: ``fedau:cutoff=50``; its parameters are the rule's own
 keyword arguments (its constructors', beyond :class:`StrategyParams`) and the shared sanity bounds
 ``max-update-norm``, ``max-norm-ratio`` and ``max-weight-share``, type-checked against their
-defaults.
+defaults. ``secure=secagg+`` builds the rule's secure variant (:mod:`strategies.secure`, with its
+``secure-*`` keys), or raises the rule's reason for refusing it.
 
 A rule that lives outside the project is named like any user object (:mod:`runconfig.extensions`):
 ``mypkg.rules:MyRule:k=v`` or an entry point of group ``flchurn.strategies``; it must subclass
@@ -32,6 +33,7 @@ from runconfig.extensions import ExtensionError, resolve
 
 from .base import AvailabilityStrategy
 from .params import SPEC_FIELDS, StrategyParams
+from .secure import secure_class
 
 # the shared parameters a spec may set for every rule (e.g. "mifa:max-norm-ratio=50")
 SPEC_SHARED = set(SPEC_FIELDS)
@@ -54,8 +56,10 @@ def _collect() -> dict[str, type[AvailabilityStrategy]]:
 
 
 def is_oracle(cls: type[AvailabilityStrategy]) -> bool:
-    """Whether the rule reads the schedule's true probabilities (it takes ``probabilities``)."""
-    return "probabilities" in inspect.signature(cls).parameters
+    """Whether the rule reads the schedule's true probabilities (it, or a class it extends, takes
+    ``probabilities``: a rule's secure variant passes it on)."""
+    return any("probabilities" in inspect.signature(k).parameters for k in cls.__mro__
+               if isinstance(k, type) and issubclass(k, AvailabilityStrategy))
 
 
 STRATEGIES: dict[str, type[AvailabilityStrategy]] = _collect()
@@ -144,6 +148,7 @@ def _rule_and_params(spec: str) -> tuple[type[AvailabilityStrategy], str, dict[s
     arguments, type-checked against the class's own defaults."""
     cls, label, own_spec = _rule_class(spec)
     parsed = parse_spec(own_spec)
+    cls = secure_class(cls, parsed.params.get("secure"))  # spec option secure=secagg+ (or the rule's refusal)
     allowed = strategy_params(cls)
     params = parsed.take({k: (v if v is not inspect.Parameter.empty else None) for k, v in allowed.items()},
                          what="strategy")

@@ -64,6 +64,12 @@ class RunningSum:
         self.weight += w
         self.count += 1
 
+    def add_sum(self, total: np.ndarray) -> None:
+        """Add Σ_j w_j v_j computed elsewhere (SecAgg+'s unmasked sum: :mod:`strategies.secure`),
+        its weights and terms already counted by :meth:`add` of zero vectors."""
+        self._flush()
+        self._total += total
+
     def _flush(self) -> None:
         if self._in_partial:
             self._total += self._partial
