@@ -43,7 +43,7 @@ def secure_and_plain(spec, tmp_path, rounds=3, **shared):
     schedule = build_schedule(SPEC, N, SEED)
     common = {"num_clients": N, "probabilities": schedule.prob, "min_available_nodes": 0, **shared}
     secure = build_strategy(f"{spec}{',' if ':' in spec else ':'}secure=secagg+", **common)
-    plain = build_strategy(spec, **common)
+    plain = build_strategy(f"{spec}{',' if ':' in spec else ':'}max-norm-ratio=0", **common)  # a secure run's bounds
     x = ArrayRecord(get_workload(from_run_config(WorkloadConfig, run_config)).new_model().state_dict())
     layout, out = Layout.of(x), []
     for rnd in range(1, rounds + 1):
