@@ -17,10 +17,21 @@ One definition of the server step: for these rules the server step IS the optimi
 rate (``eta``; FedAvgM's ``server-learning-rate``). The run config's ``server-lr`` (η_g, which
 multiplies the other rules' update) must stay 1; any other value is refused, naming the key to
 set instead. The optimizer's moments are the rule's declared state (checkpointed, resumed).
+
+The adaptive optimizers' step is bounded whatever the replies (``step_bound``, proved in each
+class's docstring): every coordinate of x^{t+1} − x^t is at most C η, so ‖x^{t+1} − x^t‖ ≤ C η √d,
+with C = 1 for FedAdagrad, C = (1 − β_1) / √(1 − β_2) / (1 − β_1/√β_2) for FedYogi (10.5 at its
+defaults) and C = max_r √(1 − β_2^(r+1)) / (1 − β_1^(r+1)) (1 − β_1) / √(1 − β_2) √(Σ_{k<r} (β_1²/β_2)^k)
+for FedAdam (2.35 at its defaults). An attacker can steer the step's direction (the sanity bounds
+act on each Δ_i before the optimizer, and the optimizer normalises the mean's scale away), but
+not its size: one round moves the model at most 2 C η √d from where the honest run's step would.
+The bound cannot be tightened after the optimizer without cutting honest steps, which are of the
+same size (docs/threat-model.md, "Adaptive optimizers").
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -85,6 +96,11 @@ class _FlowerOptimizer(AvailabilityStrategy):
         new = self.flower.step(t, x, u)
         return new, {"server-step-norm": float(np.linalg.norm(new - x))}
 
+    def step_bound(self) -> float:
+        """C η: the largest |x^{t+1}_j − x^t_j| any replies can cause (module docstring); inf
+        where the optimizer has no such bound (FedAvgM: its step is its momentum's)."""
+        return math.inf
+
     def get_state(self) -> Any:
         return rule_state.capture(self.flower.optimizer, self.State)
 
@@ -108,6 +124,21 @@ class OptimizerFold(Fold):
         return self.rule.optimizer_step(self.t, self.x, self.mean.update())
 
 
+def adam_ratio_bound(beta_1: float, beta_2: float, bias_correction: bool = True, rounds: int = 10_000) -> float:
+    """sup over rounds r of |m| / √v times Flower's η_t / η (FedAdam's docstring): C, the largest
+    step per coordinate in units of η (the larger of the first ``rounds`` rounds' and the limit,
+    which the bias factor approaches from below); inf when β_1² ≥ β_2 (no bound)."""
+    q = beta_1**2 / beta_2 if beta_2 > 0 else math.inf
+    if not (0 <= beta_1 < 1 and 0 < beta_2 < 1 and q < 1):
+        return math.inf
+    limit = (1 - beta_1) / math.sqrt(1 - beta_2) / math.sqrt(1 - q)
+    r = np.arange(1, rounds + 1, dtype=np.float64)
+    ratio = (1 - beta_1) / math.sqrt(1 - beta_2) * np.sqrt((1 - q**r) / (1 - q))
+    if bias_correction:
+        ratio = ratio * np.sqrt(1 - beta_2 ** (r + 1)) / (1 - beta_1 ** (r + 1))
+    return max(float(ratio.max()), limit)
+
+
 class FedAdam(_FlowerOptimizer):
     """FedAdam by Flower's ``FedAdam``; its defaults.
 
@@ -115,6 +146,11 @@ class FedAdam(_FlowerOptimizer):
     bias correction (Kingma & Ba): η_t = η √(1 − β_2^(r+1)) / (1 − β_1^(r+1)), r its 1-based round
     (so the exponent runs one ahead of Adam's own t). ``bias_correction`` True (the default) is
     Flower's; False is Alg. 2 exactly (Flower's step rescaled by η / η_t).
+
+    Step bound (:meth:`step_bound`): after r rounds m = (1 − β_1) Σ_{k<r} β_1^k g_{r−k} and
+    v = (1 − β_2) Σ_{k<r} β_2^k g_{r−k}² per coordinate, so by Cauchy-Schwarz
+    m² ≤ (1 − β_1)² Σ_{k<r} (β_1²/β_2)^k · v / (1 − β_2): |m| / √v ≤ (1 − β_1)/√(1 − β_2) √(Σ_{k<r} q^k),
+    q = β_1²/β_2 < 1, times η_t / η; τ only shrinks the step.
     """
 
     name = "fedadam"
@@ -135,9 +171,18 @@ class FedAdam(_FlowerOptimizer):
             metrics = {**metrics, "server-step-norm": float(np.linalg.norm(new - x))}
         return new, metrics
 
+    def step_bound(self) -> float:
+        opt = self.flower.optimizer
+        return opt.eta * adam_ratio_bound(opt.beta_1, opt.beta_2, self.bias_correction)
+
 
 class FedYogi(_FlowerOptimizer):
-    """FedYogi (Reddi et al., ICLR 2021, Alg. 2) by Flower's ``FedYogi``; its defaults."""
+    """FedYogi (Reddi et al., ICLR 2021, Alg. 2) by Flower's ``FedYogi``; its defaults.
+
+    Step bound (:meth:`step_bound`): Yogi's v_t = v_{t−1} − (1 − β_2) g² sign(v_{t−1} − g²) (from 0)
+    keeps v_t ≥ β_2 v_{t−1} and v_t ≥ (1 − β_2) g_t² (β_2 ≥ 1/2), so v_t ≥ β_2^k (1 − β_2) g_{t−k}²
+    and |m_t| ≤ (1 − β_1) Σ_k β_1^k |g_{t−k}| ≤ √v_t (1 − β_1)/√(1 − β_2) Σ_k (β_1/√β_2)^k.
+    """
 
     name = "fedyogi"
     flower_class = flower.FedYogi
@@ -147,10 +192,20 @@ class FedYogi(_FlowerOptimizer):
         super().__init__(**kwargs)
         self.use_optimizer(eta=eta, beta_1=beta_1, beta_2=beta_2, tau=tau)
 
+    def step_bound(self) -> float:
+        opt = self.flower.optimizer
+        b1, b2 = opt.beta_1, opt.beta_2
+        if not (0.5 <= b2 < 1 and 0 <= b1 < math.sqrt(b2)):
+            return math.inf
+        return opt.eta * (1 - b1) / math.sqrt(1 - b2) / (1 - b1 / math.sqrt(b2))
+
 
 class FedAdagrad(_FlowerOptimizer):
     """FedAdagrad (Reddi et al., ICLR 2021, Alg. 2) by Flower's ``FedAdagrad``; its defaults
-    (Flower's has no first-moment momentum: β_1 = 0, so m_t = Δ_t)."""
+    (Flower's has no first-moment momentum: β_1 = 0, so m_t = Δ_t).
+
+    Step bound (:meth:`step_bound`): v_t = Σ_s g_s² ≥ g_t² = m_t², so every coordinate moves at most η.
+    """
 
     name = "fedadagrad"
     flower_class = flower.FedAdagrad
@@ -158,6 +213,9 @@ class FedAdagrad(_FlowerOptimizer):
     def __init__(self, *, eta: float = 1e-1, tau: float = 1e-3, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.use_optimizer(eta=eta, tau=tau)
+
+    def step_bound(self) -> float:
+        return float(self.flower.optimizer.eta)
 
 
 class FedAvgM(_FlowerOptimizer):
