@@ -111,8 +111,6 @@ class AvailabilityStrategy(Rule, Strategy):
         self.max_num_steps = params.max_num_steps
         self.integer_arrays = params.integer_arrays
         self.max_weight_share = float(params.max_weight_share)
-        self.message_timeout = 3600.0  # broadcasts' deadline; start() sets its own timeout
-        self.scored_evaluation = False  # True once a loop shows evaluate_fn the scored model
         self.rng = np.random.default_rng(params.seed)  # also Flower's fractions (no draw at fraction 1)
         # one bound per declared payload read back (Payload.bounded): the run's bounds, its own reference
         self.payload_bounds = {p.name: self.params.bounds() for p in self.reads if p.bounded}
@@ -374,7 +372,7 @@ class AvailabilityStrategy(Rule, Strategy):
               evaluate_fn: EvaluateFn | None = None) -> Any:
         """Flower's ``Strategy.start``, with ``timeout`` also the broadcasts' deadline and
         ``evaluate_fn`` shown the model the rule is scored on (:func:`scored_evaluate_fn`)."""
-        self.message_timeout = float(timeout)
+        self.evaluation.timeout = float(timeout)
         return super().start(grid, initial_arrays, num_rounds, timeout, train_config, evaluate_config,
                              scored_evaluate_fn(self, evaluate_fn))
 

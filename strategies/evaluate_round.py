@@ -48,8 +48,8 @@ flwr_log = logging.getLogger("flwr")
 def scored_evaluate_fn(strategy: Any, evaluate_fn: EvaluateFn | None) -> EvaluateFn | None:
     """``evaluate_fn`` run on ``strategy.evaluation_arrays(arrays)`` and on each of
     ``strategy.extra_evaluation_arrays(arrays)`` (None stays None; a wrapped one is not wrapped
-    again). Marks ``strategy.scored_evaluation``: its loop shows ``evaluate_fn`` the scored model."""
-    strategy.scored_evaluation = True
+    again). Marks ``strategy.evaluation.scored``: its loop shows ``evaluate_fn`` the scored model."""
+    strategy.evaluation.scored = True
     if evaluate_fn is None or getattr(evaluate_fn, SCORED, False):
         return evaluate_fn
 
@@ -82,7 +82,7 @@ def scoring_start(start: Callable[..., Any]) -> Callable[..., Any]:
         bound.arguments["evaluate_fn"] = scored_evaluate_fn(self, bound.arguments.get("evaluate_fn"))
         if "timeout" in signature.parameters:
             bound.apply_defaults()
-            self.message_timeout = float(bound.arguments["timeout"])
+            self.evaluation.timeout = float(bound.arguments["timeout"])
         return start(*bound.args, **bound.kwargs)
 
     setattr(wrapped, SCORED, True)
@@ -101,8 +101,6 @@ class EvaluatedRule(Protocol):
     sampling: Sampling
     keys: RecordKeys
     rng: np.random.Generator
-    message_timeout: float
-    scored_evaluation: bool
 
     def broadcast_nodes(self, server_round: int) -> list[int]: ...
     def train_config(self, t: int, node_ids: list[int]) -> dict[str, Any]: ...
@@ -115,6 +113,8 @@ class Evaluation:
 
     def __init__(self, rule: EvaluatedRule) -> None:
         self.rule = rule
+        self.timeout = 3600.0  # the broadcasts' deadline: start()'s timeout
+        self.scored = False  # True once a loop shows evaluate_fn the scored model
         self.unscored_warned = False
 
     @staticmethod
@@ -132,7 +132,7 @@ class Evaluation:
 
     def warn_unscored(self, server_round: int, arrays: ArrayRecord) -> None:
         """Once: the WARNING that this run's evaluate_fn is not shown the rule's scored model."""
-        if self.rule.scored_evaluation or self.unscored_warned or not self.scores_another_model(arrays):
+        if self.scored or self.unscored_warned or not self.scores_another_model(arrays):
             return
         self.unscored_warned = True
         flwr_log.warning(
@@ -157,7 +157,7 @@ class Evaluation:
         """Send what :meth:`broadcast` has for ``server_round`` and check the replies."""
         messages = self.broadcast(server_round, arrays)
         if messages:
-            replies = grid.send_and_receive(messages, timeout=self.rule.message_timeout)
+            replies = grid.send_and_receive(messages, timeout=self.timeout)
             check_broadcast(self.rule.name, server_round, messages, list(replies))
 
     def configure(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> list[Message]:

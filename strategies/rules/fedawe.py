@@ -318,9 +318,7 @@ class FedAWE(AvailabilityStrategy):
         row_norm = self._slack_scale()
         assert self._current_norm is not None
         delta_norm = report.norm if report.norm is not None else safe_norm(report.delta)
-        update_norm = report.payload_norms.get(UPDATE)
-        if update_norm is None:
-            update_norm = safe_norm(update)
+        update_norm = report.payload_norms[UPDATE] if UPDATE in report.payload_norms else safe_norm(update)
         # P x_i^{t,0} = P x^t + P (Δ_i − η_g u_i) (P x^t: this round's sketch)
         got = self.sketches[self._t] + self._sketch_of_start(report.delta, update)
         slack = 1.1 * row_norm * (self._current_norm + delta_norm + abs(self.server_lr) * update_norm)
