@@ -284,3 +284,22 @@ def test_no_rule_overrides_a_message_method_and_its_mro_is_short():
         for c in rule_classes:
             overridden = [m for m in MESSAGE_METHODS if m in vars(c)]
             assert not overridden or c.__module__ in MESSAGE_ADAPTERS, (name, c.__name__, overridden)
+
+
+def test_the_base_is_plain():
+    """Issue 36 item 3: the base is Rule and Flower's Strategy, its jobs parts it holds (no
+    mixin), and no module of strategies/ rewrites classes as they are created."""
+    from flwr.serverapp.strategy import Strategy
+
+    from strategies import AvailabilityStrategy, build_strategy
+    from strategies.evaluate_round import Evaluation
+    from strategies.intake import ReplyIntake
+    from strategies.rule import Rule
+
+    assert AvailabilityStrategy.__bases__ == (Rule, Strategy)
+    s = build_strategy("fedavg-active", num_clients=2)
+    assert isinstance(s.intake, ReplyIntake) and isinstance(s.evaluation, Evaluation)
+    hooks = [m for m, f in modules().items() if m.startswith("strategies")
+             and any(isinstance(n, ast.FunctionDef) and n.name == "__init_subclass__"
+                     for n in ast.walk(ast.parse(f.read_text())))]
+    assert not hooks, hooks
