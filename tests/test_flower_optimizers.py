@@ -87,10 +87,10 @@ def steepest_step(spec: str, sequence: list[np.ndarray]) -> float:
 #: mean updates that push each optimiser's |m| / √v up: growing geometrically (Adam's
 #: Cauchy-Schwarz extremal), halving, alternating in sign, a burst then almost nothing
 HOSTILE = [np.array([1.1**t * 1e-6, 0.5**t, (-1) ** t, 1.0 if t < 5 else 1e-3, 1.0 if t % 50 == 0 else 1e-3])
-           for t in range(300)]
+           for t in range(200)]
 
 
-@pytest.mark.parametrize("spec, reached", [("fedadam", 0.95), ("fedadam:bias-correction=false", 0.99),
+@pytest.mark.parametrize("spec, reached", [("fedadam", 0.9), ("fedadam:bias-correction=false", 0.99),
                                            ("fedyogi", 0.2), ("fedadagrad", 0.99)])
 def test_no_replies_move_a_coordinate_further_than_the_proved_step_bound(spec, reached):
     """docs/threat-model.md's adaptive-optimiser rows: every coordinate of the step is at most
