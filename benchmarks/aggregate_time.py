@@ -4,8 +4,9 @@ The same R replies (real Flower Messages, default 100) of a d-parameter float32 
 10^6, in 4 arrays) go through ``aggregate_train`` of every registered rule (N = R clients, all
 replying, every check of :mod:`strategies.replies` and :mod:`strategies.bounds` in place) and of
 ``flwr.serverapp.strategy.FedAvg``. Each is timed over ``--rounds`` rounds after one untimed
-warm-up round (the tables become resident); the table prints the best time and
-the ratio of the best to Flower's best, in wall-clock and in CPU (process) time. Every round of
+warm-up round (the tables become resident); the table prints the median time and
+the ratio of the medians to Flower's, in wall-clock and in CPU (process) time, and the
+machine's load average before and after (``os.getloadavg``). Every round of
 a rule is timed right beside a round of Flower's FedAvg, so that the machine's load drifts alike
 for both; on a shared machine the CPU-time ratio is the steadier figure.
 
@@ -14,7 +15,9 @@ A rule whose math is more than a weighted sum also gets its **inherent work** ti
 round's Δ_i stacked as an m × d float32 matrix, made untimed), with whole-array numpy and BLAS
 calls: MIFA, Stale, FedVARP, FedStale, ClusterFedVARP the table's rows replaced and its mean
 (two gemv of the old and new rows, one copy); FL-FDMS the similarity Gram D Dᵀ (one BLAS call);
-FedAWARE the momentum update, the N × N Gram (one BLAS call), its min-norm solver and Σ λ_i m̂_i.
+FedAWARE the momentum update, the N × N Gram (one BLAS call), its min-norm solver and Σ λ_i m̂_i;
+FedAWE and FedPBC the second array each reply carries (u_i, summed: one gemv) and x̄'s float64
+update.
 Any rule must also receive the replies, which is what Flower's FedAvg does: the table's last
 columns are the baseline Flower + inherent and the rule's ratio to it (CPU time).
 
@@ -30,6 +33,7 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
+import os
 import time
 import uuid
 
@@ -138,10 +142,21 @@ def fedaware_round(state: dict, deltas: np.ndarray, alpha: float = 0.5) -> np.nd
     return (lam / norms).astype(np.float32) @ momenta
 
 
+def echo_round(state: dict, deltas: np.ndarray) -> np.ndarray:
+    """FedAWE / FedPBC: the echoed updates u_i summed (a second model-sized array per reply: one
+    gemv of the stacked rows) and x̄'s update, three float64 operations on d-vectors (as
+    x̄ ← x̄ + (m x^{t+1} − Σ x_i^{t,0}) / N)."""
+    ones = np.ones(len(deltas), np.float32)
+    u = (ones @ deltas).astype(np.float64)
+    xbar = state.setdefault("xbar", np.zeros(deltas.shape[1]))
+    xbar += (len(deltas) * u - u) / len(deltas)
+    return xbar
+
+
 INHERENT = {  # rule -> its math beyond receiving the replies, on the stacked Δ_i
     "mifa": lambda st, d: table_update(st, d, 1 / 0.1),  # gradient units: Δ_i / lr
     "stale": table_update, "fedvarp": table_update, "fedstale": table_update, "cluster-fedvarp": table_update,
-    "fl-fdms": fdms_similarity, "fedaware": fedaware_round,
+    "fl-fdms": fdms_similarity, "fedaware": fedaware_round, "fedawe": echo_round, "fedpbc": echo_round,
 }
 
 
@@ -206,8 +221,9 @@ def main() -> None:
     TaskIdentity.task_id = TaskIdentity.run_id = TaskIdentity.node_id = 1  # Message() needs them
     logging.getLogger("flwr").setLevel(logging.WARNING)  # Flower's FedAvg logs every round
     x = model_arrays(args.dim, np.random.default_rng(0))
-    print(f"{args.replies} replies, d = {args.dim}: aggregate_train, best of {args.rounds} rounds, each beside a "
-          "round of Flower's FedAvg on replies of the same size; wall and CPU (process) time in ms")
+    print(f"{args.replies} replies, d = {args.dim}: aggregate_train, median of {args.rounds} rounds, each beside a "
+          "round of Flower's FedAvg on replies of the same size; wall and CPU (process) time in ms; "
+          f"load average {os.getloadavg()[0]:.1f} at the start")
     print(f"| {'rule':34s} | rule wall | flwr wall | ratio | rule CPU | flwr CPU | ratio | inherent CPU | "
           "flwr + inherent | ratio |")
     print(f"|{'-' * 36}|-----------|-----------|-------|----------|----------|-------|--------------|"
@@ -215,13 +231,14 @@ def main() -> None:
     for name in args.rules:
         spec = SPECS.get(name, name).format(r=args.replies)
         ours, theirs, inherent = time_side_by_side(spec, args.replies, x, args.rounds)
-        (ow, oc), (tw, tc) = ours.min(axis=0), theirs.min(axis=0)
+        (ow, oc), (tw, tc) = np.median(ours, axis=0), np.median(theirs, axis=0)
         extra = "|              |                 |       |"
         if inherent is not None:
-            ic = inherent.min(axis=0)[1]
+            ic = np.median(inherent, axis=0)[1]
             extra = f"| {1e3 * ic:12.1f} | {1e3 * (tc + ic):15.1f} | {oc / (tc + ic):5.2f} |"
         print(f"| {spec:34s} | {1e3 * ow:9.1f} | {1e3 * tw:9.1f} | {ow / tw:5.2f} | {1e3 * oc:8.1f} | "
               f"{1e3 * tc:8.1f} | {oc / tc:5.2f} {extra}", flush=True)
+    print(f"load average {os.getloadavg()[0]:.1f} at the end ({os.cpu_count()} CPUs)")
 
 
 if __name__ == "__main__":

@@ -197,7 +197,7 @@ def _run_rounds(grid: Grid, setup: Setup, client_of_node: dict[int, int], consol
                                straggler_policy=cfg.stragglers.straggler_policy, min_steps=cfg.stragglers.straggler_min_steps)
 
     arrays, strategy, t_run = setup.arrays, setup.strategy, time.monotonic()
-    strategy.scored_evaluation = True  # evaluate_models shows the rule's scored models
+    strategy.evaluation.scored = True  # evaluate_models shows the rule's scored models
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[status]}"), TimeElapsedColumn())
     with Progress(*columns, console=console, disable=not (s.progress and console.is_terminal)) as bar:

@@ -4,13 +4,14 @@ A rule (one module in :mod:`strategies.rules`) subclasses :class:`AvailabilitySt
 writes only :meth:`aggregate` (or its streaming fold), the math: ``(round t, global flat vector x,
 reports) -> (new flat vector, metrics)``, and declares what it needs, its state and its extra
 payloads (:class:`strategies.rule.Rule`): this module packs what the rule sends, the intake parses
-and bounds what it reads back, and no rule builds or reads a message. The
-class is split by job: :class:`strategies.rule.Rule` (a rule's declarations and hooks),
-:class:`strategies.intake.ReplyIntake` (which replies of a round reach the rule: a part the
-strategy holds, ``self.intake``, with one value per round, ``self.round``),
-:class:`strategies.evaluate_round.EvaluateRound` (Flower's evaluate round, the round-end
-broadcast, what ``evaluate_fn`` sees) and this module (the shared parameters turned into parts,
-Flower's train round, checkpoints). It composes small parts:
+and bounds what it reads back, and no rule builds or reads a message. The class is
+:class:`strategies.rule.Rule` (a rule's declarations and hooks, the one class it extends) and
+Flower's ``Strategy``; the jobs are parts it holds, each built here and testable alone:
+:class:`strategies.intake.ReplyIntake` (which replies of a round reach the rule, ``self.intake``,
+with one value per round, ``self.round``), :class:`strategies.evaluate_round.Evaluation`
+(Flower's evaluate round, the round-end broadcast, what ``evaluate_fn`` sees:
+``self.evaluation``), and this module (the shared parameters turned into parts, Flower's train
+round, checkpoints). It composes small parts:
 
 - :mod:`strategies.params`: the shared parameters, one frozen value (Flower's ``FedAvg``
   arguments among them: :mod:`strategies.sampling`, :mod:`strategies.options`);
@@ -40,11 +41,12 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
 from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
 
 from . import state as rule_state
 from .bounds import NormBounds
 from .client_binding import ClientBinding
-from .evaluate_round import EvaluateRound
+from .evaluate_round import EvaluateFn, Evaluation, scored_evaluate_fn
 from .failures import FailurePolicy, StrategyFailure, log_round
 from .intake import ReplyIntake, RoundIntake
 from .layout import Layout, aggregate_integers, distance, named_arrays, safe_norm
@@ -58,6 +60,7 @@ from .replies import (
     RoundLog,
 )
 from .robust import Robust
+from .rule import Rule
 from .sampling import check_destinations
 from .weighting import WEIGHTINGS, cap_shares, client_weights, resolve_weighting
 
@@ -67,7 +70,7 @@ __all__ = ["SUPERLINK_NODE_ID", "WEIGHTINGS", "AvailabilityStrategy", "ClientRep
 log = logging.getLogger("flwr")  # Flower's logger: these lines appear where Flower's own do
 
 
-class AvailabilityStrategy(EvaluateRound):
+class AvailabilityStrategy(Rule, Strategy):
     """Base of every rule here: the Flower adapter around reply parsing, client binding and bounds.
 
     ``params``: the shared parameters (:class:`StrategyParams`, which documents each); keyword
@@ -108,12 +111,13 @@ class AvailabilityStrategy(EvaluateRound):
         self.max_num_steps = params.max_num_steps
         self.integer_arrays = params.integer_arrays
         self.max_weight_share = float(params.max_weight_share)
-        self.message_timeout = 3600.0  # broadcasts' deadline; start() sets its own timeout
         self.rng = np.random.default_rng(params.seed)  # also Flower's fractions (no draw at fraction 1)
         # one bound per declared payload read back (Payload.bounded): the run's bounds, its own reference
         self.payload_bounds = {p.name: self.params.bounds() for p in self.reads if p.bounded}
         self.intake = ReplyIntake(self)  # which replies reach the rule (strategies.intake)
         self.round = RoundIntake()  # this round's intake: sent, received, accepted, rejected, problems
+        self.evaluation = Evaluation(self)  # Flower's evaluate round and the round-end broadcast
+        Evaluation.adopt_loop(self, AvailabilityStrategy.start)  # a user's own start loop
         self.layout: Layout | None = None
         self.current: np.ndarray | None = None  # x^t, flat (the floating arrays)
         self.current_integers: dict[str, np.ndarray] = {}  # x^t's other arrays
@@ -216,11 +220,14 @@ class AvailabilityStrategy(EvaluateRound):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        self.deliver_broadcast(server_round - 1, arrays, grid)  # a loop that skipped configure_evaluate
+        self.evaluation.deliver_broadcast(server_round - 1, arrays, grid)  # a loop that skipped configure_evaluate
         self.set_global(arrays)
         connected = self.connected_nodes(grid)
         self.round = RoundIntake(connected=set(connected))
         pool = self.sampling.sample(connected, True, self.rng)
+        if (probe := self.probe_request(server_round, pool)) is not None:  # power-of-choice's probe stage
+            self.round.probe = probe
+            self.round.probe_answers = self.evaluation.probe(server_round, arrays, probe, grid)
         node_ids = check_destinations(self.select_nodes(server_round, arrays, pool, grid), connected, self.name)
         config[SERVER_ROUND] = server_round
         config[CLIENT_RULE] = self.client_rule
@@ -343,6 +350,31 @@ class AvailabilityStrategy(EvaluateRound):
             return (f"{owner['aggregate'].__name__} overrides aggregate below {owner['start_fold'].__name__}'s "
                     "streaming fold, so its own aggregate runs")
         return ""
+
+    # ---------------------------------------------------------- Flower: evaluate round
+    def configure_broadcast(self, server_round: int, arrays: ArrayRecord, grid: Grid) -> list[Message]:
+        """The round-end broadcast of ``server_round`` (``self.evaluation.broadcast``; FedAWE's)."""
+        return self.evaluation.broadcast(server_round, arrays)
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """The round-end broadcast, then the scored model to a ``fraction_evaluate`` sample
+        (``self.evaluation.configure``)."""
+        return self.evaluation.configure(server_round, arrays, config, grid)
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        """The clients' evaluate metrics (``self.evaluation.aggregate``)."""
+        return self.evaluation.aggregate(replies)
+
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
+              train_config: ConfigRecord | None = None, evaluate_config: ConfigRecord | None = None,
+              evaluate_fn: EvaluateFn | None = None) -> Any:
+        """Flower's ``Strategy.start``, with ``timeout`` also the broadcasts' deadline and
+        ``evaluate_fn`` shown the model the rule is scored on (:func:`scored_evaluate_fn`)."""
+        self.evaluation.timeout = float(timeout)
+        return super().start(grid, initial_arrays, num_rounds, timeout, train_config, evaluate_config,
+                             scored_evaluate_fn(self, evaluate_fn))
 
     # -------------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:

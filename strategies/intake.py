@@ -54,6 +54,19 @@ log = logging.getLogger("flwr")  # Flower's logger: these lines appear where Flo
 _EMPTY = np.zeros(0, np.float32)
 
 
+@dataclass(frozen=True)
+class Probe:
+    """A rule's probe stage before a round's training (power-of-choice): the base sends ``nodes``
+    the current model in an evaluate message carrying ``config`` and waits ``timeout`` seconds;
+    the answers' metrics reach the rule's ``select_nodes`` as ``self.round.probe_answers``.
+    ``send=False`` names the candidates without probing them (rpow-d)."""
+
+    nodes: list[int]
+    config: dict[str, Any] = field(default_factory=dict)
+    timeout: float = 60.0
+    send: bool = True
+
+
 @dataclass
 class RoundIntake:
     """One round's (or one asynchronous arrival's) intake, as a value: made when the messages
@@ -65,6 +78,8 @@ class RoundIntake:
     current : x^τ, the model the replies' Δ_i are taken against (None before the first round).
     log : who was addressed, answered, accepted (participants) and rejected, with reasons.
     problems : reasons the rule could not run this round (each names a fix).
+    probe, probe_answers : the rule's probe stage of the round (:class:`Probe`) and the metrics of
+        each node that answered it (valid evaluate replies, Flower's metric names made canonical).
     """
 
     sent: list[Message] = field(default_factory=list)
@@ -73,6 +88,8 @@ class RoundIntake:
     layout: Layout | None = None
     log: RoundLog = field(default_factory=RoundLog)
     problems: list[str] = field(default_factory=list)
+    probe: Probe | None = None
+    probe_answers: dict[int, dict[str, Any]] = field(default_factory=dict)
     rows: dict[int, int] = field(default_factory=dict)  # rows for replies without a client id
     answered: set[int] = field(default_factory=set)  # nodes that answered (error replies included)
     received: int = 0  # replies that are no errors

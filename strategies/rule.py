@@ -21,6 +21,7 @@ from flwr.serverapp import Grid
 
 from . import state as rule_state
 from .bounds import MAX_NORM_RATIO
+from .intake import Probe
 from .layout import safe_norm
 from .payloads import Payload
 from .protocol import NUM_EXAMPLES, PLAIN_RULE
@@ -137,9 +138,15 @@ class Rule:
         clients' copies). The ServerApp evaluates each and records test-<metric>-<name>."""
         return {}
 
+    def probe_request(self, server_round: int, connected: list[int]) -> Probe | None:
+        """The round's probe stage, if any (hook; power-of-choice's candidates): the base sends
+        it before :meth:`select_nodes` and leaves the answers in ``self.round.probe_answers``."""
+        return None
+
     def select_nodes(self, server_round: int, arrays: ArrayRecord, connected: list[int],
                      grid: Grid) -> list[int]:
-        """The connected nodes to train this round (hook; power-of-choice probes and picks)."""
+        """The connected nodes to train this round (hook; power-of-choice picks among the
+        candidates it probed, ``self.round.probe`` and ``self.round.probe_answers``)."""
         return connected
 
     def update_norm(self, report: ClientReport) -> float:

@@ -22,6 +22,7 @@ from strategies import STRATEGIES, AvailabilityStrategy, build_strategy, named_a
 from strategies.failures import StrategyFailure
 from strategies.protocol import ACCEPTED_ROUND, ADOPT, CLIENT_RULE, SERVER_ROUND
 from strategies.rules.fedawe import (
+    BLOCK,
     ECHO_FACTOR,
     RUN_KEY,
     SEND_UPDATE,
@@ -239,9 +240,9 @@ def test_server_memory_is_constant_per_client():
     # _sent: this round's messages; _scratch: the base's reusable rows for one round's replies
     # (Δ_i and u_i), O(replies per round), the memory the replies take while aggregated
     held = arrays_in({k: v for k, v in vars(s).items() if k not in ("_sent", "_scratch")})
-    # x^t, x^0, x̄, the layout's bookkeeping, the check's projection P and |P| (float64 and float32,
-    # SKETCH x d each), its three reused d-vectors (Δ_i − η_g u_i in float64, |Δ_i| + η_g |u_i|, η_g |u_i|), sketches
-    assert sum(a.size for a in held) <= (7 + 3 * SKETCH) * d + SKETCH * (len(s.sketches) + 1)
+    # x^t, x^0, x̄, the layout's bookkeeping, the check's projection P (SKETCH x d float64), its two
+    # reused float64 blocks of at most d (Δ_i − η_g u_i, one block at a time), sketches
+    assert sum(a.size for a in held) <= (7 + SKETCH) * d + SKETCH * (len(s.sketches) + 1)
     assert len(s.client_of_node) == n  # the base's node -> client id map: one int each
 
 
@@ -654,3 +655,23 @@ def test_norm_bound_judges_the_local_change_not_the_echo_or_the_stale_copy():
     s.aggregate_train(60, [*ordinary, rare, wild, far])
     assert s.round_log.participants == [0, 1, 2, 3]
     assert [node for node, _ in s.round_log.rejected] == [104, 105]
+
+
+def test_the_consistency_check_spans_blocks_and_catches_a_start_off_by_a_little():
+    """check-start over several float64 blocks (d = 40,000 > 2 BLOCK): a start x_i^† − η_g u_i
+    that is x^0 passes at float32 rounding (u_i computed in float32); one off x^0 by 0.1 in one
+    coordinate of the last block (5e-4 of ‖x^0‖) is rejected."""
+    d = 2 * BLOCK + 7232
+    rng = np.random.default_rng(1)
+    x0 = rng.normal(size=d).astype(np.float32)
+    s = FedAWE(num_clients=4, server_lr=0.7)
+    s.sketch_seed = 12345  # P is secret and random per run; fixed here so the test is deterministic
+    sent = start_round(s, 1, x0, [100, 101])
+    model = (x0 + rng.normal(scale=0.01, size=d)).astype(np.float32)
+    honest = ((model.astype(np.float64) - x0) / 0.7).astype(np.float32)
+    off = honest.copy()
+    off[-5] -= np.float32(0.1 / 0.7)  # x_i^† − η_g u_i moves by 0.1 in one coordinate
+    s.aggregate_train(1, [awe_reply(sent[100], model, 1, honest, **{"client-id": 0}),
+                          awe_reply(sent[101], model, 1, off, **{"client-id": 1})])
+    assert [n for n, _ in s.round_log.rejected] == [101] and "disagree" in s.round_log.rejected[0][1]
+    assert s.round_log.participants == [0]

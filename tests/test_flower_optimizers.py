@@ -69,3 +69,41 @@ def test_the_moments_are_the_rules_state_and_resume_bit_identically():
     assert np.array_equal(run_round(a, 2, x, UPDATES[1]), run_round(b, 2, x, UPDATES[1]))
     fresh = build_strategy("fedadam:eta=0.05", num_clients=3, weighting="equal")
     assert not np.array_equal(run_round(fresh, 2, x, UPDATES[1]), run_round(a, 3, x, UPDATES[1]))
+
+
+def steepest_step(spec: str, sequence: list[np.ndarray]) -> float:
+    """The largest |x^{t+1}_j − x^t_j| over a sequence of mean updates fed to the rule's step, in
+    units of its proved ``step_bound`` (float32 rounding of x^t allowed for)."""
+    rule = build_strategy(spec, num_clients=3)
+    x, worst, bound = np.zeros(len(sequence[0]), np.float32), 0.0, rule.step_bound()
+    for t, u in enumerate(sequence):
+        new, _ = rule.optimizer_step(t, x, np.asarray(u, np.float32))
+        rounding = 2.0**-22 * np.maximum(np.abs(x), np.abs(new))
+        worst = max(worst, float(np.max((np.abs(new.astype(np.float64) - x) - rounding) / bound)))
+        x = new
+    return worst
+
+
+#: mean updates that push each optimiser's |m| / √v up: growing geometrically (Adam's
+#: Cauchy-Schwarz extremal), halving, alternating in sign, a burst then almost nothing
+HOSTILE = [np.array([1.1**t * 1e-6, 0.5**t, (-1) ** t, 1.0 if t < 5 else 1e-3, 1.0 if t % 50 == 0 else 1e-3])
+           for t in range(200)]
+
+
+@pytest.mark.parametrize("spec, reached", [("fedadam", 0.9), ("fedadam:bias-correction=false", 0.99),
+                                           ("fedyogi", 0.2), ("fedadagrad", 0.99)])
+def test_no_replies_move_a_coordinate_further_than_the_proved_step_bound(spec, reached):
+    """docs/threat-model.md's adaptive-optimiser rows: every coordinate of the step is at most
+    C η whatever the mean update (C: 2.35 FedAdam, 10.5 FedYogi, 1 FedAdagrad at their defaults),
+    and the hostile sequence comes close to it (the bound is what an attacker can reach)."""
+    worst = steepest_step(spec, HOSTILE)
+    assert reached <= worst <= 1.0, (spec, worst)
+
+
+def test_the_step_bound_is_the_formula_at_the_defaults_and_infinite_where_none_holds():
+    assert build_strategy("fedadagrad", num_clients=3).step_bound() == pytest.approx(0.1)
+    assert build_strategy("fedyogi", num_clients=3).step_bound() == pytest.approx(0.01 * 0.1 / 0.1 / (1 - 0.9 / 0.99**0.5))
+    assert build_strategy("fedadam", num_clients=3).step_bound() == pytest.approx(0.1 * 0.1 / 0.1 / (1 - 0.81 / 0.99) ** 0.5,
+                                                                                  rel=1e-4)
+    assert build_strategy("fedadam:beta-1=0.995,beta-2=0.99", num_clients=3).step_bound() == np.inf  # β_1² ≥ β_2
+    assert build_strategy("fedavgm", num_clients=3).step_bound() == np.inf

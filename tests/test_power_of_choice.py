@@ -9,6 +9,7 @@ from flwr.app import ConfigRecord, Message, MessageType, MetricRecord, RecordDic
 from experiments.inprocess import run_inprocess
 from server_app.results import read_matrix, read_metrics
 from strategies import build_strategy, named_arrays
+from strategies.intake import Probe
 from strategies.protocol import CLIENT_RULE, PROBE_BATCHES, SERVER_ROUND
 from strategies.rules.power_of_choice import PowerOfChoice
 
@@ -202,7 +203,8 @@ def test_end_to_end_probes_go_through_the_availability_layer(tmp_path):
 def test_a_probe_reply_cannot_take_a_client_id_bound_to_another_node():
     s = build_strategy("pow-d:d=2,m=2", num_clients=3)
     s.node_of_client[1] = 999  # client 1 belongs to node 999; node 101 claims it in its probe reply
-    losses = s.probe(1, named_arrays({"w": np.zeros(2, np.float32)}), [100, 101], FakeGrid([1.0, 2.0]))
+    answers = s.evaluation.probe(1, named_arrays({"w": np.zeros(2, np.float32)}), Probe([100, 101]), FakeGrid([1.0, 2.0]))
+    losses = s.read_probe(1, [100, 101], answers)
     assert losses == {100: 1.0, 101: 2.0} and s.client_of_node == {100: 0}
 
 

@@ -89,6 +89,7 @@ from ..weighting import weighted_sum
 
 DISTANCE_RATIO = 1e3  # x the median of recent ‖x_i^† − x^t‖ (bounds.py: honest up to 157)
 SKETCH = 2  # rows of the secret projection that checks x_i^† − η_g u_i (FedAWE._check_start)
+BLOCK = 1 << 14  # coordinates per float64 block of that check (128 KiB: in cache)
 
 log = logging.getLogger(__name__)
 
@@ -199,12 +200,9 @@ class FedAWE(AvailabilityStrategy):
         self.sketch_seed = secrets.randbits(63) or 1  # secret: the clients do not know P
         self.sketches: dict[int, np.ndarray] = {}  # round t -> P x^t (SKETCH numbers per round)
         self._projection: np.ndarray | None = None  # P, SKETCH x d float64, from sketch_seed
-        self._abs_p: np.ndarray | None = None  # |P|
-        self._abs_p32: np.ndarray | None = None  # |P| in float32 (the slack's products)
-        self._wide = np.zeros(0)  # Δ_i − η_g u_i in float64, for P (Δ_i − η_g u_i) (reused)
-        self._absolute = np.zeros(0, np.float32)  # |Δ_i| + η_g |u_i| (reused)
-        self._absolute_u = np.zeros(0, np.float32)  # η_g |u_i| (reused)
-        self._abs_sketch: np.ndarray | None = None  # |P| |x^t|, this round's (reset by configure_train)
+        self._row_norm: tuple[int, float] | None = None  # (d, max_r ‖P_r‖₂)
+        self._current_norm: float | None = None  # ‖x^t‖₂, this round's (reset by configure_train)
+        self._block, self._block_u = np.zeros(0), np.zeros(0)  # a float64 block of Δ_i − η_g u_i (reused)
 
     # ------------------------------------------------------------------ messages out
     def client_config(self) -> dict[str, Any]:
@@ -237,7 +235,7 @@ class FedAWE(AvailabilityStrategy):
             self.sketches[-1] = self.projection() @ self.layout.flatten(initial).astype(np.float64)  # x^0
         assert self.current is not None
         self.sketches[self._t] = self.projection() @ self.current.astype(np.float64)  # x^t
-        self._abs_sketch = None
+        self._current_norm = None
         return initial
 
     def broadcast_nodes(self, server_round: int) -> list[int]:
@@ -276,23 +274,40 @@ class FedAWE(AvailabilityStrategy):
             self._projection = rng.standard_normal((SKETCH, self.current.size))
         return self._projection
 
-    def _abs_projection(self) -> np.ndarray:
-        """|P| (elementwise), and |P| |x^t| for this round (``_abs_sketch``), computed once a round."""
+    def _slack_scale(self) -> float:
+        """max_r ‖P_r‖₂ · 2^-23 and ‖x^t‖₂ for this round's slack (:meth:`_check_start`), computed once a round."""
         assert self.current is not None
-        if self._abs_p is None or self._abs_sketch is None or self._abs_p.shape[1] != self.current.size:
-            self._abs_p = np.abs(self.projection())
-            self._abs_p32 = self._abs_p.astype(np.float32)
-        if self._abs_sketch is None:
-            self._abs_sketch = self._abs_p @ np.abs(self.current.astype(np.float64))
-        return self._abs_p
+        if self._row_norm is None or self._row_norm[0] != self.current.size:
+            self._row_norm = (self.current.size, float(np.linalg.norm(self.projection(), axis=1).max()))
+        if self._current_norm is None:
+            self._current_norm = safe_norm(self.current)
+        return self._row_norm[1]
+
+    def _sketch_of_start(self, delta: np.ndarray, update: np.ndarray) -> np.ndarray:
+        """P (Δ_i − η_g u_i) in float64, block by block (a block of float64 stays in cache: one
+        read of Δ_i, u_i and P, no model-sized temporary)."""
+        p = self.projection()
+        if self._block.size != min(BLOCK, delta.size):
+            self._block, self._block_u = np.empty(min(BLOCK, delta.size)), np.empty(min(BLOCK, delta.size))
+        out = np.zeros(SKETCH)
+        for start in range(0, delta.size, BLOCK):
+            stop = min(start + BLOCK, delta.size)
+            w, v = self._block[: stop - start], self._block_u[: stop - start]
+            np.multiply(update[start:stop], -self.server_lr, out=v)
+            np.add(v, delta[start:stop], out=w)
+            out += p[:, start:stop] @ w
+        return out
 
     def _check_start(self, report: ClientReport, update: np.ndarray) -> None:
         """x_i^{t,0} = x_i^† − η_g u_i must be a model the client can hold: x^0, or a broadcast
         x^{s+1} of a round s ≤ its last accepted one, or x^t (a plain reply, as
         :meth:`EchoReport.of` reads one: it then moves x̄ by at most ‖x^t − its copy‖ / N). Checked on P x (P secret, Gaussian, a few
         rows): a start off every such model by e gives P e ~ N(0, ‖e‖²) per row, far beyond the
-        float32 rounding of an honest reply (bounded per row by |P| b, b_j = 2^-23 (|x^t_j| +
-        |Δ_j| + η_g |u_j|)). Without the sketches (a checkpoint from before them): no check."""
+        float32 rounding of an honest reply: per coordinate at most b_j = 2^-23 (|x^t_j| + |Δ_j| +
+        η_g |u_j|), so per row |P_r b| ≤ ‖P_r‖₂ ‖b‖₂ ≤ ‖P_r‖₂ 2^-23 (‖x^t‖ + ‖Δ_i‖ + η_g ‖u_i‖)
+        (Cauchy-Schwarz, then the triangle inequality; the norms are the intake's). The one
+        model-sized work is P (Δ_i − η_g u_i) (:meth:`_sketch_of_start`). Without the sketches (a
+        checkpoint from before them): no check."""
         assert self.current is not None
         if not self.check_start:
             return
@@ -300,29 +315,16 @@ class FedAWE(AvailabilityStrategy):
         known = [self.sketches[s] for s in rounds if s in self.sketches]
         if -1 not in self.sketches:
             return
-        p = self.projection()
-        self._abs_projection()  # |P| (float32 too) and |P| |x^t|, once a round
-        magnitude = self._abs_p32
-        assert magnitude is not None and self._abs_sketch is not None
-        if self._wide.size != p.shape[1]:
-            self._wide = np.empty(p.shape[1])
-            self._absolute, self._absolute_u = np.empty(p.shape[1], np.float32), np.empty(p.shape[1], np.float32)
-        # P x_i^{t,0} = P x^t + P (Δ_i − η_g u_i) (P x^t: this round's sketch): Δ_i − η_g u_i formed in
-        # float64 in a kept buffer, one product of 2 × d
-        np.copyto(self._wide, update)
-        self._wide *= -self.server_lr
-        self._wide += report.delta
-        got = self.sketches[self._t] + p @ self._wide
-        # the slack |P| (|Δ_i| + η_g |u_i|): float32 sums of d non-negative terms err by at most
-        # d 2^-24 relative (6% at d = 10^6): a 10% margin
-        np.abs(report.delta, out=self._absolute)
-        np.abs(update, out=self._absolute_u)
-        self._absolute_u *= np.float32(self.server_lr)
-        self._absolute += self._absolute_u
-        slack = self._abs_sketch + 1.1 * (magnitude @ self._absolute).astype(np.float64)
+        row_norm = self._slack_scale()
+        assert self._current_norm is not None
+        delta_norm = report.norm if report.norm is not None else safe_norm(report.delta)
+        update_norm = report.payload_norms[UPDATE] if UPDATE in report.payload_norms else safe_norm(update)
+        # P x_i^{t,0} = P x^t + P (Δ_i − η_g u_i) (P x^t: this round's sketch)
+        got = self.sketches[self._t] + self._sketch_of_start(report.delta, update)
+        slack = 1.1 * row_norm * (self._current_norm + delta_norm + abs(self.server_lr) * update_norm)
         tol = np.ldexp(slack, -23) + 1e-12
-        if not (np.all(np.isfinite(got)) and np.all(np.isfinite(tol))) or not any(np.all(np.abs(got - s) <= tol)
-                                                                                  for s in known):
+        if not (np.all(np.isfinite(got)) and math.isfinite(tol)) or not any(np.all(np.abs(got - s) <= tol)
+                                                                            for s in known):
             raise ReplyRejected("the returned model and the echoed update u_i disagree: x_i^† − η_g u_i is not x^0 "
                                 "nor a model broadcast to this client since (FedAWE's consistency check)")
 

@@ -53,13 +53,6 @@ class FedStaleState(TableState):
     interval_num: np.ndarray | None = None
 
 
-def fedstale_direction(deltas: np.ndarray, stored: np.ndarray, stored_mean: np.ndarray, beta: float) -> np.ndarray:
-    """v = mean_i (Δ_i − β y_i) + β ȳ over the rows of ``deltas`` and ``stored`` (float64)."""
-    fresh = np.asarray(deltas, np.float64).mean(axis=0)
-    stale = np.asarray(stored, np.float64).mean(axis=0)
-    return fresh + beta * (np.asarray(stored_mean, np.float64) - stale)
-
-
 class FedStale(StoredUpdates):
     """FedStale (Rodio & Neglia, arXiv 2405.04171, Alg. 1): v = mean_A(Δ_i − β y_i) + β ȳ.
 

@@ -36,23 +36,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType
+from flwr.app import ArrayRecord
 from flwr.serverapp import Grid
 
 from ..base import AvailabilityStrategy, ClientReport
 from ..bounds import MIN_POOL, lower_median
-from ..metrics import canonical, names
-from ..protocol import (
-    CLIENT_ID,
-    CLIENT_RULE,
-    EVAL_LOSS,
-    NUM_EXAMPLES,
-    PLAIN_RULE,
-    PROBE_BATCHES,
-    SERVER_ROUND,
-    TRAIN_LOSS,
-)
-from ..replies import ReplyRejected, count, destinations, finite, source_node
+from ..intake import Probe
+from ..metrics import names
+from ..protocol import CLIENT_ID, EVAL_LOSS, NUM_EXAMPLES, PROBE_BATCHES, TRAIN_LOSS
+from ..replies import ReplyRejected, count, finite
 from ..sampling import draw
 from ..weighting import weighted_sum
 
@@ -123,23 +115,18 @@ class PowerOfChoice(AvailabilityStrategy):
             p = sizes / sizes.sum()
         return draw(nodes, k, self.rng, p)
 
-    def probe(self, server_round: int, arrays: ArrayRecord, candidates: list[int], grid: Grid) -> dict[int, float]:
-        """Node -> local loss of the current model, for the candidates that answered in time."""
-        config = ConfigRecord({SERVER_ROUND: server_round, CLIENT_RULE: PLAIN_RULE,
-                               PROBE_BATCHES: 1 if self.variant == "cpow-d" else 0})
-        content = self.keys.content(arrays, config)
-        sent = [Message(content, dst_node_id=n, message_type=MessageType.EVALUATE) for n in candidates]
-        replies = list(grid.send_and_receive(sent, timeout=self.probe_timeout))
-        node_of_message = destinations(sent)
+    def probe_request(self, server_round: int, connected: list[int]) -> Probe:
+        """d candidates drawn among the connected nodes; pow-d and cpow-d probe them (the base
+        sends the probe: ``probe-batches`` 1 for cpow-d, 0 = all local data), rpow-d does not."""
+        return Probe(self.draw_candidates(connected), {PROBE_BATCHES: 1 if self.variant == "cpow-d" else 0},
+                     self.probe_timeout, send=self.variant != "rpow-d")
+
+    def read_probe(self, server_round: int, candidates: list[int], answers: dict[int, dict[str, Any]]) -> dict[int, float]:
+        """Node -> local loss of the current model, for the candidates that answered the probe
+        in time (``answers``: node -> its reply's metrics); a bad value is ignored, not trusted."""
         losses: dict[int, float] = {}
-        answered = 0
-        for msg in replies:
-            node = source_node(msg, node_of_message)
-            if node not in candidates or msg.has_error() or len(msg.content.metric_records) != 1:
-                continue
-            answered += 1
-            metrics = canonical(next(iter(msg.content.metric_records.values())), self.keys.weighted_by_key)
-            try:  # the same readers as training replies; a bad value is ignored, not trusted
+        for node, metrics in answers.items():
+            try:  # the same readers as training replies
                 loss = finite(metrics, EVAL_LOSS)
             except ReplyRejected:
                 continue
@@ -151,12 +138,12 @@ class PowerOfChoice(AvailabilityStrategy):
                     read(node, metrics)
                 except ReplyRejected:
                     pass
-        if candidates and not answered:  # unavailability, or a probe_timeout too short for cold clients
+        if candidates and not answers:  # unavailability, or a probe_timeout too short for cold clients
             flwr_log.warning("pow-d, round %d: none of %d candidates answered the probe within "
                              "probe-timeout=%gs; nobody trains this round", server_round, len(candidates),
                              self.probe_timeout)
-        if answered and not losses:  # the rule cannot choose: fail the run rather than train nobody
-            self.problems.append(f"power-of-choice's probe got {answered} evaluate replies, none with a "
+        if answers and not losses:  # the rule cannot choose: fail the run rather than train nobody
+            self.problems.append(f"power-of-choice's probe got {len(answers)} evaluate replies, none with a "
                                  f"loss {names(EVAL_LOSS)}: add it to the ClientApp's evaluate reply")
         return losses
 
@@ -184,12 +171,14 @@ class PowerOfChoice(AvailabilityStrategy):
         return ranked[: self.m]
 
     def select_nodes(self, server_round: int, arrays: ArrayRecord, connected: list[int], grid: Grid) -> list[int]:
-        """Draw d candidates, probe them (pow-d, cpow-d), train the m with the largest loss."""
-        candidates = self.draw_candidates(connected)
+        """Train the m candidates (:meth:`probe_request`) with the largest loss: the probe's
+        (pow-d, cpow-d) or the last train loss (rpow-d)."""
+        probe = self.round.probe
+        candidates = probe.nodes if probe is not None else []
         if self.variant == "rpow-d":
             losses = {n: self.last_loss.get(self.client_of_node.get(n, n), math.inf) for n in candidates}
         else:
-            losses = self.probe(server_round, arrays, candidates, grid)
+            losses = self.read_probe(server_round, candidates, self.round.probe_answers)
         chosen = self.choose(candidates, losses)
         self.selection = {
             **self.loss_check,
