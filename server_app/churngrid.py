@@ -46,6 +46,7 @@ from flwr.serverapp import Grid
 
 from availability import Schedule
 
+from .identity import quoted_error
 from .messages import (
     ROUND_STARTS,
     SECURE_DONE,
@@ -56,7 +57,7 @@ from .messages import (
     stage_of,
     unavailable_reply,
 )
-from .network import AvailabilityGrid, discover_clients, quoted_error
+from .network import AvailabilityGrid
 from .results import PARTICIPATION, write_matrix
 
 flwr_log = logging.getLogger("flwr")
@@ -115,7 +116,6 @@ class ChurnGrid(AvailabilityGrid):
         self.worked = False  # a round had a participant
         self.idle: list[int] = []  # rounds with clients online and no participant, while none ever had one
         self.signalled = 0  # deployed: the last round whose start signal was waited for
-        self.asked_in: dict[int, int] = {}  # node -> the listing round it was last asked who it is
         self.listings: Counter[int] = Counter()  # listing round -> times listed
         self.pending: dict[str, Message] = {}  # push/pull: message id -> its unavailable reply
         self._dates: dict[int, int] = {}  # id(message) -> round, for the batch being sent
@@ -147,9 +147,7 @@ class ChurnGrid(AvailabilityGrid):
             self.learn(nodes, upcoming)
             if self.gate != "server":
                 return nodes
-            online = self.schedule.available(upcoming - 1)
-            listed = [n for n in nodes if (c := self.client_of_node.get(n)) is not None
-                      and 0 <= c < len(online) and online[c]]
+            listed = self.online_nodes(nodes, upcoming)
             self.listings[upcoming] += 1
             unknown = [n for n in nodes if n not in self.client_of_node]
             if unknown and self.listings[upcoming] == 1:
@@ -163,19 +161,6 @@ class ChurnGrid(AvailabilityGrid):
                     "would in a deployment. Lower them (or use a rule of strategies/, whose wait is bounded)",
                     upcoming, len(listed), self.schedule.num_clients)
             return listed
-
-    def learn(self, nodes: list[int], rnd: int) -> None:
-        """Ask the listed nodes whose client id is unknown (each at most once per listing round)."""
-        unknown = [n for n in nodes if n not in self.client_of_node and n not in self.refused
-                   and self.asked_in.get(n) != rnd]
-        if not unknown:
-            return
-        wait = self.retry_timeout if all(n in self.asked_in for n in unknown) else self.discovery_timeout
-        for n in unknown:
-            self.asked_in[n] = rnd
-        self.asked |= set(unknown)
-        discover_clients(self.grid, self.client_of_node, wait, self.refused, rnd, nodes=unknown,
-                         errors=self.identity_errors)
 
     # ------------------------------------------------------------------ dating
     def round_of(self, m: Message) -> int | None:  # noqa: D102

@@ -9,7 +9,7 @@ from test_churn_dropin import flower_fedavg, foreign_app, start
 
 from experiments.inprocess import InProcessGrid, run_inprocess
 from server_app.dropin import NoWorkDone, with_availability
-from server_app.network import quoted_error
+from server_app.identity import quoted_error
 from strategies import StrategyFailure
 
 QUADRATIC = {"dataset": "quadratic", "model": "quadratic", "partition": "natural", "num-clients": 4,
