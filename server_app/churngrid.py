@@ -25,7 +25,9 @@
   that ends mid-round; SecAgg+ recovers its masks from the shares.
 - **No success without work.** When ``max_idle_rounds`` rounds with clients scheduled online have
   passed and no round ever had a participant, the run fails (:class:`NoWorkDone`) with the reasons
-  (what the nodes' identity answers raised, the training replies' errors, a halted SecAgg+).
+  (what the nodes' identity answers raised, the training replies' errors, a halted SecAgg+); a
+  shorter run fails so when its loop ends (:meth:`ChurnGrid.finish`: Flower's loops say so on their
+  logger, ``[SUMMARY]`` / ``Strategy execution finished``; a loop of your own calls it last).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from availability import Schedule
 from .identity import quoted_error
 from .messages import (
     ROUND_STARTS,
+    RUN_ENDS,
     SECURE_DONE,
     STAGES,
     RoundUnknown,
@@ -73,8 +76,9 @@ class NoWorkDone(RuntimeError):
 class _FlowerLogWatch(logging.Handler):
     """What Flower's loops say only on its logger: the round they start (``[ROUND r]`` of
     ``DefaultWorkflow``, ``[ROUND r/R]`` of ``Strategy.start``: the clock then follows a round in
-    which the strategy sent nothing) and SecAgg+'s outcome (``Secure aggregation completed.`` /
-    ``halted.``); ``tests/test_churn_workflows.py`` runs both against the pinned Flower."""
+    which the strategy sent nothing), SecAgg+'s outcome (``Secure aggregation completed.`` /
+    ``halted.``) and the end of their rounds (``[SUMMARY]``, ``Strategy execution finished``);
+    ``tests/test_churn_workflows.py`` and ``tests/test_no_work.py`` run them against the pinned Flower."""
 
     def __init__(self, grid: ChurnGrid) -> None:
         super().__init__(logging.DEBUG)
@@ -88,6 +92,8 @@ class _FlowerLogWatch(logging.Handler):
             grid.secure_ended(SECURE_DONE[record.msg])  # may raise NoWorkDone: it ends the workflow
         elif record.msg in ROUND_STARTS and isinstance(record.args, tuple) and record.args:
             grid.announce(int(str(record.args[0])))  # may raise NoWorkDone too
+        elif record.msg in RUN_ENDS:
+            grid.finish()  # raises NoWorkDone when no round had a participant: the run ends failed
 
 
 class ChurnGrid(AvailabilityGrid):
@@ -123,6 +129,7 @@ class ChurnGrid(AvailabilityGrid):
             results_dir.mkdir(parents=True, exist_ok=True)
             (results_dir / ROUNDS).write_text("")
         self.announced = 0  # the round Flower's loop said it starts (its log line)
+        self.finished = False  # finish() has judged the run
         for old in [h for h in flwr_log.handlers if isinstance(h, _FlowerLogWatch)]:
             flwr_log.removeHandler(old)  # one wrapped grid per ServerApp: the latest follows Flower's loop
         self.watch = _FlowerLogWatch(self)
@@ -320,6 +327,27 @@ class ChurnGrid(AvailabilityGrid):
                     f"SecAgg+ halted after its '{info.get('last-stage')}' stage (fewer than its reconstruction "
                     f"threshold of clients answered: see Flower's log above)")
             self.close(rnd, completed)
+
+    def finish(self) -> None:
+        """The loop's rounds are over (Flower's loops: their last log lines; a loop of your own calls
+        this last): :class:`NoWorkDone`, naming why, when no round had a participant, however few
+        rounds ran (``max_idle_rounds`` fails a long run earlier)."""
+        with self.lock:
+            if self.worked or self.finished:
+                return
+            self.finished = True
+            self.announce(self.announced + 1)  # a last round in which the strategy sent nothing
+            if not self.rounds:
+                raise NoWorkDone("availability: the run ended and no round sent any training message: no "
+                                 "client's update was applied")
+            last = max(self.rounds)
+            scheduled = [r for r in sorted(self.rounds) if self.schedule.available(r - 1).any()]
+            problems = Counter(p for row in self.rounds.values() for p in row["problems"])
+            why = "; ".join(f"{p} ({n}x)" for p, n in problems.most_common(4)) or (
+                f"round {last} addressed {self.rounds[last]['addressed']}, none replied" if scheduled
+                else "nobody was scheduled online")
+            raise NoWorkDone(f"availability: the run ended and no client's update was applied in any of its "
+                             f"{len(self.rounds)} round(s) (clients scheduled online in rounds {scheduled}): {why}")
 
     def close(self, rnd: int, completed: bool) -> None:
         """Round ``rnd``'s training is over: its participants are fixed, its files written."""

@@ -165,12 +165,15 @@ def test_secagg_recovers_a_node_that_leaves_between_stages_and_reports_a_round_b
     assert read_matrix(tmp_path / "participation.csv").sum(axis=1).tolist() == [4, 5, 0]
 
 
-def test_secagg_rounds_that_all_halt_fail_the_run_with_the_reason():
+@pytest.mark.parametrize("rounds, idle, when", [(4, 2, "no client's update was applied in rounds 1-2"),
+                                                (2, 3, "the run ended and no client's update was applied in any of its 2 r")])
+def test_secagg_rounds_that_all_halt_fail_the_run_with_the_reason(rounds, idle, when):
     """No success without work: threshold 4 of 5 and bernoulli p=0.3, so no round reaches it; after
-    max_idle_rounds=2 such rounds the run fails naming the halted SecAgg+."""
-    grid = with_availability(inner_grid(True), "bernoulli:p=0.3", num_clients=N, seed=0, max_idle_rounds=2)
-    with pytest.raises(NoWorkDone, match="no client's update was applied in rounds 1-2.*SecAgg\\+ halted"):
-        run_workflow(grid, 4, True, num_shares=5, threshold=4)
+    max_idle_rounds such rounds, or when a shorter run ends (DefaultWorkflow's [SUMMARY]), the run
+    fails naming the halted SecAgg+."""
+    grid = with_availability(inner_grid(True), "bernoulli:p=0.3", num_clients=N, seed=0, max_idle_rounds=idle)
+    with pytest.raises(NoWorkDone, match=f"{when}.*SecAgg\\+ halted"):
+        run_workflow(grid, rounds, True, num_shares=5, threshold=4)
 
 
 def test_an_offline_node_gets_flowers_unavailable_reply_and_undated_messages_are_refused():
