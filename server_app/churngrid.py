@@ -1,28 +1,25 @@
 """The drop-in's grid (:func:`server_app.dropin.with_availability`): churn any Flower app can trust.
 
-- **Offline is not connected.** ``get_node_ids()`` lists only the nodes whose client is online in
-  the round about to be addressed (the grid's clock, below), so Flower's, a user's and SecAgg+'s
-  sampling choose among the online, as in a deployment where offline SuperNodes are stopped. A
-  message to an offline (or never identified) node is not delivered and gets at once the error
-  reply Flower's SuperLink gives for an unavailable node (``NODE_UNAVAILABLE``).
+- **Offline is not connected** (:class:`~server_app.network.AvailabilityGrid`): ``get_node_ids()``
+  lists the nodes online in the round about to be addressed (the clock, below); a message to an
+  offline (or never identified) node gets at once Flower's unavailable-node reply.
 - **Every message is dated, or refused.** A message's round is its ``server-round`` (Flower's
   Message-API strategies and the project's rules), else its numeric ``group_id`` (Flower's legacy
   workflows, ``DefaultWorkflow`` and ``SecAggPlusWorkflow``: every stage), else, with
   ``count_rounds=True``, the grid's own count (each send of undated TRAIN messages starts the next
   round; other undated messages belong to the current one). Anything else is refused
   (:class:`RoundUnknown`, naming the fixes) before any message is sent.
-- **The clock.** The nodes listed are those online in ``max(latest dated round, last trained round
-  + 1)``: a loop's evaluation of round r, sent after its training, addresses round r + 1's nodes,
-  exactly as in a deployment (``deploy launch --app``), where round r + 1's nodes are started as
-  soon as round r's training is in.
-- **Participation counts the stage that trains**: plain TRAIN messages, and of SecAgg+ only the
-  ``collect_masked_vectors`` stage (key exchange, unmasking and evaluation are not training). A
-  SecAgg+ round is closed by the workflow's own log line (``Secure aggregation completed.`` or
-  ``halted.``): a halted round has no participants and says where it stopped. One ``rounds.jsonl``
-  line per round.
-- **Leaving between stages.** ``departures`` {(round, client): stage}: the client's node is gone
-  from that SecAgg+ stage of that round on (its messages get the unavailable reply), as a session
-  that ends mid-round; SecAgg+ recovers its masks from the shares.
+- **The clock.** Listed: the nodes online in ``max(latest dated round, last trained round + 1)``:
+  an evaluation of round r, sent after its training, reaches round r + 1's nodes, as deployed
+  (``deploy launch --app`` starts them once round r's training is in).
+- **Participation counts the stage that trains**: plain TRAIN, of SecAgg+ ``collect_masked_vectors``
+  only. A SecAgg+ round is closed by the workflow's log line (``Secure aggregation completed.`` /
+  ``halted.``: no participants, where it stopped). One ``rounds.jsonl`` line per round.
+- **Leaving between stages.** ``departures`` {(round, client): stage}, or the virtual clock's
+  sessions (:class:`~server_app.sessionstages.SessionStages`): the client's node is gone from that
+  SecAgg+ stage of that round on (its messages get the unavailable reply; gone from ``setup``: not
+  listed; a plain TRAIN message is withheld from a node gone by the training stage); SecAgg+
+  recovers its masks from the shares.
 - **No success without work.** When ``max_idle_rounds`` rounds with clients scheduled online have
   passed and no round ever had a participant, the run fails (:class:`NoWorkDone`) with the reasons
   (what the nodes' identity answers raised, the training replies' errors, a halted SecAgg+); a
@@ -54,6 +51,7 @@ from .messages import (
     RUN_ENDS,
     SECURE_DONE,
     STAGES,
+    TRAINING_STAGE,
     RoundUnknown,
     dated_round,
     is_training,
@@ -62,6 +60,7 @@ from .messages import (
 )
 from .network import AvailabilityGrid
 from .results import PARTICIPATION, write_matrix
+from .sessionstages import SessionStages
 
 flwr_log = logging.getLogger("flwr")
 AVAILABILITY = "availability.csv"
@@ -103,15 +102,17 @@ class ChurnGrid(AvailabilityGrid):
 
     def __init__(self, grid: Grid, schedule: Schedule, gate: str, results_dir: Path | None,
                  identity_timeout: float, deployed: Any = None, *, count_rounds: bool = False,
-                 max_idle_rounds: int = 3, departures: Mapping[tuple[int, int], str] | None = None) -> None:
+                 max_idle_rounds: int = 3, departures: Mapping[tuple[int, int], str] | SessionStages | None = None
+                 ) -> None:
         super().__init__(grid, schedule, {}, identity_timeout)
         self.gate = "none" if deployed is not None else gate
         self.results_dir = results_dir
         self.deployed = deployed
         self.count_rounds = count_rounds
         self.max_idle_rounds = max_idle_rounds
-        self.departures = dict(departures or {})  # (round, client) -> the SecAgg+ stage it is gone by
-        bad = {stage for stage in self.departures.values() if stage not in STAGES}
+        # (round, client) -> the SecAgg+ stage it is gone by: given, or from the clock's sessions
+        self.departures = departures if isinstance(departures, SessionStages) else dict(departures or {})
+        bad = {s for s in (self.departures.values() if isinstance(self.departures, dict) else []) if s not in STAGES}
         if bad:
             raise ValueError(f"departures: stages must be among {STAGES} (SecAgg+'s), got {sorted(bad)}")
         self.lock = threading.RLock()  # Flower's legacy workflows list nodes from a thread of their own
@@ -199,11 +200,22 @@ class ChurnGrid(AvailabilityGrid):
         self.latest = max([self.latest, *dates.values()])
 
     def departed(self, m: Message) -> bool:
-        """Whether ``m``'s node has left its round before ``m``'s SecAgg+ stage (``departures``)."""
-        stage = stage_of(m)
-        client = self.client_of_node.get(m.metadata.dst_node_id)
-        left = self.departures.get((self._dates.get(id(m), 0), client)) if client is not None else None
-        return stage in STAGES and left is not None and STAGES.index(stage) >= STAGES.index(left)
+        """Whether ``m``'s node has left its round before ``m``'s SecAgg+ stage (``departures``); a
+        plain message: its node is gone from its round's start, or (TRAIN) before the training stage."""
+        stage, client = stage_of(m), self.client_of_node.get(m.metadata.dst_node_id)
+        rnd = self._dates.get(id(m), 0) if stage is not None else self.availability_round(self._dates.get(id(m), 0))
+        left = self.departures.get((rnd, client)) if client is not None else None
+        if left is None or (stage is not None and stage not in STAGES):
+            return False
+        if stage is None:
+            return left == STAGES[0] or (m.metadata.message_type == MessageType.TRAIN and left == TRAINING_STAGE)
+        return STAGES.index(stage) >= STAGES.index(left)
+
+    def online_nodes(self, nodes: Iterable[int], rnd: int) -> list[int]:
+        """The schedule's online nodes, less those gone from the round's start (``departures``: a
+        session that is off)."""
+        return [n for n in super().online_nodes(nodes, rnd) if self.departures.get((rnd, self.client_of_node[n]))
+                != STAGES[0]]
 
     # ------------------------------------------------------------------ sending
     def reachable(self, messages: list[Message]) -> list[Message]:  # noqa: D102
