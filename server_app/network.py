@@ -232,6 +232,12 @@ class AvailabilityGrid(DelegatingGrid):
         self.asked_in: dict[int, int] = {}  # node -> the listing round it was last asked who it is
         self.round_now: int | None = None  # the loop's round (begin_round); None: every connected node listed
 
+    @property
+    def num_clients(self) -> int:
+        """N, the schedule's clients: a rule not told N takes it from here, not from the nodes
+        listed at its first round (only the online ones)."""
+        return self.schedule.num_clients
+
     def round_of(self, m: Message) -> int | None:
         """The 1-based round of message ``m`` (None: not a round message)."""
         return server_round_of(m.content)
