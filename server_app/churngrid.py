@@ -130,7 +130,7 @@ class ChurnGrid(AvailabilityGrid):
             results_dir.mkdir(parents=True, exist_ok=True)
             (results_dir / ROUNDS).write_text("")
         self.announced = 0  # the round Flower's loop said it starts (its log line)
-        self.finished = False  # finish() has judged the run
+        self.finished = self.used = False  # finish() has judged the run; a loop listed nodes through this grid
         for old in [h for h in flwr_log.handlers if isinstance(h, _FlowerLogWatch)]:
             flwr_log.removeHandler(old)  # one wrapped grid per ServerApp: the latest follows Flower's loop
         self.watch = _FlowerLogWatch(self)
@@ -145,7 +145,7 @@ class ChurnGrid(AvailabilityGrid):
         """The connected nodes whose client is online in :meth:`listing_round` (gate ``server``);
         every connected node otherwise (deployed: after the round-start signal)."""
         with self.lock:
-            upcoming = self.listing_round()
+            upcoming, self.used = self.listing_round(), True
             if self.deployed is not None:
                 if self.signalled < upcoming:
                     self.signalled = upcoming
@@ -345,8 +345,8 @@ class ChurnGrid(AvailabilityGrid):
         this last): :class:`NoWorkDone`, naming why, when no round had a participant, however few
         rounds ran (``max_idle_rounds`` fails a long run earlier)."""
         with self.lock:
-            if self.worked or self.finished:
-                return
+            if self.worked or self.finished or not (self.used or self.latest):
+                return  # it worked, or was judged, or no loop used this grid (another one's loop ended)
             self.finished = True
             self.announce(self.announced + 1)  # a last round in which the strategy sent nothing
             if not self.rounds:
