@@ -103,7 +103,7 @@ def server_round(msg: Message) -> int:
     return int(cast(int, msg.content.config_records["config"][SERVER_ROUND]))
 
 
-@app.query("identity")  # the server's identity query (server_app.network.identity_query)
+@app.query("identity")  # the server's identity query (server_app.identity.identity_query)
 @app.query()
 def query(msg: Message, context: Context) -> Message:
     """Who am I: lets the server map node ids to client ids before any training."""

@@ -1,31 +1,30 @@
 """The drop-in's grid (:func:`server_app.dropin.with_availability`): churn any Flower app can trust.
 
-- **Offline is not connected.** ``get_node_ids()`` lists only the nodes whose client is online in
-  the round about to be addressed (the grid's clock, below), so Flower's, a user's and SecAgg+'s
-  sampling choose among the online, as in a deployment where offline SuperNodes are stopped. A
-  message to an offline (or never identified) node is not delivered and gets at once the error
-  reply Flower's SuperLink gives for an unavailable node (``NODE_UNAVAILABLE``).
+- **Offline is not connected** (:class:`~server_app.network.AvailabilityGrid`): ``get_node_ids()``
+  lists the nodes online in the round about to be addressed (the clock, below); a message to an
+  offline (or never identified) node gets at once Flower's unavailable-node reply.
 - **Every message is dated, or refused.** A message's round is its ``server-round`` (Flower's
   Message-API strategies and the project's rules), else its numeric ``group_id`` (Flower's legacy
   workflows, ``DefaultWorkflow`` and ``SecAggPlusWorkflow``: every stage), else, with
   ``count_rounds=True``, the grid's own count (each send of undated TRAIN messages starts the next
   round; other undated messages belong to the current one). Anything else is refused
   (:class:`RoundUnknown`, naming the fixes) before any message is sent.
-- **The clock.** The nodes listed are those online in ``max(latest dated round, last trained round
-  + 1)``: a loop's evaluation of round r, sent after its training, addresses round r + 1's nodes,
-  exactly as in a deployment (``deploy launch --app``), where round r + 1's nodes are started as
-  soon as round r's training is in.
-- **Participation counts the stage that trains**: plain TRAIN messages, and of SecAgg+ only the
-  ``collect_masked_vectors`` stage (key exchange, unmasking and evaluation are not training). A
-  SecAgg+ round is closed by the workflow's own log line (``Secure aggregation completed.`` or
-  ``halted.``): a halted round has no participants and says where it stopped. One ``rounds.jsonl``
-  line per round.
-- **Leaving between stages.** ``departures`` {(round, client): stage}: the client's node is gone
-  from that SecAgg+ stage of that round on (its messages get the unavailable reply), as a session
-  that ends mid-round; SecAgg+ recovers its masks from the shares.
+- **The clock.** Listed: the nodes online in ``max(latest dated round, last trained round + 1)``:
+  an evaluation of round r, sent after its training, reaches round r + 1's nodes, as deployed
+  (``deploy launch --app`` starts them once round r's training is in).
+- **Participation counts the stage that trains**: plain TRAIN, of SecAgg+ ``collect_masked_vectors``
+  only. A SecAgg+ round is closed by the workflow's log line (``Secure aggregation completed.`` /
+  ``halted.``: no participants, where it stopped). One ``rounds.jsonl`` line per round.
+- **Leaving between stages.** ``departures`` {(round, client): stage}, or the virtual clock's
+  sessions (:class:`~server_app.sessionstages.SessionStages`): the client's node is gone from that
+  SecAgg+ stage of that round on (its messages get the unavailable reply; gone from ``setup``: not
+  listed; a plain TRAIN message is withheld from a node gone by the training stage); SecAgg+
+  recovers its masks from the shares.
 - **No success without work.** When ``max_idle_rounds`` rounds with clients scheduled online have
   passed and no round ever had a participant, the run fails (:class:`NoWorkDone`) with the reasons
-  (what the nodes' identity answers raised, the training replies' errors, a halted SecAgg+).
+  (what the nodes' identity answers raised, the training replies' errors, a halted SecAgg+); a
+  shorter run fails so when its loop ends (:meth:`ChurnGrid.finish`: Flower's loops say so on their
+  logger, ``[SUMMARY]`` / ``Strategy execution finished``; a loop of your own calls it last).
 """
 
 from __future__ import annotations
@@ -46,18 +45,22 @@ from flwr.serverapp import Grid
 
 from availability import Schedule
 
+from .identity import quoted_error
 from .messages import (
     ROUND_STARTS,
+    RUN_ENDS,
     SECURE_DONE,
     STAGES,
+    TRAINING_STAGE,
     RoundUnknown,
     dated_round,
     is_training,
     stage_of,
     unavailable_reply,
 )
-from .network import AvailabilityGrid, discover_clients, quoted_error
+from .network import AvailabilityGrid
 from .results import PARTICIPATION, write_matrix
+from .sessionstages import SessionStages
 
 flwr_log = logging.getLogger("flwr")
 AVAILABILITY = "availability.csv"
@@ -72,8 +75,9 @@ class NoWorkDone(RuntimeError):
 class _FlowerLogWatch(logging.Handler):
     """What Flower's loops say only on its logger: the round they start (``[ROUND r]`` of
     ``DefaultWorkflow``, ``[ROUND r/R]`` of ``Strategy.start``: the clock then follows a round in
-    which the strategy sent nothing) and SecAgg+'s outcome (``Secure aggregation completed.`` /
-    ``halted.``); ``tests/test_churn_workflows.py`` runs both against the pinned Flower."""
+    which the strategy sent nothing), SecAgg+'s outcome (``Secure aggregation completed.`` /
+    ``halted.``) and the end of their rounds (``[SUMMARY]``, ``Strategy execution finished``);
+    ``tests/test_churn_workflows.py`` and ``tests/test_no_work.py`` run them against the pinned Flower."""
 
     def __init__(self, grid: ChurnGrid) -> None:
         super().__init__(logging.DEBUG)
@@ -87,6 +91,8 @@ class _FlowerLogWatch(logging.Handler):
             grid.secure_ended(SECURE_DONE[record.msg])  # may raise NoWorkDone: it ends the workflow
         elif record.msg in ROUND_STARTS and isinstance(record.args, tuple) and record.args:
             grid.announce(int(str(record.args[0])))  # may raise NoWorkDone too
+        elif record.msg in RUN_ENDS:
+            grid.finish()  # raises NoWorkDone when no round had a participant: the run ends failed
 
 
 class ChurnGrid(AvailabilityGrid):
@@ -96,15 +102,17 @@ class ChurnGrid(AvailabilityGrid):
 
     def __init__(self, grid: Grid, schedule: Schedule, gate: str, results_dir: Path | None,
                  identity_timeout: float, deployed: Any = None, *, count_rounds: bool = False,
-                 max_idle_rounds: int = 3, departures: Mapping[tuple[int, int], str] | None = None) -> None:
+                 max_idle_rounds: int = 3, departures: Mapping[tuple[int, int], str] | SessionStages | None = None
+                 ) -> None:
         super().__init__(grid, schedule, {}, identity_timeout)
         self.gate = "none" if deployed is not None else gate
         self.results_dir = results_dir
         self.deployed = deployed
         self.count_rounds = count_rounds
         self.max_idle_rounds = max_idle_rounds
-        self.departures = dict(departures or {})  # (round, client) -> the SecAgg+ stage it is gone by
-        bad = {stage for stage in self.departures.values() if stage not in STAGES}
+        # (round, client) -> the SecAgg+ stage it is gone by: given, or from the clock's sessions
+        self.departures = departures if isinstance(departures, SessionStages) else dict(departures or {})
+        bad = {s for s in (self.departures.values() if isinstance(self.departures, dict) else []) if s not in STAGES}
         if bad:
             raise ValueError(f"departures: stages must be among {STAGES} (SecAgg+'s), got {sorted(bad)}")
         self.lock = threading.RLock()  # Flower's legacy workflows list nodes from a thread of their own
@@ -115,7 +123,6 @@ class ChurnGrid(AvailabilityGrid):
         self.worked = False  # a round had a participant
         self.idle: list[int] = []  # rounds with clients online and no participant, while none ever had one
         self.signalled = 0  # deployed: the last round whose start signal was waited for
-        self.asked_in: dict[int, int] = {}  # node -> the listing round it was last asked who it is
         self.listings: Counter[int] = Counter()  # listing round -> times listed
         self.pending: dict[str, Message] = {}  # push/pull: message id -> its unavailable reply
         self._dates: dict[int, int] = {}  # id(message) -> round, for the batch being sent
@@ -123,6 +130,7 @@ class ChurnGrid(AvailabilityGrid):
             results_dir.mkdir(parents=True, exist_ok=True)
             (results_dir / ROUNDS).write_text("")
         self.announced = 0  # the round Flower's loop said it starts (its log line)
+        self.finished = self.used = False  # finish() has judged the run; a loop listed nodes through this grid
         for old in [h for h in flwr_log.handlers if isinstance(h, _FlowerLogWatch)]:
             flwr_log.removeHandler(old)  # one wrapped grid per ServerApp: the latest follows Flower's loop
         self.watch = _FlowerLogWatch(self)
@@ -137,7 +145,7 @@ class ChurnGrid(AvailabilityGrid):
         """The connected nodes whose client is online in :meth:`listing_round` (gate ``server``);
         every connected node otherwise (deployed: after the round-start signal)."""
         with self.lock:
-            upcoming = self.listing_round()
+            upcoming, self.used = self.listing_round(), True
             if self.deployed is not None:
                 if self.signalled < upcoming:
                     self.signalled = upcoming
@@ -147,9 +155,7 @@ class ChurnGrid(AvailabilityGrid):
             self.learn(nodes, upcoming)
             if self.gate != "server":
                 return nodes
-            online = self.schedule.available(upcoming - 1)
-            listed = [n for n in nodes if (c := self.client_of_node.get(n)) is not None
-                      and 0 <= c < len(online) and online[c]]
+            listed = self.online_nodes(nodes, upcoming)
             self.listings[upcoming] += 1
             unknown = [n for n in nodes if n not in self.client_of_node]
             if unknown and self.listings[upcoming] == 1:
@@ -163,19 +169,6 @@ class ChurnGrid(AvailabilityGrid):
                     "would in a deployment. Lower them (or use a rule of strategies/, whose wait is bounded)",
                     upcoming, len(listed), self.schedule.num_clients)
             return listed
-
-    def learn(self, nodes: list[int], rnd: int) -> None:
-        """Ask the listed nodes whose client id is unknown (each at most once per listing round)."""
-        unknown = [n for n in nodes if n not in self.client_of_node and n not in self.refused
-                   and self.asked_in.get(n) != rnd]
-        if not unknown:
-            return
-        wait = self.retry_timeout if all(n in self.asked_in for n in unknown) else self.discovery_timeout
-        for n in unknown:
-            self.asked_in[n] = rnd
-        self.asked |= set(unknown)
-        discover_clients(self.grid, self.client_of_node, wait, self.refused, rnd, nodes=unknown,
-                         errors=self.identity_errors)
 
     # ------------------------------------------------------------------ dating
     def round_of(self, m: Message) -> int | None:  # noqa: D102
@@ -207,11 +200,22 @@ class ChurnGrid(AvailabilityGrid):
         self.latest = max([self.latest, *dates.values()])
 
     def departed(self, m: Message) -> bool:
-        """Whether ``m``'s node has left its round before ``m``'s SecAgg+ stage (``departures``)."""
-        stage = stage_of(m)
-        client = self.client_of_node.get(m.metadata.dst_node_id)
-        left = self.departures.get((self._dates.get(id(m), 0), client)) if client is not None else None
-        return stage in STAGES and left is not None and STAGES.index(stage) >= STAGES.index(left)
+        """Whether ``m``'s node has left its round before ``m``'s SecAgg+ stage (``departures``); a
+        plain message: its node is gone from its round's start, or (TRAIN) before the training stage."""
+        stage, client = stage_of(m), self.client_of_node.get(m.metadata.dst_node_id)
+        rnd = self._dates.get(id(m), 0) if stage is not None else self.availability_round(self._dates.get(id(m), 0))
+        left = self.departures.get((rnd, client)) if client is not None else None
+        if left is None or (stage is not None and stage not in STAGES):
+            return False
+        if stage is None:
+            return left == STAGES[0] or (m.metadata.message_type == MessageType.TRAIN and left == TRAINING_STAGE)
+        return STAGES.index(stage) >= STAGES.index(left)
+
+    def online_nodes(self, nodes: Iterable[int], rnd: int) -> list[int]:
+        """The schedule's online nodes, less those gone from the round's start (``departures``: a
+        session that is off)."""
+        return [n for n in super().online_nodes(nodes, rnd) if self.departures.get((rnd, self.client_of_node[n]))
+                != STAGES[0]]
 
     # ------------------------------------------------------------------ sending
     def reachable(self, messages: list[Message]) -> list[Message]:  # noqa: D102
@@ -335,6 +339,27 @@ class ChurnGrid(AvailabilityGrid):
                     f"SecAgg+ halted after its '{info.get('last-stage')}' stage (fewer than its reconstruction "
                     f"threshold of clients answered: see Flower's log above)")
             self.close(rnd, completed)
+
+    def finish(self) -> None:
+        """The loop's rounds are over (Flower's loops: their last log lines; a loop of your own calls
+        this last): :class:`NoWorkDone`, naming why, when no round had a participant, however few
+        rounds ran (``max_idle_rounds`` fails a long run earlier)."""
+        with self.lock:
+            if self.worked or self.finished or not (self.used or self.latest):
+                return  # it worked, or was judged, or no loop used this grid (another one's loop ended)
+            self.finished = True
+            self.announce(self.announced + 1)  # a last round in which the strategy sent nothing
+            if not self.rounds:
+                raise NoWorkDone("availability: the run ended and no round sent any training message: no "
+                                 "client's update was applied")
+            last = max(self.rounds)
+            scheduled = [r for r in sorted(self.rounds) if self.schedule.available(r - 1).any()]
+            problems = Counter(p for row in self.rounds.values() for p in row["problems"])
+            why = "; ".join(f"{p} ({n}x)" for p, n in problems.most_common(4)) or (
+                f"round {last} addressed {self.rounds[last]['addressed']}, none replied" if scheduled
+                else "nobody was scheduled online")
+            raise NoWorkDone(f"availability: the run ended and no client's update was applied in any of its "
+                             f"{len(self.rounds)} round(s) (clients scheduled online in rounds {scheduled}): {why}")
 
     def close(self, rnd: int, completed: bool) -> None:
         """Round ``rnd``'s training is over: its participants are fixed, its files written."""

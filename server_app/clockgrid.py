@@ -35,7 +35,9 @@ content to every node), the client trains k steps and replies with ``num-steps =
 when k fits. Sessions then judge the shorter job. The replies the
 strategy sees keep the inner grid's order (only filtered), so with no deadline and no session a
 run equals the run without ``devices`` bit for bit. Other messages (evaluate, queries, an oracle
-round's) pass unchanged and take no virtual time.
+round's) pass unchanged and take no virtual time. Clients the schedule has off in round r are not
+addressed at all (the availability grid lists only the online, as a deployment): a round with
+nobody online sends no training and takes no virtual time (before, it waited ``virtual-deadline``).
 """
 
 from __future__ import annotations
@@ -181,8 +183,11 @@ class VirtualClockGrid(DelegatingGrid):
         return kept
 
     def round_record(self, rnd: int) -> dict[str, Any]:
-        """What round ``rnd``'s metrics row keeps (``virtual-time`` ...); {} for an untimed round."""
-        return self.records.pop(rnd, None) or {"virtual-time": round(self.now, 6), "virtual-round-time": 0.0}
+        """What round ``rnd``'s metrics row keeps (``virtual-time`` ...). A round without timed
+        messages (nobody online, so nobody addressed, as in a deployment; an oracle round) takes
+        no virtual time and has nobody late, lost or off."""
+        return self.records.pop(rnd, None) or {"virtual-time": round(self.now, 6), "virtual-round-time": 0.0,
+                                               "late": [], "lost": [], "session-off": [], "client-virtual-time": {}}
 
 
 def build_clock(devices: str, num_clients: int, *, seed: int, reference_step_ms: float,

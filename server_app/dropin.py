@@ -56,11 +56,13 @@ from flwr.serverapp import Grid
 from availability import Schedule, build_schedule
 from availability.base import ScheduleError
 from runconfig import AVAILABILITY_GATES
+from virtualtime import VirtualClock
 
 from .churngrid import AVAILABILITY, ROUNDS, ChurnGrid, NoWorkDone
 from .messages import RoundUnknown
 from .network import fast_pull
 from .results import METRICS
+from .sessionstages import SessionStages
 
 __all__ = ["AVAILABILITY", "ROUNDS", "ChurnGrid", "Deployed", "NoWorkDone", "RoundUnknown", "with_availability"]
 flwr_log = logging.getLogger("flwr")
@@ -71,7 +73,8 @@ def with_availability(grid: Grid, availability: str | Schedule, *, num_clients: 
                       gate: str = "server", results_dir: str | Path | None = None,
                       identity_timeout: float = 300.0, count_rounds: bool = False, max_idle_rounds: int = 3,
                       label_dists: LabelDists | None = None,
-                      departures: Mapping[tuple[int, int], str] | None = None) -> ChurnGrid:
+                      departures: Mapping[tuple[int, int], str] | None = None, clock: VirtualClock | None = None,
+                      local_steps: int = 1) -> ChurnGrid:
     """``grid`` with the availability schedule applied (see the module).
 
     ``availability``: a spec string (``"bernoulli:p=0.5"``) or a built Schedule. ``num_clients``:
@@ -87,7 +90,12 @@ def with_availability(grid: Grid, availability: str | Schedule, *, num_clients: 
     ``max_idle_rounds``: fail the run when that many rounds with clients online have passed and no
     client's update ever came back (0: never). ``departures``: {(round, client): SecAgg+ stage}, the
     client's node leaves that round before that stage (``"share_keys"``, ``"collect_masked_vectors"``,
-    ``"unmask"``): a session that ends mid-round.
+    ``"unmask"``): a session that ends mid-round. ``clock``: the virtual clock of the clients' devices
+    (``virtualtime.VirtualClock(read_profiles(devices_toml, N, seed=...), model_bytes=..., seed=...)``),
+    whose sessions (``session_on_s``, ``session_off_s``) give the departures instead
+    (:class:`~server_app.sessionstages.SessionStages`: a job is ``local_steps`` steps): a node whose
+    session is off when its round starts is not listed, one whose session ends during its job or
+    before the round's end leaves before SecAgg+'s training or unmasking stage.
     """
     if gate not in ("server", "client"):
         raise ValueError(f"with_availability: gate must be 'server' or 'client' (of {AVAILABILITY_GATES}; "
@@ -104,6 +112,12 @@ def with_availability(grid: Grid, availability: str | Schedule, *, num_clients: 
     else:
         raise TypeError(f"with_availability: availability must be a spec string or a Schedule, "
                         f"got {type(availability).__name__}")
+    leaving: Mapping[tuple[int, int], str] | SessionStages | None = departures
+    if clock is not None:
+        if departures:
+            raise ValueError("with_availability: give departures or a clock (its sessions give the departures), "
+                             "not both")
+        leaving = SessionStages(clock, schedule, local_steps)
     flwr_log.info("availability: %s over N=%d clients, %s gate%s", schedule.spec, schedule.num_clients, gate,
                   f", written to {Path(results_dir).resolve()}" if results_dir is not None else "")
     deployed = Deployed.from_env()
@@ -114,7 +128,7 @@ def with_availability(grid: Grid, availability: str | Schedule, *, num_clients: 
         deployed.start(schedule)
         grid = fast_pull(grid)  # as the project's ServerApp: replies looked for every 0.1 s, not Flower's 3 s
     return ChurnGrid(grid, schedule, gate, None if results_dir is None else Path(results_dir), identity_timeout,
-                     deployed, count_rounds=count_rounds, max_idle_rounds=max_idle_rounds, departures=departures)
+                     deployed, count_rounds=count_rounds, max_idle_rounds=max_idle_rounds, departures=leaving)
 
 
 def _build(spec: str, num_clients: int, seed: int, label_dists: LabelDists | None) -> Schedule:

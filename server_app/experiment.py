@@ -22,7 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from runconfig import ConfigError
 from strategies import StrategyFailure
-from strategies.protocol import NUM_STEPS, TRAIN_TIME
+from strategies.protocol import IGNORE_AVAILABILITY, NUM_STEPS, TRAIN_TIME
 from strategies.registry import is_asynchronous
 from strategies.replies import brief, finite
 
@@ -30,7 +30,8 @@ from . import checkpoint
 from .asynchronous import run_async
 from .clockgrid import VirtualClockGrid, busy_after, last_virtual_time
 from .config import RunConfig, ServerConfig
-from .network import AvailabilityGrid, discover_clients, fast_pull, reply_seconds, wait_for_nodes
+from .identity import discover_clients
+from .network import AvailabilityGrid, fast_pull, reply_seconds, wait_for_nodes
 from .results import METRICS, RunRecorder
 from .setup import Setup, config_record, evaluate_models, prepare, save_checkpoint
 
@@ -188,8 +189,9 @@ def _run_rounds(grid: Grid, setup: Setup, client_of_node: dict[int, int], consol
         random.seed(cfg.workload.train_seed)
 
     net: Grid = grid
+    gate = None
     if cfg.availability.availability_gate == "server":
-        net = AvailabilityGrid(grid, setup.schedule, client_of_node, s.round_timeout)
+        net = gate = AvailabilityGrid(grid, setup.schedule, client_of_node, s.round_timeout)
     if setup.clock is not None:  # outside the gate: it times what the strategy sends
         net = VirtualClockGrid(net, setup.clock, client_of_node, setup.workload.steps_for, deadline=s.virtual_deadline,
                                min_replies=s.min_replies, start=last_virtual_time(recorder.rows),
@@ -205,6 +207,8 @@ def _run_rounds(grid: Grid, setup: Setup, client_of_node: dict[int, int], consol
         for rnd in range(setup.start_round, s.num_server_rounds + 1):
             wait_round_start(s, rnd)  # lets a churn driver bring the round's nodes up
             t0 = time.monotonic()
+            if gate is not None:  # offline nodes are not listed, as in a deployment (issue 35)
+                gate.begin_round(rnd, every_node=bool(strategy.train_config(rnd - 1, []).get(IGNORE_AVAILABILITY)))
             sent = list(strategy.configure_train(rnd, arrays, ConfigRecord(), net))
             times = TrainTimes(sent)  # the replies pass through once: a streaming rule holds none
             wait = train_timeout(s, rnd, setup.start_round, cfg.stragglers.straggler_policy)

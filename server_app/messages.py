@@ -4,7 +4,8 @@
   rules), else a numeric ``group_id`` (Flower's legacy workflows, ``DefaultWorkflow`` and every
   stage of ``SecAggPlusWorkflow``); :class:`RoundUnknown` for a message that names none.
 - Its SecAgg+ stage, and whether it is the stage that trains (``collect_masked_vectors``).
-- Flower's loops' log lines the grid follows: the round a loop starts, SecAgg+'s outcome.
+- Flower's loops' log lines the grid follows: the round a loop starts, SecAgg+'s outcome, the
+  end of the loop's rounds.
 - The reply Flower's SuperLink gives for a message to an unavailable node.
 """
 
@@ -22,6 +23,7 @@ STAGES = Stage.all()  # SecAgg+'s stages, in order
 TRAINING_STAGE = Stage.COLLECT_MASKED_VECTORS  # SecAgg+'s stage that runs the client's fit
 ROUND_STARTS = ("[ROUND %s]", "[ROUND %s/%s]")  # DefaultWorkflow's and Strategy.start's log lines
 SECURE_DONE = {"Secure aggregation completed.": True, "Secure aggregation halted.": False}  # SecAggPlusWorkflow's log
+RUN_ENDS = ("[SUMMARY]", "Strategy execution finished in %.2fs")  # DefaultWorkflow's and Strategy.start's last rounds
 
 
 class RoundUnknown(ValueError):

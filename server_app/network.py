@@ -2,11 +2,13 @@
 
 - :func:`wait_for_nodes` waits (bounded) until the expected nodes are connected: in simulation
   round 1 can otherwise see zero nodes.
-- :func:`discover_clients` asks every unknown node for its client id (a QUERY message), so the
-  schedule can be applied by client id before any training.
 - :class:`AvailabilityGrid` wraps a grid: a TRAIN or EVALUATE message for a client that is offline
   in that message's round is never delivered, so its reply never comes, as in a deployment
-  where the node is really gone. The strategy learns availability only from who replied.
+  where the node is really gone, and once the round loop has said which round it runs
+  (:meth:`~AvailabilityGrid.begin_round`) an offline node is not even listed by ``get_node_ids``
+  (a deployment's SuperLink lists only the SuperNodes running). The strategy learns availability
+  only from who replied. Who a node is comes from :mod:`server_app.identity`
+  (:func:`~server_app.identity.discover_clients`, before any training).
 - :func:`fast_pull` wraps a deployment's grid in :class:`PollingGrid`: Flower's HTTP grid looks
   for replies every 3 s, which is most of a short round; this one looks every 0.1 s, and holds
   the round's deadline also while a reply's body is still uploading (:func:`bounded_object_pulls`).
@@ -17,22 +19,20 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from contextvars import ContextVar
 from typing import Any
 
-from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.app import Message
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 
 from availability import Schedule
 from flowerlink import is_http_grid, wrap_http_grid_object_pulls
-from strategies.protocol import CLIENT_ID, IDENTITY_QUERY, IGNORE_AVAILABILITY, SERVER_ROUND, server_round_of
-from strategies.replies import ReplyRejected, count
+from strategies.protocol import IGNORE_AVAILABILITY, server_round_of
 
-IDENTITY = "identity"  # the record of a QUERY reply (client_app.app: client-id, num-partitions)
+from .identity import discover_clients
 
 log = logging.getLogger(__name__)
 flwr_log = logging.getLogger("flwr")  # Flower's logger: `flwr run --stream` shows what it says
@@ -56,93 +56,6 @@ def wait_for_nodes(grid: Grid, expected: int, timeout: float, poll: float = 0.2)
                 f"\"num-supernodes={expected}\"; in a deployment start that many SuperNodes"
             )
         time.sleep(poll)
-
-
-def identity_query(node: int, server_round: int = 1) -> Message:
-    """The query that asks ``node`` which client it is (``query.identity``: answered by the
-    project's ClientApp and by ``client_app.dropin``). It carries what Flower's own messages carry,
-    a ConfigRecord named ``config`` with ``server-round`` (the round the answer is needed for), so
-    a user's mod that reads ``msg.content["config"]["server-round"]`` works on it too."""
-    content = RecordDict({"config": ConfigRecord({SERVER_ROUND: int(server_round)})})
-    return Message(content, dst_node_id=node, message_type=IDENTITY_QUERY)
-
-
-_TRACEBACK_LAST = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning)): ?(.*)$")
-_WRAPPERS = ("ClientAppException", "RayTaskError")  # Flower's and Ray's wrappers around the real exception
-_FLOWER_REASON = re.compile(r"^<class '([\w.]+)'>:<'(.*)'>$", re.S)
-
-
-def quoted_error(reason: str | None) -> str:
-    """The exception behind a Flower error reply, as ``Type: first line`` (Flower writes
-    ``<class 'T'>:<'message'>``; in simulation the message holds Ray's traceback, whose first
-    ``Type: ...`` line that is not a wrapper is the real exception); the reason's first line where
-    it holds none."""
-    text = (reason or "").strip()
-    if not text:
-        return "(no reason given)"
-    found = [m for line in text.splitlines() if (m := _TRACEBACK_LAST.match(line.strip()))
-             and not m.group(1).endswith(_WRAPPERS)]
-    if found:  # a traceback (Ray's, in simulation): its first exception, the root of the chain
-        kind, message = found[0].group(1), found[0].group(2)
-        return f"{kind.rsplit('.', 1)[-1]}: {message.strip()}"[:300]
-    outer = _FLOWER_REASON.match(text)
-    if outer:
-        first = next((line.strip() for line in outer.group(2).splitlines() if line.strip()), "")
-        return f"{outer.group(1).rsplit('.', 1)[-1]}: {first}"[:300]
-    return next(line.strip() for line in text.splitlines() if line.strip())[:300]
-
-
-def identity(reply: Message) -> int:
-    """The client id a QUERY reply states: ``identity["client-id"]``, an integer >= 0;
-    ReplyRejected (naming the problem, the value summarised) for anything else."""
-    if reply.has_error():
-        raise ReplyRejected(f"error reply: {quoted_error(reply.error.reason)}")
-    if IDENTITY not in reply.content:
-        raise ReplyRejected(f"no '{IDENTITY}' record in its reply")
-    record = reply.content[IDENTITY]
-    if not isinstance(record, Mapping):
-        raise ReplyRejected(f"'{IDENTITY}' is a {type(record).__name__}, not a record of values")
-    value: int = count(record, CLIENT_ID, 0, 2**63 - 1)
-    return value
-
-
-def discover_clients(grid: Grid, known: dict[int, int], timeout: float,
-                     refused: set[int] | None = None, server_round: int = 1,
-                     nodes: Iterable[int] | None = None, errors: dict[int, str] | None = None) -> dict[int, int]:
-    """Update ``known`` (node id -> client id) for connected nodes (or ``nodes``) not in it yet nor
-    in ``refused`` (waiting at most ``timeout`` s for their answers; the query names
-    ``server_round``).
-
-    A reply counts only when it answers one of these queries, from the node asked; ``errors`` (when
-    given) keeps, per node, why its answer was refused (an error reply: the exception, quoted). A node whose
-    reply states no usable client id (:func:`identity`) is logged and added to ``refused`` (not
-    asked again); a node that did not reply is asked again next time. Never raises on a reply.
-    """
-    refused = set() if refused is None else refused
-    listed = grid.get_node_ids() if nodes is None else nodes
-    unknown = [n for n in sorted(listed) if n not in known and n not in refused]
-    if not unknown:
-        return known
-    queries = [identity_query(n, server_round) for n in unknown]
-    replies = list(grid.send_and_receive(queries, timeout=timeout))
-    asked = {q.metadata.message_id: q.metadata.dst_node_id for q in queries}
-    for reply in replies:
-        node = asked.get(reply.metadata.reply_to_message_id)
-        if "" in asked:  # a grid that gives messages no ids (a test double): trust the sender
-            node = reply.metadata.src_node_id if reply.metadata.src_node_id in unknown else None
-        if node is None or (node != reply.metadata.src_node_id and not reply.has_error()):
-            flwr_log.warning("a QUERY reply from node %s answers no query of this discovery: ignored",
-                             reply.metadata.src_node_id)
-            continue
-        try:
-            known[node] = identity(reply)
-        except ReplyRejected as exc:
-            flwr_log.warning("node %d did not say which client it is: %s", node, exc)
-            if errors is not None:
-                errors[node] = str(exc)
-            if not reply.has_error():  # an error (node gone) may answer next time
-                refused.add(node)
-    return known
 
 
 class DelegatingGrid(Grid):
@@ -316,10 +229,64 @@ class AvailabilityGrid(DelegatingGrid):
         self.out_of_range: set[int] = set()  # nodes that stated a client id the schedule lacks (logged once)
         self.withheld: list[Message] = []  # of the last reachable(): the messages not delivered
         self.identity_errors: dict[int, str] = {}  # node -> why its identity answer was refused
+        self.asked_in: dict[int, int] = {}  # node -> the listing round it was last asked who it is
+        self.round_now: int | None = None  # the loop's round (begin_round); None: every connected node listed
+
+    @property
+    def num_clients(self) -> int:
+        """N, the schedule's clients: a rule not told N takes it from here, not from the nodes
+        listed at its first round (only the online ones)."""
+        return self.schedule.num_clients
 
     def round_of(self, m: Message) -> int | None:
         """The 1-based round of message ``m`` (None: not a round message)."""
         return server_round_of(m.content)
+
+    # ------------------------------------------------------------------ listing
+    def begin_round(self, rnd: int, every_node: bool = False) -> None:
+        """The round loop starts round ``rnd``: from now :meth:`get_node_ids` lists the connected
+        nodes whose client is online in it, as a deployment's SuperLink lists only the SuperNodes
+        the churn driver left running, so a rule's sampling (``fraction_train``, power-of-choice's
+        candidates, ``fraction_evaluate``) chooses among the online in simulation too. With
+        ``every_node`` (an oracle round: ``ignore-availability``) every connected node is listed."""
+        self.round_now = None if every_node else int(rnd)
+
+    def listing_round(self) -> int | None:
+        """The round whose online nodes :meth:`get_node_ids` lists (None: every connected node;
+        before :meth:`begin_round`, e.g. while the nodes are discovered)."""
+        return self.round_now
+
+    def get_node_ids(self) -> Iterable[int]:
+        """The connected nodes online in :meth:`listing_round` (every connected node without one).
+        A node whose client id is unknown is asked (:meth:`learn`, once per round); until it has
+        answered it stays listed, as a connected SuperNode that does not answer is in a deployment,
+        and receives nothing (fail closed: :meth:`reachable`), so the strategy counts it unavailable."""
+        nodes = sorted(self.grid.get_node_ids())
+        rnd = self.listing_round()
+        if rnd is None:
+            return nodes
+        self.learn(nodes, rnd)
+        online = set(self.online_nodes(nodes, rnd))
+        return [n for n in nodes if n in online or n not in self.client_of_node]
+
+    def online_nodes(self, nodes: Iterable[int], rnd: int) -> list[int]:
+        """Those of ``nodes`` whose client is online in round ``rnd`` (1-based; round 0: round 1's)."""
+        online = self.schedule.available(max(rnd, 1) - 1)
+        return [n for n in nodes if (c := self.client_of_node.get(n)) is not None and 0 <= c < len(online)
+                and online[c]]
+
+    def learn(self, nodes: list[int], rnd: int) -> None:
+        """Ask the listed nodes whose client id is unknown (each at most once per listing round)."""
+        unknown = [n for n in nodes if n not in self.client_of_node and n not in self.refused
+                   and self.asked_in.get(n) != rnd]
+        if not unknown:
+            return
+        wait = self.retry_timeout if all(n in self.asked_in for n in unknown) else self.discovery_timeout
+        for n in unknown:
+            self.asked_in[n] = rnd
+        self.asked |= set(unknown)
+        discover_clients(self.grid, self.client_of_node, wait, self.refused, rnd, nodes=unknown,
+                         errors=self.identity_errors)
 
     def availability_round(self, rnd: int) -> int:
         """The round whose schedule decides whether a message of round ``rnd`` is delivered."""

@@ -208,12 +208,14 @@ class AvailabilityStrategy(Rule, Strategy):
         nodes = self.sampling.wait(grid, min(self.sampling.min_available_nodes, self.num_clients or 2**31),
                                    settle=0.5 if infer else 0.0)
         if infer:
-            if not nodes:
+            told = getattr(grid, "num_clients", None)  # a churn grid lists only the online clients: it knows N
+            told = told if isinstance(told, int) and not isinstance(told, bool) and told > 0 else None
+            if not nodes and told is None:
                 raise StrategyFailure(f"strategy '{self.name}' needs num_clients (N) and no node connected "
                                       f"within node_wait={self.sampling.node_wait:g} s: pass num_clients=N")
-            self.num_clients = len(nodes)
-            log.info("%s: num_clients not given: N = %d, the nodes connected at the first round",
-                     self.name, self.num_clients)
+            self.num_clients = told or len(nodes)
+            log.info("%s: num_clients not given: N = %d, %s", self.name, self.num_clients,
+                     "the grid's clients" if told else "the nodes connected at the first round")
         return nodes
 
     # ------------------------------------------------------------- Flower: train round

@@ -204,6 +204,19 @@ def test_every_rule_trains_only_the_online_clients_through_the_wrapper(spec):
         assert [grid.rounds[r]["replied"] for r in (1, 2, 3)] == online
 
 
+def test_a_rule_not_told_n_takes_the_schedules_not_the_online_count():
+    """Only the online nodes are listed, so a rule without num_clients must not take N from its
+    first listing (3 of 6 here): it takes the grid's N, and no later client's reply is rejected."""
+    inner = Recording(N, {}, client_app=foreign_app())
+    grid = with_availability(inner, SPEC, num_clients=N, seed=SEED)
+    strategy = build_strategy("fedau")
+    result = start(strategy, grid, rounds=4)
+    assert len(grid.online_nodes(inner.get_node_ids(), 1)) < N and strategy.num_clients == N
+    assert all(m["num-rejected"] == 0 for m in result.train_metrics_clientapp.values())
+    assert [grid.rounds[r]["participants"] for r in (1, 2, 3, 4)] == [
+        np.flatnonzero(row).tolist() for row in build_schedule(SPEC, N, SEED).matrix(4)]
+
+
 class Deployment(Recording):
     """What ``deploy launch --app`` leaves running: only the nodes of the clients online in round r,
     where r - 1 is the number of rounds the wrapper has recorded in the launcher's metrics.jsonl

@@ -165,12 +165,46 @@ def test_secagg_recovers_a_node_that_leaves_between_stages_and_reports_a_round_b
     assert read_matrix(tmp_path / "participation.csv").sum(axis=1).tolist() == [4, 5, 0]
 
 
-def test_secagg_rounds_that_all_halt_fail_the_run_with_the_reason():
+def test_sessions_that_end_mid_round_make_nodes_leave_between_secagg_stages(tmp_path):
+    """The virtual clock's sessions give the departures (with_availability(clock=...)): every job
+    takes 10 s, client 3's 1 s; clients 2 and 3 are online for the first 5 s only (periodic sessions,
+    then off for 100 s). Round 1: client 2 leaves during its training (its masks recovered from the
+    shares), client 3 after its masked vector, before unmasking (it counts). Round 2 starts at 10 s,
+    when both are off: they are not listed, as unconnected nodes."""
+    from server_app.sessionstages import SessionStages
+    from virtualtime import VirtualClock, parse_profiles
+
+    devices = {"slow": {"clients": [0, 1, 4], "step_ms": 10_000},
+               "leaves": {"clients": [2], "step_ms": 10_000, "session_on_s": 5, "session_off_s": 100,
+                          "session_model": "periodic"},
+               "uploads-then-leaves": {"clients": [3], "step_ms": 1_000, "session_on_s": 5, "session_off_s": 100,
+                                       "session_model": "periodic"}}
+    clock = VirtualClock(parse_profiles(devices, N), model_bytes=0, seed=0)
+    stages = SessionStages(clock, build_schedule("always", N, 0))
+    assert [stages.get((1, c)) for c in range(N)] == [None, None, "collect_masked_vectors", "unmask", None]
+    assert stages.start(2) == 10.0 and [stages.get((2, c)) for c in range(N)] == [None, None, "setup", "setup", None]
+    inner = inner_grid(True)
+    grid = with_availability(inner, "always", num_clients=N, results_dir=tmp_path, clock=clock, max_idle_rounds=0)
+    strategy = run_workflow(grid, 2, True, num_shares=5, threshold=3)
+    got, nodes = strategy.aggregated[1]
+    assert sorted(inner.partition_of[n] for n in nodes) == [0, 1, 3, 4]
+    assert np.abs(got - plain_mean(np.zeros(SHAPE), [0, 1, 3, 4], 1)).max() <= QUANTUM * N * 20
+    rows = {r["round"]: r for r in map(json.loads, (tmp_path / "rounds.jsonl").read_text().splitlines())}
+    assert rows[1]["participants"] == [0, 1, 3, 4] and rows[1]["secure"]["stages"]["unmask"] == [0, 1, 4]
+    assert rows[2]["addressed"] == [0, 1, 4] and rows[2]["participants"] == [0, 1, 4]
+    with pytest.raises(ValueError, match="departures or a clock"):
+        with_availability(inner_grid(True), "always", num_clients=N, clock=clock, departures={(1, 0): "unmask"})
+
+
+@pytest.mark.parametrize("rounds, idle, when", [(4, 2, "no client's update was applied in rounds 1-2"),
+                                                (2, 3, "the run ended and no client's update was applied in any of its 2 r")])
+def test_secagg_rounds_that_all_halt_fail_the_run_with_the_reason(rounds, idle, when):
     """No success without work: threshold 4 of 5 and bernoulli p=0.3, so no round reaches it; after
-    max_idle_rounds=2 such rounds the run fails naming the halted SecAgg+."""
-    grid = with_availability(inner_grid(True), "bernoulli:p=0.3", num_clients=N, seed=0, max_idle_rounds=2)
-    with pytest.raises(NoWorkDone, match="no client's update was applied in rounds 1-2.*SecAgg\\+ halted"):
-        run_workflow(grid, 4, True, num_shares=5, threshold=4)
+    max_idle_rounds such rounds, or when a shorter run ends (DefaultWorkflow's [SUMMARY]), the run
+    fails naming the halted SecAgg+."""
+    grid = with_availability(inner_grid(True), "bernoulli:p=0.3", num_clients=N, seed=0, max_idle_rounds=idle)
+    with pytest.raises(NoWorkDone, match=f"{when}.*SecAgg\\+ halted"):
+        run_workflow(grid, rounds, True, num_shares=5, threshold=4)
 
 
 def test_an_offline_node_gets_flowers_unavailable_reply_and_undated_messages_are_refused():

@@ -182,7 +182,7 @@ def test_the_simulation_gives_the_same_participation_and_model(deployed, tmp_pat
     import torch
 
     from experiments.inprocess import run_inprocess
-    from server_app.results import read_matrix
+    from server_app.results import read_matrix, read_metrics
 
     out = deployed["out"]
     # what the launcher's report says the deployment did not serve (late, crashed, rejected)
@@ -191,6 +191,12 @@ def test_the_simulation_gives_the_same_participation_and_model(deployed, tmp_pat
     ref = run_inprocess(cfg, down=lambda rnd, client: (rnd, client) in dropped)
     assert np.array_equal(read_matrix(ref / "participation.csv"), read_matrix(out.run_dir / "participation.csv"))
     assert np.array_equal(read_matrix(ref / "availability.csv"), read_matrix(out.run_dir / "availability.csv"))
+    # the same addressed nodes (issue 35): the simulation lists only the round's online nodes, as the
+    # SuperLink lists only the SuperNodes running, so fedavg-all addresses the online clients in both
+    online = read_matrix(ref / "availability.csv").sum(axis=1).tolist()
+    addressed = [[len(r["participants"]) + len(r["rejected"]) + r["unavailable-nodes"] for r in rows]
+                 for rows in (read_metrics(ref), out.rows)]
+    assert addressed[0] == addressed[1] == online, addressed
     a = torch.load(ref / "final_model.pt")
     b = torch.load(out.run_dir / "final_model.pt")
     for k in a:

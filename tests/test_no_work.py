@@ -3,13 +3,13 @@ round ends failed with the reason, in the project's own app and in any Flower ap
 drop-in (a user's mod that breaks every node)."""
 
 import pytest
-from flwr.app import Context, Error, Message
+from flwr.app import Context, Error, Message, MessageType
 from rich.console import Console
 from test_churn_dropin import flower_fedavg, foreign_app, start
 
 from experiments.inprocess import InProcessGrid, run_inprocess
 from server_app.dropin import NoWorkDone, with_availability
-from server_app.network import quoted_error
+from server_app.identity import quoted_error
 from strategies import StrategyFailure
 
 QUADRATIC = {"dataset": "quadratic", "model": "quadratic", "partition": "natural", "num-clients": 4,
@@ -51,12 +51,38 @@ class FlowerErrors(InProcessGrid):
         self.app = guarded
 
 
-def test_a_users_mod_that_breaks_identity_fails_the_run_quoting_the_real_exception(caplog):
+@pytest.mark.parametrize("rounds, when", [(5, r"in rounds 1-3"), (2, r"the run ended.* any of its 2 round")])
+def test_a_users_mod_that_breaks_identity_fails_the_run_quoting_the_real_exception(rounds, when, caplog):
+    """After max_idle_rounds (3) idle rounds, or when a shorter run's loop ends (Flower's start)."""
     inner = FlowerErrors(4, {}, client_app=foreign_app(extra_mods=(broken_config_mod,)))
     grid = with_availability(inner, "always", num_clients=4, identity_timeout=1.0)
-    with pytest.raises(NoWorkDone, match=r"rounds 1-3.*KeyError: 'lr'"):
-        start(flower_fedavg(), grid, rounds=5)
+    with pytest.raises(NoWorkDone, match=when + r".*KeyError: 'lr'"):
+        start(flower_fedavg(), grid, rounds=rounds)
     assert "KeyError: 'lr'" in caplog.text  # the warning quotes the exception, not the mod's name
+
+
+def failing_train(msg: Message, context: Context, call_next):
+    """A ClientApp whose training always fails (identity answers still)."""
+    if msg.metadata.message_type == MessageType.TRAIN:
+        raise RuntimeError("no data on this device")
+    return call_next(msg, context)
+
+
+def test_a_deployed_run_shorter_than_max_idle_rounds_without_work_fails(tmp_path, monkeypatch):
+    """Under ``deploy launch --app`` (its environment), 2 rounds whose every training reply is an
+    error: the launcher's metrics.jsonl has both rounds with no participants, and the run fails at
+    its end (before: finished:completed), naming the clients' exception."""
+    from server_app.dropin import Deployed
+    from server_app.results import read_metrics
+
+    deployed = Deployed(tmp_path / "run", None, 0.0, {"spec": "always", "seed": 0, "num_clients": 4})
+    for key, value in deployed.env().items():
+        monkeypatch.setenv(key, value)
+    inner = FlowerErrors(4, {}, client_app=foreign_app(extra_mods=(failing_train,)))
+    grid = with_availability(inner, "always", num_clients=4)
+    with pytest.raises(NoWorkDone, match=r"the run ended.*any of its 2 round.*RuntimeError: no data on this device"):
+        start(flower_fedavg(), grid, rounds=2)
+    assert [(r["round"], r["participants"]) for r in read_metrics(tmp_path / "run")] == [(1, []), (2, [])]
 
 
 def tensorboard_like_mod(msg: Message, context: Context, call_next):

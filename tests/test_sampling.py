@@ -8,12 +8,15 @@ unavailable client.
 import numpy as np
 import pytest
 import torch
-from flwr.app import ArrayRecord, ConfigRecord
+from flwr.app import ArrayRecord, ConfigRecord, MessageType
 from flwr.serverapp.strategy import Strategy
 from flwr.supercore.corestate.utils import generate_rand_int_from_bytes
+from rich.console import Console
 from test_dropin import FlowerGrid, Tiny, tiny_app
 
-from strategies import build_strategy
+from availability import build_schedule
+from experiments.inprocess import InProcessGrid
+from strategies import FedAvgActive, build_strategy
 from strategies.sampling import Sampling, check_destinations, draw
 
 # ids on both sides of 2^63 (the pair the issue found as float64), and Flower's edges
@@ -88,3 +91,79 @@ def test_fractions_train_and_evaluate_real_nodes_under_flowers_start(spec, ids):
     assert set(m.metadata.dst_node_id for m in grid.delivered) <= set(ids)
     assert len(result.evaluate_metrics_clientapp) == 3
     assert not torch.equal(result.arrays.to_torch_state_dict()["fc.weight"], initial.to_torch_state_dict()["fc.weight"])
+
+
+# ------------------------------------------- the project's ServerApp: offline is not connected
+class HalfOfTheOnline(FedAvgActive):
+    """FedAvg over ``fraction_train=0.5`` of the connected nodes: "50% online, then pick half of the
+    online" (FLGo's ``uniform_available``), as a user's rule (``strategy = "test_sampling:..."``)."""
+
+    name = "half-of-the-online"
+
+    def __init__(self, params=None, **kwargs):
+        super().__init__(params, **{"fraction_train": 0.5, "min_train_nodes": 1, **kwargs})
+
+
+class Deployed(InProcessGrid):
+    """What a deployment's SuperLink lists: only the SuperNodes the churn driver left running, those
+    of the clients online in round r, where r - 1 rounds are in the run's metrics.jsonl (the driver
+    starts round r's nodes once round r - 1's line is written)."""
+
+    def __init__(self, *args, run_dir, schedule, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.run_dir, self.schedule = run_dir, schedule
+
+    def get_node_ids(self):
+        metrics = self.run_dir / "metrics.jsonl"
+        done = len(metrics.read_text().splitlines()) if metrics.is_file() else 0
+        online = self.schedule.available(done)
+        return [n for n, c in self.partition_of.items() if online[c]]
+
+
+QUADRATIC = {"dataset": "quadratic", "model": "quadratic", "partition": "natural", "num-clients": 8,
+             "num-server-rounds": 5, "availability": "bernoulli:p=0.5", "local-steps": "steps:n=1", "batch-size": 1,
+             "progress": False, "checkpoint-every": 0}
+
+
+@pytest.mark.parametrize("spec", ["test_sampling:HalfOfTheOnline", "pow-d:d=3,m=2"])
+def test_the_serverapp_samples_among_the_online_as_a_deployment_does(spec, tmp_path):
+    """The project's ServerApp in simulation (gate ``server``) and in a deployment (gate ``none``, the
+    offline SuperNodes stopped: never listed) address the same clients, round by round, for the same
+    schedule and fraction: the sampler applied to the online set (a user's rule with
+    fraction_train=0.5; power-of-choice's probed candidates and trained clients)."""
+    from experiments.inprocess import default_run_config
+    from server_app.config import RunConfig
+    from server_app.experiment import run
+
+    addressed = {}
+    for gate in ("server", "none"):
+        run_config = {**default_run_config(), **QUADRATIC, "strategy": spec, "availability-gate": gate,
+                      "results-dir": str(tmp_path / gate), "run-name": "run"}
+        cfg = RunConfig.from_run_config(run_config)
+        schedule = build_schedule(cfg.availability.availability, 8, cfg.availability.schedule_seed)
+        if gate == "none":  # the launcher's min-nodes: the nodes up when the run starts
+            cfg = RunConfig.from_run_config({**run_config, "min-nodes": int(schedule.available(0).sum())})
+        grid = (InProcessGrid(8, run_config) if gate == "server" else
+                Deployed(8, run_config, run_dir=tmp_path / gate / "run", schedule=schedule))
+        run(grid, cfg, console=Console(quiet=True))
+        rounds: dict[tuple[int, str], list[int]] = {}
+        for m in grid.delivered:
+            config = m.content.config_records.get("config", {})
+            if "server-round" in config and m.metadata.message_type in (MessageType.TRAIN, MessageType.EVALUATE):
+                key = (int(config["server-round"]), m.metadata.message_type)
+                rounds.setdefault(key, []).append(grid.partition_of[m.metadata.dst_node_id])
+        addressed[gate] = {k: sorted(v) for k, v in rounds.items()}
+    assert addressed["server"] == addressed["none"]
+
+    online = [np.flatnonzero(row).tolist() for row in schedule.matrix(5)]
+    assert all(set(clients) <= set(online[rnd - 1]) for (rnd, _), clients in addressed["server"].items())
+    trained = [addressed["server"].get((r, MessageType.TRAIN), []) for r in range(1, 6)]
+    if spec.startswith("pow-d"):  # d = 3 candidates probed among the online, m = 2 of them trained
+        probed = [addressed["server"].get((r, MessageType.EVALUATE), []) for r in range(1, 6)]
+        assert [len(p) for p in probed] == [min(3, len(o)) for o in online]
+        assert all(set(t) <= set(p) and len(t) == min(2, len(p)) for t, p in zip(trained, probed, strict=True))
+    else:  # Flower's size, max(int(0.5 x online), 1), drawn by the rule's seeded generator from the online
+        rng = np.random.default_rng(cfg.workload.train_seed)
+        sampling = Sampling(fraction_train=0.5, min_train_nodes=1)
+        assert trained == [sorted(sampling.sample(o, True, rng)) for o in online]
+    assert any(len(t) < len(o) for t, o in zip(trained, online, strict=True))  # a real draw among the online
