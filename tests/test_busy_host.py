@@ -141,6 +141,8 @@ def test_two_churned_deployments_at_once_beside_busy_neighbours_lose_no_reply(tm
         assert "401" not in text and "authentication failed" not in text, text[-4000:]
         rows = [json.loads(line) for line in (tmp_path / f"results-{k}" / f"busy-{k}" / "metrics.jsonl").open()]
         assert [r["participants"] for r in rows] == [[0, 1], [0], [0, 1]], text[-4000:]  # the schedule, every reply
+        trained = [sorted(int(c) for c in r.get("client-train-time", {})) for r in rows]
+        assert trained == [r["participants"] for r in rows]  # each reply's own training seconds reach metrics.jsonl
         times = ", ".join(f"{r['round-time']:.1f}" for r in rows)
         print(f"deployment {k}: rounds {times} s; replies lost 0; both launches {wall:.0f} s beside 2 busy loops "
               f"and 400 MB held (load {os.getloadavg()[0]:.1f})")
