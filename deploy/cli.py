@@ -63,6 +63,9 @@ def add_churn_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-config", default="", help="the run config, as for flwr run")
     p.add_argument("--churn-mode", choices=MODES, default="term")
     p.add_argument("--grace", type=float, default=3.0, help="round-start-delay (if the ServerApp has it)")
+    p.add_argument("--round-timeout", type=float, default=0.0,
+                   help="the run's round-timeout in seconds (a round-timeout in --run-config wins); 0: the app's "
+                        "default scaled to the host's load, as python -m deploy launch does")
     p.add_argument("--superlink", default="superlink:8000", help="SuperLink address for the flwr CLI")
     p.add_argument("--root-certificates", default="", help="CA file: TLS connection (else insecure)")
     p.add_argument("--results-dir", default="/results",
