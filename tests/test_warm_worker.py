@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from client_app.worker import NodeWorker
-from deploy.tuning import start_warm_worker
+from deploy.warmstart import start_warm_worker
 from tests.conftest import ROOT
 from tests.test_worker import RUN_CONFIG, context, message, reaped, wait_until, worker_pids
 
@@ -46,7 +46,7 @@ def test_a_node_without_an_installed_app_gets_no_warm_worker(tmp_path, monkeypat
 
 
 def test_a_node_that_never_took_part_gets_its_siblings_installed_app_and_keeps_its_own(tmp_path):
-    from deploy.tuning import installed_apps, share_installed_app
+    from deploy.warmstart import installed_apps, share_installed_app
 
     sibling = tmp_path / "node-0" / "apps" / "flchurn.flchurn.0.1.0.abcdef12"
     (sibling / "client_app").mkdir(parents=True)
