@@ -239,7 +239,7 @@ class ProcessSite:
         if node.proc is None:
             return None
         try:
-            text = node.proc.log.read_text(errors="replace")
+            text = node.proc.output()  # a relaunch (--resume-from, same --work-dir) appends to the same log
         except OSError:
             return None
         m = NODE_ID_RE.search(text)
