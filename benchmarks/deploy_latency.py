@@ -191,7 +191,7 @@ def cold_client(n: int, tmp: Path) -> dict:
 def returning_rounds(n: int, rounds: int, tmp: Path, warm: bool) -> dict:
     """The README's churn launch (``group-cyclic:groups=2,window=2``): round times of the rounds in
     which a group returns against the continuing ones; ``warm`` (``--warm-workers``): the look-ahead
-    start also readies the returning node's client worker (deploy.tuning.start_warm_worker), else
+    start also readies the returning node's client worker (deploy.warmstart.start_warm_worker), else
     the worker starts at the node's first message (the default)."""
     from deploy.local import ProcessSite
     from deploy.run import run_deployment

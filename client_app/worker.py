@@ -55,6 +55,8 @@ from flowerlink import task_identity
 from runconfig import ConfigError, StragglerConfig, from_run_config
 from strategies.protocol import SERVER_ROUND
 
+from .pidinfo import start_time
+
 log = logging.getLogger(__name__)
 
 SWITCH = "client-worker"  # node_config key: true = hand messages to this node's worker
@@ -106,11 +108,6 @@ def train_until(msg: Message, context: Context) -> float | None:
 
 
 # ---------------------------------------------------------------------- processes (/proc)
-def start_time(pid: int) -> int:
-    """The process's start time in clock ticks since boot (/proc/PID/stat field 22)."""
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-
-
 def parent_pid_arg(pid: int) -> int | None:
     """The ``--parent-pid`` argument of process ``pid`` (Flower passes it down its process chain)."""
     try:

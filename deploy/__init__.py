@@ -6,6 +6,7 @@ the availability schedule. One job per module; arrows point down the list, never
 - ``procs``: free ports, tagged processes, children, kill; :class:`procs.Spawner` leaves nothing behind;
 - ``flwr_cli``: the ``flwr`` CLI (``config.toml``, submit, status, log, Flower's JSON);
 - ``tuning``: round-latency settings applied to every SuperNode, the host's CPUs;
+- ``warmstart``: a returning node's client worker started with the node, before its Flower imports;
 - ``submission``: the submitted run config, its folder, its schedule, resume and latest checkpoint;
 - ``follow``: tails the run folder (``config.json``, ``metrics.jsonl``);
 - ``nodes``: the :class:`nodes.Nodes` protocol (start/stop/signal/running/registered id) and

@@ -9,11 +9,14 @@ from __future__ import annotations
 import argparse
 import time
 
+from runconfig.defaults import default_run_config
+
 from .containers import ComposeSite
 from .errors import DeployError
 from .nodes import Site
 from .run import run_deployment
 from .submission import parse_run_config
+from .waits import for_host, scale_run_waits
 
 
 def log(line: str) -> None:
@@ -33,6 +36,11 @@ def drive(site: Site, args: argparse.Namespace) -> int:
     works, which tests/test_deploy.py checks with processes): submit, follow with the round
     churn driver, print the participation report; 0 only if ``Outcome.ok``."""
     user = {"results-dir": args.results_dir, **parse_run_config(args.run_config)}
+    given = getattr(args, "round_timeout", 0.0)
+    if given and "round-timeout" not in user:
+        user["round-timeout"] = float(given)
+    for line in scale_run_waits(user, default_run_config(), for_host().round_factor):
+        site.log(line)  # a busy host (the compose stack's containers share it): replies come later
 
     def on_row(row: dict) -> None:
         site.log(f"round {row['round']}: participants {row['participants']}")

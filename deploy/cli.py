@@ -45,9 +45,9 @@ def add_launch_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--task-patience", type=float, default=None,
                    help="seconds a ClientApp may take to start before its SuperNode revokes its task (a lost reply, "
                         "'401 task-token authentication failed'; Flower: 30 s; default 120 s x load per CPU / CPU cap)")
-    p.add_argument("--warm-workers", action="store_true",
+    p.add_argument("--warm-workers", action=argparse.BooleanOptionalAction, default=True,
                    help="a node started early for its return also starts its client worker with the run's workload "
-                        "built (it helps where the CPUs idle between rounds; measured slower on a busy 2-core host)")
+                        "built, so it is warm when its round starts (default; --no-warm-workers: at its first message)")
     p.add_argument("--app", default=None,
                    help="deploy this Flower app directory instead of the project's (its ServerApp wraps its grid "
                         "with server_app.dropin.with_availability: docs/dropin.md)")
@@ -63,6 +63,9 @@ def add_churn_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-config", default="", help="the run config, as for flwr run")
     p.add_argument("--churn-mode", choices=MODES, default="term")
     p.add_argument("--grace", type=float, default=3.0, help="round-start-delay (if the ServerApp has it)")
+    p.add_argument("--round-timeout", type=float, default=0.0,
+                   help="the run's round-timeout in seconds (a round-timeout in --run-config wins); 0: the app's "
+                        "default scaled to the host's load, as python -m deploy launch does")
     p.add_argument("--superlink", default="superlink:8000", help="SuperLink address for the flwr CLI")
     p.add_argument("--root-certificates", default="", help="CA file: TLS connection (else insecure)")
     p.add_argument("--results-dir", default="/results",

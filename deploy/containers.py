@@ -94,10 +94,12 @@ class DockerNodes:
             self.term_sent.add(i)
 
     def _stop_grace(self, i: int) -> float:
-        """The container's own stop grace (compose's ``stop_grace_period``; Docker's default 10 s)."""
+        """The container's own stop grace (compose's ``stop_grace_period``; Docker's default 10 s)
+        times the host's slowdown (``deploy.waits.host_slowdown``): at load 26 on 2 cores a node's
+        graceful exit took over 10 s and ``docker stop`` SIGKILLed it (exit 137)."""
         status, body = self._api("GET", f"/containers/{self._name(i)}/json")
         grace = json.loads(body)["Config"].get("StopTimeout") if status == 200 else None
-        return float(grace) if grace is not None else 10.0
+        return (float(grace) if grace is not None else 10.0) * host_slowdown()
 
     def stop_node(self, i: int, mode: str = "term", timeout: float | None = None) -> None:
         """``term``: ``docker stop``, SIGKILL after ``timeout`` s or, by default, after the
@@ -117,10 +119,10 @@ class DockerNodes:
                 return
             mode = "kill"
         self.term_sent.discard(i)
-        grace = f"?t={int(timeout)}" if timeout is not None else ""
-        path = (f"/containers/{self._name(i)}/stop{grace}" if mode == "term"
+        grace = timeout if timeout is not None else self._stop_grace(i) if mode == "term" else 0.0
+        path = (f"/containers/{self._name(i)}/stop?t={int(grace)}" if mode == "term"
                 else f"/containers/{self._name(i)}/kill?signal=SIGKILL")
-        status, body = self._api("POST", path, timeout=(timeout if timeout is not None else 300) + 30)
+        status, body = self._api("POST", path, timeout=grace + 60)
         if status not in (204, 304, 409):
             raise DeployError(f"docker {mode} {self._name(i)}: {status} {body[:200]!r}")
         self.log(f"node {i}: stopped ({mode})")

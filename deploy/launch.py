@@ -22,7 +22,7 @@ from .procs import exit_on_signals
 from .record import run_recorded, summary
 from .run import auth_failure_text, run_deployment
 from .submission import latest_checkpoint, parse_run_config
-from .waits import Waits, for_host, slowest_cap
+from .waits import Waits, for_host, scale_run_waits, slowest_cap
 
 
 def launch_main(args: argparse.Namespace) -> int:
@@ -47,11 +47,8 @@ def launch_main(args: argparse.Namespace) -> int:
     except DeployError as err:
         console.print(f"[red]error:[/] {escape(str(err))}")
         return 2
-    for key in ("round-timeout", "wait-for-nodes"):  # a busy host: replies and nodes come later
-        if key not in user and waits.round_factor > 1.0:
-            user[key] = float(round(float(merged[key]) * waits.round_factor))
-            console.print(f"{key} {user[key]:.0f} s: {merged[key]} s scaled to this host (x{waits.round_factor:.1f}; "
-                          f"set it with --run-config \"{key}=...\")")
+    for line in scale_run_waits(user, merged, waits.round_factor):  # a busy host: replies and nodes come later
+        console.print(escape(line))
     dep = ProcessSite(args.num_nodes, work, data_dir=args.data_dir, keep_workdir=args.keep_workdir, devices=plan,
                      waits=waits, warm_workers=args.warm_workers,
                      log=lambda s: (console if not progress.live.is_started else progress.console).log(escape(s)))

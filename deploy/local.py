@@ -48,12 +48,11 @@ from .tuning import (  # round-latency settings: env, node config, the SuperNode
     NODE_CONFIG as TUNING_NODE_CONFIG,
     SUPERLINK as TUNING_SUPERLINK,
     SUPERNODE as TUNING_SUPERNODE,
-    WARM_VAR,
     compute_threads_env,
     host_share,
-    share_installed_app,
 )
 from .waits import Waits, for_host, slowest_cap, wait_for
+from .warmstart import WARM_VAR, share_installed_app  # returning nodes' workers started with them
 
 if TYPE_CHECKING:  # edge emulation is imported only when a site has device classes
     from .edge.devices import DevicePlan
@@ -97,7 +96,7 @@ class ProcessSite:
         devices: DevicePlan | None = None,
         server_env: Mapping[str, str] | None = None,
         waits: Waits | None = None,
-        warm_workers: bool = False,
+        warm_workers: bool = True,
     ) -> None:
         if num_nodes < 1:
             raise DeployError("num_nodes must be >= 1")
@@ -221,7 +220,7 @@ class ProcessSite:
 
     def warm_workers(self, run_config: Mapping[str, Any]) -> None:
         """With ``warm_workers``: from now on a node (re)started into the run of ``run_config`` starts
-        its client worker at once, the run's workload built (``deploy.tuning.start_warm_worker``)."""
+        its client worker at once, the run's workload built (``deploy.warmstart.start_warm_worker``)."""
         if not self.warm:
             return
         cfg = {**default_run_config(self.project), **run_config}
@@ -240,7 +239,7 @@ class ProcessSite:
         if node.proc is None:
             return None
         try:
-            text = node.proc.log.read_text(errors="replace")
+            text = node.proc.output()  # a relaunch (--resume-from, same --work-dir) appends to the same log
         except OSError:
             return None
         m = NODE_ID_RE.search(text)

@@ -216,6 +216,13 @@ class Proc:
     tag: str
     started: float = field(default_factory=time.monotonic)
     term_sent: bool = False
+    log_from: int = 0  # where this process's output starts in ``log`` (a relaunch appends to the same file)
+
+    def output(self) -> str:
+        """What this process wrote to its log (not an earlier launch's process of the same name)."""
+        with self.log.open("rb") as fh:
+            fh.seek(self.log_from)
+            return fh.read().decode(errors="replace")
 
     @property
     def alive(self) -> bool:
@@ -269,12 +276,13 @@ class Spawner:
         node_tag = f"{self.tag}-{name}"
         log_path = self.logs / f"{name}.log"
         with log_path.open("ab") as fh:
+            log_from = fh.tell()
             popen = subprocess.Popen(
                 [find_exe(argv[0]), *argv[1:]], cwd=cwd, env=self.env(node_tag, env),
                 stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
                 start_new_session=True, preexec_fn=child_setup(preexec) if LINUX else preexec,
             )
-        self.spawned.append(Proc(name, popen, log_path, node_tag))
+        self.spawned.append(Proc(name, popen, log_path, node_tag, log_from=log_from))
         return self.spawned[-1]
 
     def _orphans(self) -> dict[int, str]:

@@ -33,9 +33,7 @@ the host).
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -45,6 +43,12 @@ if __name__ == "__main__":
     # in round 1, a second after `up`): until Flower registers its own handlers (imports, then
     # flower_supernode's setup: 1-4 s) SIGTERM would kill it (exit 143); it is a clean stop (0).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    from deploy.warmstart import (  # no Flower: the worker starts before its imports
+        WARM_VAR,
+        start_warm_worker,
+    )
+    if sys.argv[1:2] == ["supernode"] and os.environ.get(WARM_VAR):
+        start_warm_worker(os.environ[WARM_VAR])  # a returning node's worker, beside this process's imports
 
 from client_app.worker import SWITCH as CLIENT_WORKER  # noqa: E402  (after the early SIGTERM handler)
 
@@ -116,52 +120,12 @@ def task_patience() -> float:
     return task_patience_from_env(for_host().task_patience)
 
 
-WARM_VAR = "FLCHURN_WARM_WORKER"  # a run config (JSON) whose workload a returning node's worker builds at once
-
-
-def installed_apps(flwr_home: Path) -> list[Path]:
-    """The Flower apps installed in ``flwr_home`` (one folder per FAB), oldest first."""
-    return sorted((d for d in (flwr_home / "apps").glob("*") if d.is_dir()), key=lambda d: d.stat().st_mtime)
-
-
-def share_installed_app(flwr_home: Path, others: list[Path]) -> None:
-    """A node that has not taken part in the run yet gets the app its siblings installed (the
-    newest in ``others``' homes; the same FAB, byte for byte, at the folder Flower would install
-    it in, which it then uses as it is): so its worker can start warm too."""
-    if installed_apps(flwr_home):
-        return
-    found = [app for home in others for app in installed_apps(home)]
-    if found:
-        newest = max(found, key=lambda d: d.stat().st_mtime)
-        shutil.copytree(newest, flwr_home / "apps" / newest.name, dirs_exist_ok=True)
-
-
-def start_warm_worker(run_config_file: str) -> subprocess.Popen | None:
-    """This SuperNode's client worker, started now instead of at its first message: what makes a
-    returning node warm when its round starts (the look-ahead starts it a round early). It runs the
-    app this node installed when it first took part, or its siblings' (:func:`share_installed_app`;
-    the newest under ``$FLWR_HOME/apps``), so the ClientApp finds it at the address it computes
-    (``client_app.worker.address``); with no app installed yet (round 1) it starts none. Dies with
-    this process (pidfd)."""
-    apps = installed_apps(Path(os.environ.get("FLWR_HOME", "")))
-    if not apps or not (apps[-1] / "client_app" / "worker_process.py").is_file():
-        return None
-    from client_app.worker import start_time
-
-    path = os.pathsep.join(filter(None, [str(apps[-1]), os.environ.get("PYTHONPATH")]))
-    return subprocess.Popen([sys.executable, "-m", "client_app.worker_process", "--supernode", str(os.getpid()),
-                             "--started", str(start_time(os.getpid())), "--warm-config", run_config_file],
-                            cwd=apps[-1], stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": path})
-
-
 def run_supernode(argv: list[str]) -> None:
     """``flower-supernode ARGV`` (Flower 1.42's own) with its pull loop's sleeps capped at IDLE_SLEEP
     and its ClientApps' task patience lengthened (:func:`patch_task_patience`)."""
     from flowerlink import cap_supernode_sleeps, run_flower_supernode
 
     patch_task_patience(task_patience())
-    if os.environ.get(WARM_VAR):
-        start_warm_worker(os.environ[WARM_VAR])
     cap_supernode_sleeps(_CappedSleep(IDLE_SLEEP))  # the loop calls time.sleep(3) / (0.5)
     run_flower_supernode(argv)
 

@@ -13,7 +13,7 @@ A node capped at a fraction of a CPU (edge device classes, ``cpus = 0.2``) is sl
 | the SuperLink listens | 60 s | host | ``--superlink-timeout`` |
 | a SuperNode registers | 60 s | host, the node's CPU cap | ``--register-timeout`` |
 | a ClientApp's first heartbeat (task patience) | 120 s | host, the slowest CPU cap | ``--task-patience`` |
-| a round's replies (run config ``round-timeout``) | the run config's | host, the slowest CPU cap | ``--run-config "round-timeout=..."`` |
+| a round's replies (run config ``round-timeout``, ``wait-for-nodes``) | the run config's | host, the slowest CPU cap | ``--run-config "round-timeout=..."`` (the compose churn service: ``--round-timeout``, ``ROUND_TIMEOUT``) |
 
 The task patience is the SuperNode's: Flower 1.42 revokes a claimed task's token when its
 ``flwr-clientapp`` has not sent its first heartbeat within 30 s (then 60 s between heartbeats),
@@ -91,6 +91,22 @@ def slowest_cap(caps: Iterable[float | None]) -> float:
 def for_host(cpu_cap: float = 1.0) -> Waits:
     """The default waits, scaled to this host as it is now (and to the nodes' slowest CPU cap)."""
     return Waits().scaled(host_slowdown(), cpu_cap)
+
+
+RUN_WAITS = ("round-timeout", "wait-for-nodes")  # run config keys scaled by Waits.round_factor
+
+
+def scale_run_waits(user: dict, defaults: dict, round_factor: float) -> list[str]:
+    """The run config's waits (:data:`RUN_WAITS`) that ``user`` does not set, scaled to the host:
+    ``defaults``' value x ``round_factor`` put into ``user`` (nothing below 1). Returns a line per
+    scaled wait, naming how to set it (the process launcher and the compose churn service)."""
+    lines = []
+    for key in RUN_WAITS:
+        if key not in user and round_factor > 1.0:
+            user[key] = float(round(float(defaults[key]) * round_factor))
+            lines.append(f"{key} {user[key]:.0f} s: {defaults[key]} s scaled to this host (x{round_factor:.1f}; "
+                         f"set it with --run-config \"{key}=...\")")
+    return lines
 
 
 def ran_out(what: str, seconds: float, flag: str, see: object = None) -> DeployError:

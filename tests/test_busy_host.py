@@ -27,6 +27,7 @@ import pytest
 
 from deploy.errors import DeployError
 from deploy.waits import Waits, host_slowdown, ran_out, slowest_cap
+from runconfig.defaults import default_run_config
 from tests.conftest import ROOT
 
 SLOW_HOOK = Path(__file__).parent / "slow_start_hook"  # TEST-ONLY sitecustomize (see its docstring)
@@ -53,6 +54,35 @@ def test_waits_scale_with_the_hosts_load_and_the_slowest_cpu_cap_and_never_shrin
     assert base.override(register=7.0, superlink=None).register == 7.0
     with pytest.raises(DeployError, match="--register-timeout -1"):
         base.override(register=-1.0)
+
+
+def test_the_run_configs_waits_scale_unless_given_in_the_launcher_and_the_compose_churn_service(monkeypatch):
+    """A compose churn run at load 45 lost a returning group's replies to a fixed 180 s round-timeout:
+    the churn service now scales the app's round-timeout as the launcher does, unless it is given
+    (``--round-timeout``, compose's ``ROUND_TIMEOUT``, or the run config)."""
+    import argparse
+
+    from deploy import churn_service
+    from deploy.cli import add_churn_args
+    from deploy.waits import scale_run_waits
+
+    defaults = {"round-timeout": 120.0, "wait-for-nodes": 60.0}
+    user = {"round-timeout": 30.0}
+    lines = scale_run_waits(user, defaults, 3.0)
+    assert user == {"round-timeout": 30.0, "wait-for-nodes": 180.0}
+    assert lines == ['wait-for-nodes 180 s: 60.0 s scaled to this host (x3.0; set it with --run-config "wait-for-nodes=...")']
+    assert scale_run_waits(idle := {}, defaults, 1.0) == [] and idle == {}
+
+    seen: list[dict] = []
+    monkeypatch.setattr(churn_service, "for_host", lambda: Waits().scaled(4.0))
+    monkeypatch.setattr(churn_service, "run_deployment", lambda site, user, **kw: seen.append(user) or 1 / 0)
+    p = argparse.ArgumentParser()
+    add_churn_args(p)
+    site = type("Site", (), {"log": staticmethod(lambda line: None)})()
+    for argv in ([], ["--round-timeout", "180"], ["--round-timeout", "180", "--run-config", "round-timeout=50.0"]):
+        with pytest.raises(ZeroDivisionError):
+            churn_service.drive(site, p.parse_args(["--num-nodes", "4", *argv]))  # type: ignore[arg-type]
+    assert [u["round-timeout"] for u in seen] == [float(default_run_config()["round-timeout"]) * 4, 180.0, 50.0]
 
 
 def test_a_wait_that_runs_out_names_itself_and_the_flag_that_lengthens_it():
@@ -141,6 +171,8 @@ def test_two_churned_deployments_at_once_beside_busy_neighbours_lose_no_reply(tm
         assert "401" not in text and "authentication failed" not in text, text[-4000:]
         rows = [json.loads(line) for line in (tmp_path / f"results-{k}" / f"busy-{k}" / "metrics.jsonl").open()]
         assert [r["participants"] for r in rows] == [[0, 1], [0], [0, 1]], text[-4000:]  # the schedule, every reply
+        trained = [sorted(int(c) for c in r.get("client-train-time", {})) for r in rows]
+        assert trained == [r["participants"] for r in rows]  # each reply's own training seconds reach metrics.jsonl
         times = ", ".join(f"{r['round-time']:.1f}" for r in rows)
         print(f"deployment {k}: rounds {times} s; replies lost 0; both launches {wall:.0f} s beside 2 busy loops "
               f"and 400 MB held (load {os.getloadavg()[0]:.1f})")

@@ -342,6 +342,28 @@ def test_the_follower_of_a_resumed_run_waits_for_the_new_start_and_reads_only_ne
     assert follow.poll() == [{"round": 4}] and [r["round"] for r in follow.rows] == [3, 4]
 
 
+def test_a_relaunched_node_is_known_by_its_own_id_not_the_one_an_earlier_launch_logged(tmp_path):
+    """A resume with the same --work-dir appends each node's output to the earlier launch's log: the
+    driver read the first "SuperNode ID" there, so a resumed run's look-ahead nodes were announced
+    by their dead ids and their round got no message (0 participants in 0.15 s)."""
+    from deploy.local import ProcessSite
+    from deploy.procs import Spawner
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "node-0.1.log").write_text("SuperNode ID: 111\nSuperNode terminated gracefully.\n")
+    spawner = Spawner("relaunch-test", logs, {})
+    try:
+        proc = spawner.spawn("node-0.1", [sys.executable, "-c", "print('SuperNode ID: 222', flush=True)"],
+                             tmp_path)
+        proc.popen.wait(timeout=60)
+        site = ProcessSite.__new__(ProcessSite)
+        site.nodes = {0: type("Node", (), {"proc": proc, "node_ids": [], "incarnations": 1})()}
+        assert proc.output() == "SuperNode ID: 222\n" and site.registered_id(0) == 222
+    finally:
+        spawner.close(spawner.spawned)
+
+
 def test_the_follower_hands_out_the_start_then_each_round_then_a_tick(tmp_path):
     import json
 

@@ -1,11 +1,20 @@
 """deploy.containers.DockerNodes against a fake Docker Engine API: a node the churn driver has
 already sent SIGTERM (all leaving nodes at once) is waited for, never sent a second SIGTERM (which
-lands after Flower restored the default handler and kills it mid-exit: exit 143)."""
+lands after Flower restored the default handler and kills it mid-exit: exit 143); a node's stop
+grace is the container's own times the host's slowdown (a graceful exit at load 26 outlived 10 s)."""
 
 import json
 import signal
 
+import pytest
+
+from deploy import containers
 from deploy.containers import DockerNodes
+
+
+@pytest.fixture(autouse=True)
+def host_three_times_slower(monkeypatch):
+    monkeypatch.setattr(containers, "host_slowdown", lambda: 3.0)
 
 
 class FakeEngine:
@@ -45,7 +54,7 @@ def test_a_node_already_sent_sigterm_is_waited_for_not_signalled_again():
 
 
 def test_a_node_that_outlives_its_grace_is_killed():
-    engine = FakeEngine(exits_after_polls=None, stop_timeout=1)
+    engine = FakeEngine(exits_after_polls=None, stop_timeout=0)
     nodes = nodes_with(engine)
     nodes.signal_node(1, signal.SIGTERM)
     nodes.stop_node(1, "term")
@@ -54,9 +63,9 @@ def test_a_node_that_outlives_its_grace_is_killed():
 
 
 def test_a_node_not_signalled_before_gets_docker_stop_with_its_own_grace():
-    engine = FakeEngine(exits_after_polls=0)
+    engine = FakeEngine(exits_after_polls=0, stop_timeout=4)
     nodes = nodes_with(engine)
     nodes.stop_node(0, "term")
-    assert posts(engine) == ["/containers/flchurn-supernode-0/stop"]  # the container's stop_grace_period
+    assert posts(engine) == ["/containers/flchurn-supernode-0/stop?t=12"]  # stop_grace_period x the slowdown
     nodes.stop_node(0, "term", timeout=5)
     assert posts(engine)[-1] == "/containers/flchurn-supernode-0/stop?t=5"

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from client_app.worker import NodeWorker
-from deploy.tuning import start_warm_worker
+from deploy.warmstart import start_warm_worker
 from tests.conftest import ROOT
 from tests.test_worker import RUN_CONFIG, context, message, reaped, wait_until, worker_pids
 
@@ -46,7 +46,7 @@ def test_a_node_without_an_installed_app_gets_no_warm_worker(tmp_path, monkeypat
 
 
 def test_a_node_that_never_took_part_gets_its_siblings_installed_app_and_keeps_its_own(tmp_path):
-    from deploy.tuning import installed_apps, share_installed_app
+    from deploy.warmstart import installed_apps, share_installed_app
 
     sibling = tmp_path / "node-0" / "apps" / "flchurn.flchurn.0.1.0.abcdef12"
     (sibling / "client_app").mkdir(parents=True)
@@ -58,3 +58,31 @@ def test_a_node_that_never_took_part_gets_its_siblings_installed_app_and_keeps_i
     (copy / "own").write_text("kept")
     share_installed_app(newcomer, [tmp_path / "node-0"])  # it has one now: left as it is
     assert installed_apps(newcomer) == [copy] and (copy / "own").is_file()
+
+
+def test_a_digits_worker_after_the_first_skips_scikit_learn_and_gets_the_same_split(tmp_path, monkeypatch):
+    """A returning node's worker rebuilds the workload; importing scikit-learn (scipy) was most of
+    that build for digits. The seeded split is cached: a later build in a fresh process (as a
+    worker is) imports no scikit-learn and gets the same arrays; a corrupt cache is split again."""
+    import subprocess
+
+    import numpy as np
+
+    from workloads.data import _load_digits
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    first = _load_digits(None, False, 3)  # split by scikit-learn, cached
+    code = ("import sys, numpy as np; from workloads.data import _load_digits; "
+            "np.savez(sys.argv[1], *_load_digits(None, False, 3)); print('sklearn' in sys.modules)")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    run = subprocess.run([sys.executable, "-c", code, str(tmp_path / "later.npz")], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=300, check=True)
+    with np.load(tmp_path / "later.npz") as z:
+        later = [z[f"arr_{i}"] for i in range(4)]
+    (cached,) = (tmp_path / "flchurn").glob("digits-*-s3.npz")
+    cached.write_bytes(b"not a zip")
+    again = _load_digits(None, False, 3)  # split again
+    assert run.stdout.split()[-1] == "False"  # no scikit-learn in the later worker
+    assert all(np.array_equal(a, b) and np.array_equal(a, c) for a, b, c in zip(first, later, again, strict=True))
+    assert [len(a) for a in first] == [1437, 1437, 360, 360]
+    assert not np.array_equal(first[1], _load_digits(None, False, 4)[1])  # another seed, another split

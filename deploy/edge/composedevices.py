@@ -60,7 +60,7 @@ def compose_override(plan: DevicePlan, source: str = "") -> str:
     """The override file's text (YAML) for every limited node of ``plan``."""
     services = {SERVICE.format(i=i): node for i in range(plan.num_nodes) if (node := node_override(plan, i))}
     head = [f"# Device classes{f' from {source}' if source else ''}: python -m deploy compose-devices "
-            "(deploy/composedevices.py). Use as",
+            "(deploy/edge/composedevices.py). Use as",
             "#   docker compose -f docker/compose.yml -f THIS_FILE up -d ...",
             *[f"#   {line}" for line in plan.describe().split("; ")]]
     return "\n".join(head) + "\n" + yaml.safe_dump({"services": services}, sort_keys=False)
