@@ -11,6 +11,7 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import FedAvg, Strategy
 from rich.console import Console
 from test_dropin import Tiny, tiny_app
+from test_sampling import Deployed
 
 from availability import build_schedule
 from client_app.dropin import availability_mod, identity
@@ -217,20 +218,9 @@ def test_a_rule_not_told_n_takes_the_schedules_not_the_online_count():
         np.flatnonzero(row).tolist() for row in build_schedule(SPEC, N, SEED).matrix(4)]
 
 
-class Deployment(Recording):
-    """What ``deploy launch --app`` leaves running: only the nodes of the clients online in round r,
-    where r - 1 is the number of rounds the wrapper has recorded in the launcher's metrics.jsonl
-    (the round churn driver starts round r's nodes once round r - 1's line is written)."""
-
-    def __init__(self, *args, run_dir, schedule, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.run_dir, self.schedule = run_dir, schedule
-
-    def get_node_ids(self):
-        metrics = self.run_dir / "metrics.jsonl"
-        done = len(metrics.read_text().splitlines()) if metrics.is_file() else 0
-        online = self.schedule.available(done)
-        return [n for n, c in self.partition_of.items() if online[c]]
+class Deployment(Deployed, Recording):
+    """What ``deploy launch --app`` leaves running (``test_sampling.Deployed``: only the nodes of the
+    clients online in round r), recording each TRAIN message as it is delivered."""
 
 
 @pytest.mark.parametrize("strategy", ["flower-fedavg", "fedau"])
