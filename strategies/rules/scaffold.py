@@ -173,6 +173,7 @@ class Scaffold(AvailabilityStrategy):
         self.variates = VariateSketch(int(np.random.SeedSequence([int(self.params.seed), SKETCH_SIZE]).generate_state(1)[0]))
         self.variate_bounds: NormBounds = self.params.bounds()  # ‖c_i^+‖ (no widening: a mean gradient)
         self.variate_bounds.widens, self.variate_bounds.first_only = False, True
+        self.variate_bounds.follows = self.bounds  # first ‖c_j^+‖ x the model reference's capped growth
         self.variate_bounds.what = "control variate norm ‖c_i + Δc_i‖ (sketched)"
 
     def variate_norm(self, report: ClientReport) -> float:
