@@ -14,9 +14,11 @@ reference is a reference: it never switches the test off.
 
 **Bounds that scale with what makes honest updates differ** (docs/threat-model.md, "The model of
 honest variation"): the norm reference is the larger of the lower medians over nodes of each
-node's latest and each node's first judged norm (honest updates do not converge together: a
-newcomer with a label no other client has reached 53.5 x the median of the latest norms under
-FedAdam, 3.2 x the larger); a reply's limit is ``max_norm_ratio`` x the reference x √(its declared ``num-steps``
+node's first judged norm and of each node's latest one, capped at ``max_reference_growth`` (G) x
+the first (honest updates do not converge together: a newcomer with a label no other client has
+reached 53.5 x the median of the latest norms under FedAdam, 3.2 x the larger; and they grow, but
+so does an attacker's bound when it displaces the model and the honest updates answer it: without
+the cap, geometric growth); a reply's limit is ``max_norm_ratio`` x the reference x √(its declared ``num-steps``
 / the nodes' median), at most ``WORK_RATIO``, x (for rules whose client keeps state across rounds,
 SCAFFOLD's c_i or FedAWE's copy) 1 + the rounds since its node was last judged, at most
 ``GAP_RATIO``.
@@ -24,8 +26,10 @@ SCAFFOLD's c_i or FedAWE's copy) 1 + the rounds since its node was last judged, 
 Defaults drawn from the honest-heterogeneity matrix (``python benchmarks/honest_matrix.py``: every
 rule x a client back after 10-150 rounds, local steps 1-250 with the data size, data sizes 1 to
 10,000, a newcomer with its own label, an fp16 client, a client with unrelated labels, rounds of
-200 and 1,000 replies, synchronous and asynchronous): honest replies reach 7.3 x the widened
-reference, against ``max_norm_ratio`` 20 (FedAWE 30); data sizes are not cut by default
+200 and 1,000 replies, a learning-rate warm-up x10, a distribution shift, synchronous and
+asynchronous): honest replies reach 7.3 x the widened reference, against ``max_norm_ratio`` 20
+(FedAWE 30), and 10.9 x the first norms' reference, against R G = 100 (the reference's latest /
+first reached 6.5, the cap G = 5 binding without a rejection); data sizes are not cut by default
 (``max_examples_ratio`` 0: 1 to 10,000 cannot be told from a claim); FedNova's num-steps within
 ``max_steps_ratio`` 300 x the nodes' median (honest 1-250). ``max_model_ratio`` is off by default
 (a model initialised near zero has no scale), 10 when set. ``max_update_norm = 1e6`` rejects what
