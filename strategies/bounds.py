@@ -14,9 +14,11 @@ reference is a reference: it never switches the test off.
 
 **Bounds that scale with what makes honest updates differ** (docs/threat-model.md, "The model of
 honest variation"): the norm reference is the larger of the lower medians over nodes of each
-node's latest and each node's first judged norm (honest updates do not converge together: a
-newcomer with a label no other client has reached 53.5 x the median of the latest norms under
-FedAdam, 3.2 x the larger); a reply's limit is ``max_norm_ratio`` x the reference x √(its declared ``num-steps``
+node's first judged norm and of each node's latest one, capped at ``max_reference_growth`` (G) x
+the first (honest updates do not converge together: a newcomer with a label no other client has
+reached 53.5 x the median of the latest norms under FedAdam, 3.2 x the larger; and they grow, but
+so does an attacker's bound when it displaces the model and the honest updates answer it: without
+the cap, geometric growth); a reply's limit is ``max_norm_ratio`` x the reference x √(its declared ``num-steps``
 / the nodes' median), at most ``WORK_RATIO``, x (for rules whose client keeps state across rounds,
 SCAFFOLD's c_i or FedAWE's copy) 1 + the rounds since its node was last judged, at most
 ``GAP_RATIO``.
@@ -24,8 +26,10 @@ SCAFFOLD's c_i or FedAWE's copy) 1 + the rounds since its node was last judged, 
 Defaults drawn from the honest-heterogeneity matrix (``python benchmarks/honest_matrix.py``: every
 rule x a client back after 10-150 rounds, local steps 1-250 with the data size, data sizes 1 to
 10,000, a newcomer with its own label, an fp16 client, a client with unrelated labels, rounds of
-200 and 1,000 replies, synchronous and asynchronous): honest replies reach 7.3 x the widened
-reference, against ``max_norm_ratio`` 20 (FedAWE 30); data sizes are not cut by default
+200 and 1,000 replies, a learning-rate warm-up x10, a distribution shift, synchronous and
+asynchronous): honest replies reach 7.3 x the widened reference, against ``max_norm_ratio`` 20
+(FedAWE 30), and 10.9 x the first norms' reference, against R G = 100 (the reference's latest /
+first reached 6.5, the cap G = 5 binding without a rejection); data sizes are not cut by default
 (``max_examples_ratio`` 0: 1 to 10,000 cannot be told from a claim); FedNova's num-steps within
 ``max_steps_ratio`` 300 x the nodes' median (honest 1-250). ``max_model_ratio`` is off by default
 (a model initialised near zero has no scale), 10 when set. ``max_update_norm = 1e6`` rejects what
@@ -47,6 +51,7 @@ MAX_NORM_RATIO = 20.0  # x the reference: honest replies reach 7.3 x it (benchma
 MAX_MODEL_RATIO = 0.0  # x ‖x^t‖: off by default (a model near zero has no scale); opt-in, e.g. 10
 MAX_EXAMPLES_RATIO = 0.0  # off: honest data sizes span 1 to 10,000 (opt-in: cut to this x the reference)
 MAX_STEPS_RATIO = 300.0  # FedNova: num-steps (a-norm) above this x the reference of num-steps is rejected
+MAX_REFERENCE_GROWTH = 5.0  # the norm reference follows the nodes' latest norms up to this x their first ones
 WORK_RATIO = 10.0  # declared num-steps widen a norm bound by √(num-steps / the nodes' reference), at most this
 GAP_RATIO = 50.0  # rounds since a stateful client was last judged widen it by at most this
 
@@ -162,18 +167,29 @@ class NormBounds:
     widens : declared num-steps and the rounds away widen the ratio bound (the model's change
         grows with both); False for a quantity that does not grow with them (SCAFFOLD's c_i, a
         mean gradient).
-    first_only : the reference is the lower median over nodes of their first judged norms alone,
-        not the larger of that and their latest ones: for a quantity that honestly stays at its
-        first scale and that an attacker could otherwise raise through the honest replies
-        (SCAFFOLD's c_i: c drags every honest step, so the honest c_j grow with the attacker's).
+    max_reference_growth : G, the reference follows the nodes' latest norms up to G x their first
+        ones: max(first, min(latest, G x first)) (lower medians over nodes); 0 = uncapped. Spec key
+        ``max-reference-growth``. Honest updates that answer the model's displacement grow with
+        it, so an attacker that displaces the model raises the honest norms, the reference and its
+        own bound: geometric growth while f R > n − f, without the cap; with it the displacement
+        settles (docs/threat-model.md, "The model of honest variation").
+    first_only : the reference is the lower median over nodes of their first judged norms (times
+        ``follows``' growth factor), not the larger of that and their latest ones: for a quantity
+        that honestly stays at its first scale and that an attacker could otherwise raise through
+        the honest replies (SCAFFOLD's c_i: c drags every honest step, so the honest c_j grow with
+        the attacker's).
+    follows : for ``first_only``, the bound whose capped growth (:meth:`growth`) scales the first
+        norms (SCAFFOLD's c_i follows the model's: honest gradients scale with honest updates).
     """
 
     max_update_norm: float = MAX_UPDATE_NORM
     max_norm_ratio: float = MAX_NORM_RATIO
     max_model_ratio: float = MAX_MODEL_RATIO
     max_examples_ratio: float = MAX_EXAMPLES_RATIO
+    max_reference_growth: float = MAX_REFERENCE_GROWTH
     widens: bool = True
     first_only: bool = False
+    follows: NormBounds | None = field(default=None, compare=False, repr=False)
     what: str = "update norm"  # in reasons
     ratio: RatioBound = field(init=False, compare=False, repr=False)
     examples: RatioBound = field(init=False, compare=False, repr=False)
@@ -199,6 +215,10 @@ class NormBounds:
         if not (math.isfinite(self.max_examples_ratio) and (self.max_examples_ratio == 0 or self.max_examples_ratio >= 1)):
             raise ValueError(f"max_examples_ratio (spec key max-examples-ratio) must be a finite number >= 1 "
                              f"(0 = off), got {self.max_examples_ratio}")
+        if not (math.isfinite(self.max_reference_growth)
+                and (self.max_reference_growth == 0 or self.max_reference_growth >= 1)):
+            raise ValueError(f"max_reference_growth (spec key max-reference-growth) must be a finite number >= 1 "
+                             f"(0 = uncapped), got {self.max_reference_growth}")
         self.ratio = RatioBound(self.max_norm_ratio)
         self.examples = RatioBound(self.max_examples_ratio)
         self.work = RatioBound(WORK_RATIO)
@@ -286,20 +306,41 @@ class NormBounds:
             else:
                 why = f" x work {widen:.3g}" if widen > 1 else ""
                 reject(node, f"{self.what} {norm:.2g} > max-norm-ratio {self.max_norm_ratio:g}{why} x the "
-                             f"median of {'first' if self.first_only else 'recent'} norms {reference:.2g} (one per node)")
+                             f"median of {'first' if self.first_only else 'recent'} norms{' x their growth' if self.follows else ''} "
+                             f"{reference:.2g} (one per node)")
         return kept
 
     def reference(self, norms: Mapping[int, float]) -> float | None:
-        """The larger of the lower medians over nodes of each node's latest judged norm and of
-        each node's first one: honest updates shrink as training converges, not together (a
-        client with unrelated labels or a newcomer keeps its scale while the others' go to 0),
-        and no honest update is measured above R x what a client new to the run sends."""
+        """max(first, min(latest, G x first)), the lower medians over nodes of each node's first and
+        latest judged norm (G = ``max_reference_growth``; 0: max(first, latest)): honest updates
+        shrink as training converges, not together (a client with unrelated labels or a newcomer
+        keeps its scale while the others' go to 0), and they grow (a learning-rate warm-up, a
+        distribution shift, a displaced model), but an attacker that displaces the model makes the
+        honest norms grow too, so the reference follows them at most G x. ``first_only``: first x
+        ``follows``' :meth:`growth`."""
         latest, fresh = self.ratio.reference(norms), self.fresh.reference(norms)
         if latest is None:
             self.last_reference = None
+        elif self.first_only and fresh is not None:
+            self.last_reference = fresh * (self.follows.growth() if self.follows is not None else 1.0)
+        elif fresh is None:
+            self.last_reference = latest
         else:
-            self.last_reference = fresh if self.first_only and fresh is not None else max(latest, fresh or 0.0)
+            capped = min(latest, self.max_reference_growth * fresh) if self.max_reference_growth else latest
+            self.last_reference = max(fresh, capped)
         return self.last_reference
+
+    def growth(self) -> float:
+        """The reference's growth factor: min(latest / first, G), at least 1 (1 before the
+        entries of earlier rounds give both: the first round), from the entries alone."""
+        if not (self.ratio.settled and self.fresh.settled):
+            return 1.0
+        latest, fresh = self.ratio.reference({}), self.fresh.reference({})
+        if latest is None or fresh is None or latest <= fresh:
+            return 1.0
+        if fresh <= 0:
+            return self.max_reference_growth or 1.0
+        return min(latest / fresh, self.max_reference_growth) if self.max_reference_growth else latest / fresh
 
     def clip_examples(self, reports: list[Any], node_of: Callable[[Any], int] | None = None) -> int:
         """Cut ``num_examples`` above ``max_examples_ratio`` × the data sizes' reference to that

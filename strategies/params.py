@@ -16,7 +16,14 @@ from typing import Any
 
 import numpy as np
 
-from .bounds import MAX_EXAMPLES_RATIO, MAX_MODEL_RATIO, MAX_NORM_RATIO, MAX_UPDATE_NORM, NormBounds
+from .bounds import (
+    MAX_EXAMPLES_RATIO,
+    MAX_MODEL_RATIO,
+    MAX_NORM_RATIO,
+    MAX_REFERENCE_GROWTH,
+    MAX_UPDATE_NORM,
+    NormBounds,
+)
 from .failures import FailurePolicy
 from .layout import aggregate_integers
 from .options import MetricsAggrFn, RecordKeys
@@ -27,7 +34,7 @@ from .weighting import AUTO_WEIGHTING
 
 # the fields a strategy spec may set for every rule (e.g. "mifa:max-norm-ratio=50")
 SPEC_FIELDS = frozenset({"max_update_norm", "max_norm_ratio", "max_weight_share", "max_model_ratio",
-                         "max_examples_ratio", "stream", "robust"})
+                         "max_examples_ratio", "max_reference_growth", "stream", "robust"})
 
 
 @dataclass(frozen=True)
@@ -61,6 +68,8 @@ class StrategyParams:
         whose module says how the defaults were measured; ``max_norm_ratio=None``: the rule's
         ``default_norm_ratio``); spec keys ``max-update-norm``, ``max-norm-ratio``,
         ``max-model-ratio``.
+    max_reference_growth : the norm references follow the nodes' latest norms up to this multiple
+        of their first ones (0: uncapped; :class:`NormBounds`); spec key ``max-reference-growth``.
     max_examples_ratio : under ``num-examples`` weighting, a reply's num-examples is cut to this
         multiple of the lower median of recent ones (metric ``num-examples-clipped``); spec key
         ``max-examples-ratio``.
@@ -99,6 +108,7 @@ class StrategyParams:
     max_weight_share: float = 0.0
     max_model_ratio: float = MAX_MODEL_RATIO
     max_examples_ratio: float = MAX_EXAMPLES_RATIO
+    max_reference_growth: float = MAX_REFERENCE_GROWTH
     stream: bool = True
     robust: str = ""
 
@@ -143,4 +153,4 @@ class StrategyParams:
         ``max_norm_ratio`` is None (a rule's ``default_norm_ratio``)."""
         ratio = default_ratio if self.max_norm_ratio is None else self.max_norm_ratio
         return NormBounds(float(self.max_update_norm), float(ratio), float(self.max_model_ratio),
-                          float(self.max_examples_ratio))
+                          float(self.max_examples_ratio), float(self.max_reference_growth))

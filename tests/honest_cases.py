@@ -32,6 +32,7 @@ K, F = 5, 8  # classes, features
 DIM = K * (F + 1)
 MEANS = np.random.default_rng(0).normal(0, 3.0, (K, F))
 LR, BATCH = 0.05, 16
+SHIFT = np.array([3, 4, 0, 1, 2])  # the distribution shift's label permutation (no label kept)
 OFF = "max-update-norm=0,max-norm-ratio=0,max-examples-ratio=0"
 
 
@@ -55,17 +56,21 @@ class Client:
     steps: int
     dtype: type = np.float32
     c: np.ndarray | None = None  # SCAFFOLD's c_i
+    warm_up: int = 0  # the learning rate grows x10 over the first warm_up rounds (LR / 10 in round 1)
+    shift_at: int = 0  # from this round on (0: never) every label y reads SHIFT[y] (a new task)
 
     def train(self, x: np.ndarray, t: int, c_server: np.ndarray | None = None) -> tuple[np.ndarray, dict, dict]:
         rng = np.random.default_rng((self.cid, t))
+        lr = LR * 10.0 ** (min(t - 1, self.warm_up) / self.warm_up - 1.0) if self.warm_up else LR
+        labels = SHIFT[self.y] if self.shift_at and t >= self.shift_at else self.y
         w = x.astype(np.float64)
         shift = None if c_server is None else c_server - (self.c if self.c is not None else 0.0)
         total, loss = np.zeros(DIM), 0.0
         for _ in range(self.steps):
             idx = rng.integers(0, len(self.y), min(BATCH, len(self.y)))
-            loss, g = loss_and_grad(w, self.X[idx], self.y[idx])
+            loss, g = loss_and_grad(w, self.X[idx], labels[idx])
             total += g
-            w = w - LR * (g if shift is None else g + shift)
+            w = w - lr * (g if shift is None else g + shift)
             if self.dtype is not np.float32:
                 w = w.astype(self.dtype).astype(np.float64)
         model = w.astype(self.dtype).astype(np.float32)
@@ -138,6 +143,18 @@ def case(name: str) -> Case:
         clients = [make_client(rng, c, s, [0, 1, 2, 3] if c < 7 else [4], steps=min(250, -(-s // BATCH)),
                                noisy=c == 5, dtype=np.float16 if c == 6 else np.float32) for c, s in enumerate(sizes)]
         return Case(name, clients, 10, lambda t: everyone if t >= 4 else everyone[:7], {c: 5.0 + c for c in range(8)})
+    if name.startswith("warm-up"):  # every client's learning rate x10 over the first 5 rounds (LR / 10 to
+        # LR); "warm-up-noisy": every client's labels unrelated to its features, so that its gradients
+        # do not shrink as it trains and its update grows with the learning rate (x10)
+        clients = [make_client(rng, c, 60, labels[c], noisy=name.endswith("noisy")) for c in range(8)]
+        for cl in clients:
+            cl.warm_up = 5
+        return Case(name, clients, 12, lambda t: everyone, {c: 5.0 + c for c in range(8)})
+    if name == "shift":  # every client's labels permuted from round 7 on (a new task mid-run)
+        clients = [make_client(rng, c, 60, labels[c]) for c in range(8)]
+        for cl in clients:
+            cl.shift_at = 7
+        return Case(name, clients, 14, lambda t: everyone, {c: 5.0 + c for c in range(8)})
     if name.startswith("round-"):  # n clients, all replying, lognormal data sizes, label skew
         n = int(name.split("-")[1])
         labels = dirichlet_labels(rng, n)
@@ -150,7 +167,7 @@ def case(name: str) -> Case:
 
 
 CASES = ["back-10", "back-50", "back-150", "steps-by-size", "sizes-1-10000", "newcomer-labels", "fp16",
-         "loss-100x", "round-200", "round-1000"]
+         "loss-100x", "warm-up", "warm-up-noisy", "shift", "round-200", "round-1000"]
 TaskIdentity.task_id = TaskIdentity.run_id = TaskIdentity.node_id = 1  # Message() needs them (conftest does too)
 X0 = np.random.default_rng(1).normal(0, 0.1, DIM).astype(np.float32)
 
@@ -259,10 +276,15 @@ def run_async(name: str, c: Case, bounds: bool | str = True, horizon: float | No
 class Recorder:
     """While active, every reply a norm bound judges records ``norm / (reference x widening)``
     (the multiple of the reference the ratio test compares with ``max-norm-ratio``), per bound
-    kind: ``update`` (the first norm check) and ``other`` (Δc_i, FedAWE's distance)."""
+    kind: ``update`` (the first norm check) and ``other`` (Δc_i, FedAWE's distance); and ``growth``,
+    the largest latest / first of the update norms' references, and ``over_first``, the largest
+    update norm / (the first norms' reference x widening): what ``max-norm-ratio`` x
+    ``max-reference-growth`` must exceed."""
 
     def __init__(self) -> None:
         self.ratios: dict[str, list[float]] = {"update": [], "other": []}
+        self.growth = 1.0  # the largest latest / first of the update norms' references (lower medians over nodes)
+        self.over_first = 0.0  # the largest update norm / (the nodes' first norms' reference x widening)
 
     def __enter__(self) -> Recorder:
         from strategies import bounds as bounds_module
@@ -273,6 +295,11 @@ class Recorder:
         def check(bounds, reports, norm_of, node_of, reject, *args, **kwargs):
             kept = original(bounds, reports, norm_of, node_of, reject, *args, **kwargs)
             ref, work = bounds.last_reference, bounds.work.fixed
+            first = None
+            if getattr(norm_of, "__name__", "") == "update_norm" and bounds.ratio.settled and bounds.fresh.settled:
+                latest, first = bounds.ratio.reference({}), bounds.fresh.reference({})
+                if latest is not None and first:
+                    recorder.growth = max(recorder.growth, latest / first)
             if ref:
                 for r in reports:
                     try:
@@ -284,6 +311,8 @@ class Recorder:
                     widen = widen if bounds.widens else 1.0
                     kind = "update" if getattr(norm_of, "__name__", "") == "update_norm" else "other"
                     recorder.ratios[kind].append(norm / (ref * widen))
+                    if kind == "update" and first:
+                        recorder.over_first = max(recorder.over_first, norm / (first * widen))
             return kept
 
         bounds_module.NormBounds.check = check  # type: ignore[method-assign]

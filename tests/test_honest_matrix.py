@@ -4,7 +4,8 @@ The full matrix (every rule x every case of ``tests/honest_cases.py``, synchrono
 asynchronous) is ``benchmarks/honest_matrix.py``; here, in CI time: every registered rule on the
 compact ``mixed`` case (local steps 1-16 with the data size, an fp16 client, a client with
 unrelated labels and a far higher loss, a newcomer from round 4 with the one label no other client
-has), the client-state rules on a client back after 50 rounds away, rounds of 200 replies, and
+has), the client-state rules on a client back after 50 rounds away, honest norms that grow above
+their first level (a learning-rate warm-up, a distribution shift) for four rules, rounds of 200 replies, and
 FedAsync and FedBuff with an honest fast device. The defaults reject nothing, cut nothing, and
 the final model equals the same run with the bounds off bit for bit; except debiased-fedavg's
 newcomer, whose first reply weighs at most what a client seen before would (the participation
@@ -43,6 +44,15 @@ def test_every_rule_rejects_no_honest_reply_of_the_mixed_case(name):
 @pytest.mark.parametrize("name", ["scaffold", "amplified-scaffold"])
 def test_a_client_back_after_50_rounds_is_not_rejected(name):
     assert_honest(run_sync(name, case("back-50")), run_sync(name, case("back-50"), bounds=False))
+
+
+@pytest.mark.parametrize("case_name", ["warm-up-noisy", "shift"])
+@pytest.mark.parametrize("name", ["fedavg-active", "scaffold", "amplified-scaffold", "fedadam"])
+def test_honest_norms_that_grow_above_their_first_level_are_not_rejected(name, case_name):
+    """Every client's learning rate x10 over the first rounds (its labels unrelated to its features:
+    its update grows with the rate, 5.2-5.9 x the first round's median), and every client's labels
+    permuted mid-run: the reference follows the honest norms' growth (up to ``max-reference-growth``)."""
+    assert_honest(run_sync(name, case(case_name)), run_sync(name, case(case_name), bounds=False))
 
 
 @pytest.mark.parametrize("name", ["fednova"])

@@ -41,7 +41,8 @@ def test_bad_shared_parameters_are_refused_naming_them():
 def test_a_spec_sets_the_rules_own_parameters_and_the_spec_fields_only():
     assert SHARED | SPEC_FIELDS == StrategyParams.names() and not SHARED & SPEC_FIELDS
     assert list(strategy_params(STRATEGIES["fedau"])) == ["max-update-norm", "max-norm-ratio", "max-weight-share",
-                                                          "max-model-ratio", "max-examples-ratio", "stream", "robust", "cutoff"]
+                                                          "max-model-ratio", "max-examples-ratio", "max-reference-growth", "stream",
+                                                          "robust", "cutoff"]
     s = build_strategy("fedau:cutoff=3,max-norm-ratio=50", num_clients=4)
     assert (s.cutoff, s.params.max_norm_ratio, s.bounds.max_norm_ratio) == (3, 50.0, 50.0)
 

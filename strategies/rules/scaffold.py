@@ -26,18 +26,20 @@ The train message carries c next to the model (keys ``scaffold.c.<key>``); the r
 bounds (``max-update-norm``, ``max-norm-ratio``) with its own per-node reference. And c_i itself
 is bounded (docs/threat-model.md, "SCAFFOLD's control variates"): honestly c_i^+ is a mean
 gradient of client i, so ‖c_i^+‖ ≤ ``max-norm-ratio`` × the lower median over nodes of their
-first ‖c_j^+‖ (not their latest: c drags every honest step, so the honest gradients grow until
-they cancel an attacker's share c_i/N, and a reference that follows them follows the attacker; no
-widening by work or absence: a mean gradient grows with neither). The server does not hold c_i (O(N d)); it holds a
+first ‖c_j^+‖ × the model reference's growth min(latest / first, ``max-reference-growth``)
+(:meth:`strategies.bounds.NormBounds.growth`: honest gradients scale with honest updates; not
+the nodes' latest ‖c_j^+‖: c drags every honest step, so the honest gradients grow until they
+cancel an attacker's share c_i/N, and a reference that follows them uncapped follows the
+attacker; no widening by work or absence: a mean gradient grows with neither). The server does not hold c_i (O(N d)); it holds a
 secret CountSketch S c_i of k = :data:`SKETCH_SIZE` numbers per client (Charikar, Chen and
 Farach-Colton, "Finding frequent items in data streams", ICALP 2002: E‖S v‖² = ‖v‖², a relative
 standard deviation ≤ √(2/k) of ‖S v‖² for any v not chosen knowing S), the sum of the client's
 applied Δc_i, and judges ‖S (c_i + Δc_i)‖. Without it an attacker's c_i, and with it c = (1/N)
 Σ c_i, grows by its Δc bound every round (an adaptive attacker, 1 of 8: 2.4e4 m over 30 rounds,
-``tests/test_scaffold_channel.py``); with it, its share of c stays ≤ R/N × the nodes' first
-‖c_j^+‖ (22.4 m over 30 rounds).
+``tests/test_scaffold_channel.py``); with it, its share of c stays ≤ R G/N × the nodes' first
+‖c_j^+‖ (46.1 m over 30 rounds).
 Server memory: x, c (and for Amplified SCAFFOLD x_r and the period's sum of Δc): O(d), plus k
-numbers per client and the sketch's hash (O(d) integers, from the strategy's seed: keep it private).
+numbers per client and the sketch's hash (O(d) integers, from ``sketch-seed``: keep it private).
 """
 
 from __future__ import annotations
@@ -80,8 +82,9 @@ def amplify(x: np.ndarray, anchor: np.ndarray, gamma: float) -> np.ndarray:
 class VariateSketch:
     """A CountSketch S of each client's c_i (the sum of its applied Δc_i): k numbers per client,
     ‖S c_i‖ ≈ ‖c_i‖ (the module docstring). S maps coordinate j to bucket h(j) with sign s(j),
-    both drawn from ``seed`` (the strategy's: a client that knew S could hide c_i in its kernel, so
-    a deployment keeps its seed private; None: a fresh secret one); S v = Σ_j s(j) v_j e_{h(j)}, O(d)."""
+    both drawn from ``seed`` (the strategy's ``sketch-seed``: a client that knew S could hide c_i
+    in its kernel, so a deployment keeps it private; None: a fresh secret one); S v = Σ_j s(j) v_j
+    e_{h(j)}, O(d)."""
 
     def __init__(self, seed: int | None = None, rows: dict[int, np.ndarray] | None = None) -> None:
         self.seed = secrets.randbits(63) if seed is None else int(seed)
@@ -149,6 +152,13 @@ class Scaffold(AvailabilityStrategy):
     steps itself, another ClientApp through ``client_app.dropin`` (the mod and
     ``correct_gradients``). Weights: equal over A_t (the paper's 1/|S|); ``num-examples`` weights
     Δy by data size (c's update stays (1/N) Σ Δc_i). Metrics: ``c-norm``, ``mean-dc-norm``.
+
+    Parameters
+    ----------
+    sketch_seed : the seed of the c_i sketch's hash (spec key ``sketch-seed``); -1 (the default):
+        derived from the strategy's ``seed``, which is public in most configs: a deployment sets a
+        private one (a client that knew the hash could hide its c_i in the sketch's kernel). It is
+        kept by checkpoints (a resumed run keeps its sketch) and written to the run's config.
     """
 
     name = "scaffold"
@@ -163,16 +173,21 @@ class Scaffold(AvailabilityStrategy):
                              "client_app.dropin: ClientApp(mods=[client_rule_mod]) and "
                              "correct_gradients(model, context) in its train function"),)
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, *, sketch_seed: int = -1, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        if isinstance(sketch_seed, bool) or not isinstance(sketch_seed, int) or not -1 <= sketch_seed < 2**63:
+            raise ValueError(f"{self.name}: sketch-seed must be an integer in [0, 2^63) (-1: derived from the "
+                             f"strategy's seed), got {sketch_seed!r}")
         self.run_key = secrets.token_hex(8)  # new run, new client variates; kept by checkpoints
         self.c: np.ndarray | None = None
         self.accepted: dict[int, int] = {}  # client id -> the round of its last applied reply
-        # S c_i per client: the c_i bound's norms; its hash from the strategy's seed (same config, same
-        # verdicts), secret as long as that seed is
-        self.variates = VariateSketch(int(np.random.SeedSequence([int(self.params.seed), SKETCH_SIZE]).generate_state(1)[0]))
+        # S c_i per client: the c_i bound's norms; its hash from sketch-seed, or by default from the
+        # strategy's seed (same config, same verdicts on every engine); kept by checkpoints
+        self.variates = VariateSketch(sketch_seed if sketch_seed >= 0 else int(
+            np.random.SeedSequence([int(self.params.seed), SKETCH_SIZE]).generate_state(1)[0]))
         self.variate_bounds: NormBounds = self.params.bounds()  # ‖c_i^+‖ (no widening: a mean gradient)
         self.variate_bounds.widens, self.variate_bounds.first_only = False, True
+        self.variate_bounds.follows = self.bounds  # first ‖c_j^+‖ x the model reference's capped growth
         self.variate_bounds.what = "control variate norm ‖c_i + Δc_i‖ (sketched)"
 
     def variate_norm(self, report: ClientReport) -> float:
