@@ -16,11 +16,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from runconfig.defaults import default_run_config
 from strategies.registry import is_asynchronous_spec
 
+from .auth import auth_failure_text
 from .errors import DeployError
 from .local import ProcessSite
 from .procs import exit_on_signals
 from .record import run_recorded, summary
-from .run import Outcome, auth_failure_text, run_deployment
+from .run import Outcome, run_deployment
 from .submission import latest_checkpoint, parse_run_config
 from .waits import Waits, for_host, scale_run_waits, slowest_cap
 

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -28,6 +28,7 @@ from strategies.registry import is_asynchronous_spec
 
 from .app import AppRun
 from .async_churn import AggregationChurn
+from .auth import note_auth_failures
 from .churn import ChurnDriver, Crash, RoundChurn, WallClockChurn
 from .errors import DeployError
 from .flwr_cli import COMPLETED, FINISHED, FlwrCli
@@ -83,25 +84,6 @@ def churn_grace(grace: float | None, signal: bool = False) -> float:
     return (DEFAULT_BOUND if signal else DEFAULT_GRACE) if grace is None else float(grace)
 
 
-def auth_failure_text(site: Site, found: Mapping[str, int]) -> str:
-    """What a 401 to a ClientApp (or the ServerApp) means, and the flag that prevents it."""
-    waits = getattr(site, "waits", None)
-    patience = f" ({waits.task_patience:.0f} s)" if waits is not None else ""
-    where = ", ".join(f"{name}: {n}" for name, n in sorted(found.items()))
-    return (f"calls answered 401 'task-token authentication failed' ({where}): Flower revoked the task of a "
-            f"ClientApp (a SuperNode's; its reply is lost) or ServerApp (the SuperLink's) that did not start "
-            f"within the task patience{patience} on this busy machine; lengthen it with --task-patience SECONDS")
-
-
-def note_auth_failures(site: Site, out: Outcome) -> None:
-    """Name the 401s the site's processes logged since the last look (a site that cannot tell: none)."""
-    found: Mapping[str, int] = getattr(site, "auth_failures", dict)()
-    if found:
-        for name, n in found.items():
-            out.auth_failures[name] = out.auth_failures.get(name, 0) + n
-        site.log(auth_failure_text(site, found))
-
-
 @dataclass
 class Drive:
     """How one run's nodes churn (``run_deployment``'s churn arguments, ``grace`` decided)."""
@@ -117,8 +99,8 @@ class Drive:
 
 @dataclass
 class Follow:
-    """How a submitted run is followed: give up after ``timeout`` s, rows to ``on_row``, the
-    status read every ``status_every`` s."""
+    """How a submitted run is followed: DeployError after ``timeout`` s (the run stopped), rows to
+    ``on_row``, the status read every ``status_every`` s."""
 
     timeout: float = 1800.0
     on_row: Callable[[dict[str, Any]], None] | None = None
@@ -127,8 +109,10 @@ class Follow:
 
 def decide_timing(site: Site, user: Mapping[str, Any], drive: Drive, grace: float | None,
                   round_start_signal: bool | None) -> bool:
-    """Set ``drive.grace`` and say whether rounds start on the driver's signal (default: round
-    churn on a site whose ServerApp sees our files); an asynchronous rule has no round starts."""
+    """Set ``drive.grace`` and say whether rounds start on the driver's signal. ``round_start_signal``
+    (default: round churn on a site whose ServerApp sees our files): each round starts once its nodes
+    are registered, ``grace`` (default 30 s) the most it waits; without it ``grace`` is a fixed
+    ``round-start-delay`` (default 3 s). An asynchronous rule has no round starts to delay or signal."""
     if asynchronous_run(site, user):  # no round starts to delay or signal (deploy.async_churn)
         if drive.crashes:
             raise DeployError("crashes on purpose happen in a round; an asynchronous rule has none (its churn "
@@ -187,34 +171,26 @@ def run_app(site: Site, user_config: Mapping[str, Any], app: AppRun, drive: Driv
     return run_with(site, dict(user_config), driver, schedule, follow, app.num_rounds, app.run_dir)
 
 
-def run_deployment(
-    site: Site,
-    user_config: Mapping[str, Any],
-    *,
-    churn: str | None = None,
-    churn_mode: str = "term",
-    grace: float | None = None,
-    lookahead: bool = True,
-    crashes: Mapping[int, list[Crash]] | None = None,
-    speedup: float = 1.0,
-    timeout: float = 1800.0,
-    on_row: Callable[[dict[str, Any]], None] | None = None,
-    status_every: float = 10.0,
-    resume_from: str | Path | None = None,
-    round_start_signal: bool | None = None,
-    app: AppRun | None = None,
-) -> Outcome:
-    """Start the nodes (all, or the schedule's first-round set), submit the run, drive churn, wait,
-    then compare the realised participation with the schedule (``Outcome.report``).
+def first_round(cfg: Mapping[str, Any], run_dir: Path) -> int:
+    """The run's first round: 1, in a folder that holds no run yet, or a resumed checkpoint's + 1."""
+    if cfg.get("resume-from"):
+        return prepare_resume(cfg) + 1
+    if (run_dir / "metrics.jsonl").exists():
+        raise DeployError(f"{run_dir} already holds a run; pick another run-name (or resume it)")
+    return 1
 
-    ``churn``: None (all nodes stay up), ``"rounds"`` (:class:`deploy.churn.RoundChurn`) or
-    ``"wallclock"`` (:class:`deploy.churn.WallClockChurn`). ``round_start_signal`` (default: round
-    churn on a site whose ServerApp sees our files): each round starts once its nodes are
-    registered, ``grace`` (default 30 s) the most it waits; without it ``grace`` is a fixed
-    ``round-start-delay`` (default 3 s). ``resume_from``: a checkpoint; the run continues from it in
-    its own folder, on a fresh SuperLink and fresh nodes. The status is read every
-    ``status_every`` s; DeployError after ``timeout`` s (the run stopped). ``app``: a Flower app
-    that is not the project's (:func:`run_app`)."""
+
+def run_deployment(site: Site, user_config: Mapping[str, Any], *, churn: str | None = None, churn_mode: str = "term",
+                   grace: float | None = None, lookahead: bool = True, crashes: Mapping[int, list[Crash]] | None = None,
+                   speedup: float = 1.0, timeout: float = 1800.0, on_row: Callable[[dict[str, Any]], None] | None = None,
+                   status_every: float = 10.0, resume_from: str | Path | None = None,
+                   round_start_signal: bool | None = None, app: AppRun | None = None) -> Outcome:
+    """Start the nodes (all, or the schedule's first-round set), submit the run, drive churn, wait,
+    then compare the realised participation with the schedule (``Outcome.report``). ``churn``: None
+    (all nodes stay up), ``"rounds"`` (:class:`deploy.churn.RoundChurn`) or ``"wallclock"``
+    (:class:`deploy.churn.WallClockChurn`); ``grace`` and ``round_start_signal``: :func:`decide_timing`;
+    ``resume_from``: a checkpoint, continued in its own folder on a fresh SuperLink and fresh nodes;
+    ``timeout``, ``on_row``, ``status_every``: :class:`Follow`; ``app``: :func:`run_app`."""
     drive = Drive(churn, churn_mode, 0.0, lookahead, crashes, speedup)
     follow = Follow(timeout, on_row, status_every)
     if app is not None:
@@ -226,9 +202,7 @@ def run_deployment(
         check_run_config(cfg)  # every key checked before any process trains
         run_dir, num_rounds = run_dir_of(cfg), int(cfg["num-server-rounds"])
         asynchronous = is_asynchronous_spec(str(cfg.get("strategy", "")))
-        start_round = prepare_resume(cfg) + 1 if cfg.get("resume-from") else 1
-        if start_round == 1 and (run_dir / "metrics.jsonl").exists():
-            raise DeployError(f"{run_dir} already holds a run; pick another run-name (or resume it)")
+        start_round = first_round(cfg, run_dir)
         schedule = build_run_schedule(cfg) if churn else None
         driver = churn_driver(site, schedule, num_rounds, drive, start_round, asynchronous)
         if driver is not None:  # the ServerApp waits for them before its first round
@@ -297,24 +271,27 @@ def follow_run(site: Site, cli: FlwrCli, out: Outcome, follower: RunFollower, fo
             done = bool(out.rows) and out.rows[-1]["round"] >= num_rounds
             next_status = now + (1.0 if done else follow.status_every)
         if now - out.submitted_at > follow.timeout:
-            cli.close()
-            cli.stop(out.run_id)
-            raise DeployError(f"run {out.run_id} not finished after {follow.timeout:.0f} s (stopped)")
+            give_up(cli, out.run_id, follow.timeout)
         time.sleep(0.1)
     cli.close()
     follower.poll()
     note_auth_failures(site, out)
 
 
+def give_up(cli: FlwrCli, run_id: int, timeout: float) -> NoReturn:
+    """Stop the run (``flwr stop``) and raise: it did not finish within ``timeout`` s."""
+    cli.close()
+    cli.stop(run_id)
+    raise DeployError(f"run {run_id} not finished after {timeout:.0f} s (stopped)")
+
+
 def compare_participation(site: Site, out: Outcome, schedule: Schedule | None, num_rounds: int,
                           asynchronous: bool = False) -> None:
-    """``out.report``: each round's participants against the schedule (round churn or none); an
-    asynchronous run under churn: ``out.off_arrivals``. Wall-clock churn follows time, not
-    rounds; an asynchronous rule's rows are aggregations, not rounds."""
+    """``out.report``: each round's participants against the schedule (round churn or none). Not
+    for wall-clock churn (time, not rounds) nor an asynchronous rule (``out.off_arrivals``)."""
     driver = out.driver
-    if isinstance(driver, AggregationChurn):
-        out.off_arrivals = driver.took_part_while_off(out.rows)
-    if asynchronous or isinstance(driver, (WallClockChurn, AggregationChurn)):
+    if asynchronous or isinstance(driver, WallClockChurn):
+        out.off_arrivals = driver.took_part_while_off(out.rows) if isinstance(driver, AggregationChurn) else None
         return
     expected = (schedule.matrix(num_rounds).astype(bool) if schedule is not None
                 else np.ones((num_rounds, site.num_nodes), dtype=bool))
