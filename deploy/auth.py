@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .nodes import Site
-    from .run import Outcome
 
 AUTH_FAILED = "task-token authentication failed"  # Flower's 401 to a ClientApp whose token it revoked
 
@@ -41,10 +40,11 @@ def auth_failure_text(site: Site, found: Mapping[str, int]) -> str:
             f"within the task patience{patience} on this busy machine; lengthen it with --task-patience SECONDS")
 
 
-def note_auth_failures(site: Site, out: Outcome) -> None:
-    """Name the 401s the site's processes logged since the last look (a site that cannot tell: none)."""
+def note_auth_failures(site: Site, counts: dict[str, int]) -> None:
+    """Add the 401s the site's processes logged since the last look to ``counts`` (process -> calls)
+    and name them (a site that cannot tell: none)."""
     found: Mapping[str, int] = getattr(site, "auth_failures", dict)()
     if found:
         for name, n in found.items():
-            out.auth_failures[name] = out.auth_failures.get(name, 0) + n
+            counts[name] = counts.get(name, 0) + n
         site.log(auth_failure_text(site, found))

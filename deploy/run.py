@@ -256,7 +256,7 @@ def follow_run(site: Site, cli: FlwrCli, out: Outcome, follower: RunFollower, fo
             if out.driver is not None:
                 out.driver.on_event(event)
             if isinstance(event, RoundFinished):
-                note_auth_failures(site, out)
+                note_auth_failures(site, out.auth_failures)
                 if follow.on_row:
                     follow.on_row(event.row)
         if not site.superlink_alive():
@@ -275,7 +275,7 @@ def follow_run(site: Site, cli: FlwrCli, out: Outcome, follower: RunFollower, fo
         time.sleep(0.1)
     cli.close()
     follower.poll()
-    note_auth_failures(site, out)
+    note_auth_failures(site, out.auth_failures)
 
 
 def give_up(cli: FlwrCli, run_id: int, timeout: float) -> NoReturn:
