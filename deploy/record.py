@@ -92,11 +92,11 @@ def run_recorded(site: ProcessSite, user_config: Mapping[str, Any], *,
 
 def device_figures(site: ProcessSite, user_config: Mapping[str, Any]) -> NodeFigures | None:
     """With device classes: their figures, calibrated (the SuperLink started first: it makes the
-    device limits); None without."""
-    if site.superlink is None:
-        site.start_superlink()
+    device limits); None without (run_deployment starts the SuperLink)."""
     if site.edge is None:
         return None
+    if site.superlink is None:
+        site.start_superlink()
     from .edge.figures import DeviceFigures
 
     figures = DeviceFigures(site.edge, site.num_nodes, site.work_dir, site.log)
