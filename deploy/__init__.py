@@ -9,6 +9,7 @@ the availability schedule. One job per module; arrows point down the list, never
 - ``warmstart``: a returning node's client worker started with the node, before its Flower imports;
 - ``submission``: the submitted run config, its folder, its schedule, resume and latest checkpoint;
 - ``follow``: tails the run folder (``config.json``, ``metrics.jsonl``);
+- ``auth``: Flower's ``401 task-token authentication failed`` (a lost reply) counted from the logs and named;
 - ``nodes``: the :class:`nodes.Nodes` protocol (start/stop/signal/running/registered id) and
   :class:`nodes.Site` (nodes + their SuperLink);
 - ``local`` (processes: :class:`local.ProcessSite`) and ``containers`` (Docker: ``DockerNodes``,

@@ -240,11 +240,15 @@ class RoundChurn:
                 self.nodes.start_node(client)
                 self._event("start", r, client, lookahead=True)
             elif action in ("crash", "term") and r == self.round and client in self.nodes.running_nodes():
-                mode = "kill" if action == "crash" else "term"
-                self.log(f"round {r}: taking node {client} down mid-round ({mode})")
-                self.nodes.stop_node(client, mode)
-                self.crashed.setdefault(r, []).append(client)
-                self._event(action, r, client)
+                self._crash(r, client, action)
+
+    def _crash(self, r: int, client: int, action: str) -> None:
+        """A crash on purpose (``crash``: SIGKILL, ``term``: SIGTERM) of ``client`` in round r."""
+        mode = "kill" if action == "crash" else "term"
+        self.log(f"round {r}: taking node {client} down mid-round ({mode})")
+        self.nodes.stop_node(client, mode)
+        self.crashed.setdefault(r, []).append(client)
+        self._event(action, r, client)
 
     def _begin(self, r: int, at: float) -> None:
         """The server finished round r - 1 at ``at`` and starts round r at ``at`` + grace, or, with
@@ -260,10 +264,8 @@ class RoundChurn:
         for i in missing:  # not started ahead (no lookahead, a crash, or a node that died)
             self.nodes.start_node(i)
             self._event("start", r, i, lookahead=False)
-        if self.signal_dir is None:  # the server starts the round at + grace, whatever happens
-            deadline = at + max(0.0, self.grace - 0.3)
-        else:  # the server waits for our signal, up to its bound (grace): signal as soon as all are in
-            deadline = at + max(0.0, self.grace - 0.5)
+        # the server starts the round at + grace, or (signal_dir) on our signal, at most then: signal once all are in
+        deadline = at + max(0.0, self.grace - (0.3 if self.signal_dir is None else 0.5))
         while time.monotonic() < deadline and any(self.nodes.registered_id(i) is None for i in want):
             time.sleep(0.05)
         late = sorted(i for i in want if self.nodes.registered_id(i) is None)
@@ -277,15 +279,19 @@ class RoundChurn:
         if self.signal_dir is not None:
             (self.signal_dir / f"round-{r}").touch()
             at = time.monotonic() - self.grace  # the round starts now: timers below count from here
+        self._arm_crashes(r, want, at + self.grace)
+        if self.lookahead and r < self.num_rounds:  # round r + 1's returning nodes, once r's messages went out
+            when = at + self.grace + self.margin
+            for i in sorted(self.on(r + 1) - want):
+                self.timers.append((when, "lookahead", r + 1, i))
+
+    def _arm_crashes(self, r: int, want: set[int], start: float) -> None:
+        """The crashes on purpose of round r (``crashes``), timed from its start."""
         for crash in self.crashes.get(r, []):
             client, after = crash[0], crash[1]
             how = crash[2] if len(crash) > 2 else "kill"
             if client in want:
-                self.timers.append((at + self.grace + after, "crash" if how == "kill" else "term", r, client))
-        if self.lookahead and r < self.num_rounds:
-            when = at + self.grace + self.margin
-            for i in sorted(self.on(r + 1) - want):
-                self.timers.append((when, "lookahead", r + 1, i))
+                self.timers.append((start + after, "crash" if how == "kill" else "term", r, client))
 
     def expected(self) -> np.ndarray:
         """The participation the deployment should realise: the schedule minus :attr:`missed`."""

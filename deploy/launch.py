@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -16,13 +16,17 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from runconfig.defaults import default_run_config
 from strategies.registry import is_asynchronous_spec
 
+from .auth import auth_failure_text
 from .errors import DeployError
 from .local import ProcessSite
 from .procs import exit_on_signals
 from .record import run_recorded, summary
-from .run import auth_failure_text, run_deployment
+from .run import Outcome, run_deployment
 from .submission import latest_checkpoint, parse_run_config
 from .waits import Waits, for_host, scale_run_waits, slowest_cap
+
+if TYPE_CHECKING:  # edge emulation is imported only with device classes
+    from .edge.devices import DevicePlan
 
 
 def launch_main(args: argparse.Namespace) -> int:
@@ -30,68 +34,32 @@ def launch_main(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     exit_on_signals()
     user = parse_run_config(args.run_config)
-    work = Path(args.work_dir).resolve() if args.work_dir else None
     if args.app:
         return launch_app(args, user, console)
-    merged = {**default_run_config(), **user}
-    num_rounds = int(merged["num-server-rounds"])
-    unit = "aggregation" if is_asynchronous_spec(str(merged.get("strategy", ""))) else "round"
-    resume = Path(args.resume_from).resolve() if args.resume_from else None
     try:
-        plan = None
-        if args.devices:  # edge emulation: imported only with device classes
-            from .edge.devices import load_devices
-
-            plan = load_devices(args.devices, args.num_nodes)
-        waits = launch_waits(args, slowest_cap(dc.cpus for dc in plan.classes) if plan else 1.0)
+        plan, waits = launch_devices(args)
     except DeployError as err:
         console.print(f"[red]error:[/] {escape(str(err))}")
         return 2
+    merged = {**default_run_config(), **user}
     for line in scale_run_waits(user, merged, waits.round_factor):  # a busy host: replies and nodes come later
         console.print(escape(line))
-    dep = ProcessSite(args.num_nodes, work, data_dir=args.data_dir, keep_workdir=args.keep_workdir, devices=plan,
-                     waits=waits, warm_workers=args.warm_workers,
-                     log=lambda s: (console if not progress.live.is_started else progress.console).log(escape(s)))
-    columns = (TextColumn(f"[bold]{unit}s"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("{task.fields[status]}"), TimeElapsedColumn())
-    progress = Progress(*columns, console=console, disable=not console.is_terminal)
-    task = progress.add_task("run", total=num_rounds, status="starting")
-
-    def on_row(row: dict[str, Any]) -> None:
-        status = f"{unit} {row['round']}: participants {row['participants']}" + (
-            f", acc {row['test-accuracy']:.3f}" if "test-accuracy" in row else "")
-        progress.update(task, completed=row["round"], status=status)
-        if not console.is_terminal:
-            console.print(status, soft_wrap=True)
-
+    bar = ProgressBar(console, merged)
+    dep = ProcessSite(args.num_nodes, Path(args.work_dir).resolve() if args.work_dir else None,
+                      data_dir=args.data_dir, keep_workdir=args.keep_workdir, devices=plan, waits=waits,
+                      warm_workers=args.warm_workers, log=bar.log)
     code = 1
     try:
         console.print(f"work dir: {dep.work_dir}")
-        if resume is not None and resume.is_dir():
-            resume = latest_checkpoint(resume)
+        resume = resume_point(args)
         dep.start_superlink()
-        with progress:
+        with bar.progress:
             out, _, counts = run_recorded(
                 dep, user, churn=("wallclock" if args.wall_clock else "rounds") if args.churn else None,
                 churn_mode=args.churn_mode, grace=args.grace, lookahead=not args.no_lookahead,
-                speedup=args.speedup, timeout=args.timeout, on_row=on_row, resume_from=resume,
+                speedup=args.speedup, timeout=args.timeout, on_row=bar.on_row, resume_from=resume,
                 round_start_signal=False if args.fixed_grace else None)
-        console.print(f"run {out.run_id}: {out.status} in {out.wall:.1f} s; results: {out.run_dir}")
-        if out.report is not None:
-            console.print(escape(out.report.summary()), soft_wrap=True)
-        if counts:
-            console.print("clients per class (clients.jsonl, realised-trace.csv"
-                          + (", devices.csv" if plan else "") + "):\n" + escape(summary(counts)), soft_wrap=True)
-        if out.auth_failures:
-            console.print(f"[red]{escape(auth_failure_text(dep, out.auth_failures))}[/]", soft_wrap=True)
-        if out.off_arrivals is not None:
-            console.print(off_arrivals_text(out.off_arrivals), soft_wrap=True)
-        code = 0 if out.ok else 1
-        if not out.completed:
-            console.print(f"[red]run did not complete[/]; see the logs in {dep.logs} (--keep-workdir keeps them)")
-        elif not out.ok and out.report is not None:
-            console.print(f"[red]participation departs from the schedule beyond the timing slack:[/] "
-                          f"{escape(out.report.failure_text())}", soft_wrap=True)
+        code = print_outcome(console, dep, out, counts, devices=plan is not None)
     except DeployError as err:
         console.print(f"[red]error:[/] {escape(str(err))}; logs in {dep.logs} (--keep-workdir keeps them)")
     except KeyboardInterrupt:
@@ -100,6 +68,69 @@ def launch_main(args: argparse.Namespace) -> int:
     finally:
         dep.close()
     return code
+
+
+def launch_devices(args: argparse.Namespace) -> tuple[DevicePlan | None, Waits]:
+    """The device classes of ``--devices`` (edge emulation, imported only then) and the waits."""
+    plan = None
+    if args.devices:
+        from .edge.devices import load_devices
+
+        plan = load_devices(args.devices, args.num_nodes)
+    return plan, launch_waits(args, slowest_cap(dc.cpus for dc in plan.classes) if plan else 1.0)
+
+
+def resume_point(args: argparse.Namespace) -> Path | None:
+    """``--resume-from``: a checkpoint file, or the newest checkpoint of a run folder."""
+    if not args.resume_from:
+        return None
+    resume = Path(args.resume_from).resolve()
+    return latest_checkpoint(resume) if resume.is_dir() else resume
+
+
+class ProgressBar:
+    """The launch's progress: a bar of rounds (aggregations for an asynchronous rule) on a
+    terminal, a line per row otherwise; ``log`` prints above the bar."""
+
+    def __init__(self, console: Console, run_config: dict[str, Any]) -> None:
+        self.console = console
+        self.unit = "aggregation" if is_asynchronous_spec(str(run_config.get("strategy", ""))) else "round"
+        columns = (TextColumn(f"[bold]{self.unit}s"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("{task.fields[status]}"), TimeElapsedColumn())
+        self.progress = Progress(*columns, console=console, disable=not console.is_terminal)
+        self.task = self.progress.add_task("run", total=int(run_config["num-server-rounds"]), status="starting")
+
+    def log(self, line: str) -> None:
+        (self.console if not self.progress.live.is_started else self.progress.console).log(escape(line))
+
+    def on_row(self, row: dict[str, Any]) -> None:
+        status = f"{self.unit} {row['round']}: participants {row['participants']}" + (
+            f", acc {row['test-accuracy']:.3f}" if "test-accuracy" in row else "")
+        self.progress.update(self.task, completed=row["round"], status=status)
+        if not self.console.is_terminal:
+            self.console.print(status, soft_wrap=True)
+
+
+def print_outcome(console: Console, dep: ProcessSite, out: Outcome, counts: dict[str, dict[str, int]],
+                  devices: bool = False) -> int:
+    """Print the run's outcome, participation report, per-class counts and 401s; the exit status
+    (0 only when the run completed and its participation followed the schedule)."""
+    console.print(f"run {out.run_id}: {out.status} in {out.wall:.1f} s; results: {out.run_dir}")
+    if out.report is not None:
+        console.print(escape(out.report.summary()), soft_wrap=True)
+    if counts:
+        console.print("clients per class (clients.jsonl, realised-trace.csv"
+                      + (", devices.csv" if devices else "") + "):\n" + escape(summary(counts)), soft_wrap=True)
+    if out.auth_failures:
+        console.print(f"[red]{escape(auth_failure_text(dep, out.auth_failures))}[/]", soft_wrap=True)
+    if out.off_arrivals is not None:
+        console.print(off_arrivals_text(out.off_arrivals), soft_wrap=True)
+    if not out.completed:
+        console.print(f"[red]run did not complete[/]; see the logs in {dep.logs} (--keep-workdir keeps them)")
+    elif not out.ok and out.report is not None:
+        console.print(f"[red]participation departs from the schedule beyond the timing slack:[/] "
+                      f"{escape(out.report.failure_text())}", soft_wrap=True)
+    return 0 if out.ok else 1
 
 
 def launch_waits(args: argparse.Namespace, cpu_cap: float = 1.0) -> Waits:

@@ -5,13 +5,12 @@
   ``deploy.procs.PortReservation``), its own ``FLWR_HOME`` and cwd, no dependency install, no telemetry;
 - N SuperNodes (``flower-supernode`` through ``deploy.tuning.SUPERNODE``) ``--insecure --superlink
   127.0.0.1:PORT --port P_i`` (a reserved port) ``--node-config "partition-id=i num-partitions=N state-dir=...
-  [data-dir=...]"``, each with its own ``FLWR_HOME``; a node can be stopped (SIGTERM, graceful) or
-  crashed (SIGKILL of its whole process tree) and started again, which gives it a new Flower
-  node id;
+  [data-dir=...]"``, each with its own ``FLWR_HOME``; a node can be stopped (SIGTERM, graceful) or crashed
+  (SIGKILL of its whole process tree) and started again, which gives it a new Flower node id;
 - a ``flwr`` CLI (:class:`deploy.flwr_cli.FlwrCli`) connected to the SuperLink.
 
 Every wait comes from :mod:`deploy.waits` (scaled to the host, settable, named when it runs out);
-401s to ClientApps (lost replies) are named from the logs as they happen (:meth:`ProcessSite.auth_failures`).
+401s to ClientApps (lost replies) are named from the logs as they happen (:mod:`deploy.auth`).
 
 No process outlives the deployment (:mod:`deploy.procs`): :meth:`ProcessSite.close`
 (context-manager exit, ``atexit``, the CLI's SIGINT/SIGTERM handlers) kills every process it
@@ -39,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 from client_app.timing import SWITCH as TIMING  # clients time their training (client_app/timing.py)
 from runconfig.defaults import ROOT, default_run_config
 
+from .auth import new_auth_failures
 from .errors import DeployError
 from .flwr_cli import FLOWER_ENV, FlwrCli, toml_value
 from .nodes import MODES, NODE_ID_RE
@@ -60,7 +60,6 @@ if TYPE_CHECKING:  # edge emulation is imported only when a site has device clas
 
 _LIVE: weakref.WeakSet[ProcessSite] = weakref.WeakSet()
 BASE_ENV = {**TUNING_ENV, **FLOWER_ENV}
-AUTH_FAILED = "task-token authentication failed"  # Flower's 401 to a ClientApp whose token it revoked
 
 
 @dataclass
@@ -75,6 +74,11 @@ class Node:
     @property
     def running(self) -> bool:
         return self.proc is not None and self.proc.alive
+
+    def reserve_port(self) -> None:
+        """A fresh Runtime API port, held while the node runs: nobody else gets it."""
+        self.reservation = PortReservation.replacing(self.reservation)
+        self.port = self.reservation.port
 
 
 class ProcessSite:
@@ -150,14 +154,9 @@ class ProcessSite:
 
     def start_superlink(self, timeout: float | None = None) -> None:
         """Start the SuperLink on a reserved port; wait until it listens (``timeout``, default
-        the site's ``waits.superlink``)."""
-        if self.edge is not None and not self.edge.cgroups:
-            self.edge.setup()  # before any process: all limits in place, or none and an error
-        # nodes in their own network namespace reach the SuperLink through their veth pair
-        host = "0.0.0.0" if self.edge is not None and self.edge.shaped else "127.0.0.1"
-        if self.superlink_reservation is not None:
-            self.superlink_reservation.release()
-        self.superlink_reservation = PortReservation()
+        the site's ``waits.superlink``); then the ``flwr`` CLI that talks to it."""
+        host = self._edge_setup()
+        self.superlink_reservation = PortReservation.replacing(self.superlink_reservation)
         self.superlink_port = self.superlink_reservation.port
         home = self.work_dir / "superlink"
         self.superlink = self._spawn(
@@ -166,15 +165,13 @@ class ProcessSite:
              "--host", host, "--port", str(self.superlink_port)],
             home, home, self.server_env,
         )
-        timeout = self.waits.superlink if timeout is None else timeout
         superlink = self.superlink
-        wait_for(lambda: True if port_open(self.superlink_port) else None, timeout,
+        wait_for(lambda: True if port_open(self.superlink_port) else None,
+                 self.waits.superlink if timeout is None else timeout,
                  what=f"flower-superlink listens on 127.0.0.1:{self.superlink_port}", flag="--superlink-timeout",
                  see=superlink.log, log=self.log,
                  gone=lambda: None if superlink.alive else f"flower-superlink exited ({superlink.popen.returncode})")
-        if self.edge is not None:  # nodes with rtt_ms/loss and no netem: their relays, to this port
-            self.edge.start_relays(lambda name, argv: self.spawner.spawn(name, argv, self.work_dir),
-                                   self.superlink_port)
+        self._edge_relays()
         # the CLI carries the deployment's tag (close() sweeps a stray one), not a node's
         self.cli = FlwrCli(self.cli_home, f"127.0.0.1:{self.superlink_port}", env=self.spawner.env(None),
                            cwd=self.work_dir, log=self.log)
@@ -188,35 +185,46 @@ class ProcessSite:
         cfg.update(self.node_config_extra.get(i, {}))
         return " ".join(f"{k}={toml_value(v)}" for k, v in cfg.items())
 
-    def start_node(self, i: int, wait: bool = False, timeout: float | None = None) -> Node:
-        """Start SuperNode ``i`` (no-op if running); ``wait`` until it has registered."""
+    def start_node(self, i: int) -> Node:
+        """Start SuperNode ``i`` (no-op if running) on a port it holds while it runs, with its
+        ``partition-id`` in its node config; returns at once (:meth:`wait_registered`)."""
         node = self.nodes[i]
         if node.running:
             return node
         if self.superlink is None:
             raise DeployError("start the SuperLink first")
         node.incarnations += 1
-        if node.reservation is not None:
-            node.reservation.release()
-        node.reservation = PortReservation()  # held while the node runs: nobody else gets its port
-        node.port = node.reservation.port
+        node.reserve_port()
         home = self.work_dir / f"node-{i}"
         if self.warm_env:  # its worker starts warm: from the app its siblings installed, if it has none
             share_installed_app(home, [self.work_dir / f"node-{j}" for j in self.nodes if j != i])
-        link = (self.edge.superlink_address(i, self.superlink_port) if self.edge is not None
-                else f"127.0.0.1:{self.superlink_port}")
+        link, env, preexec = self._node_limits(i)
         node.proc = self._spawn(
             f"node-{i}.{node.incarnations}",
             [*TUNING_SUPERNODE, "--insecure", "--superlink", link,
              "--host", "127.0.0.1", "--port", str(node.port), "--node-config", self.node_config(i)],
-            home, home, {**(self.edge.env(i) if self.edge is not None else self.threads_env),
-                         **self.warm_env, **self.node_env.get(i, {})},
-            self.edge.preexec(i) if self.edge is not None else None,
-        )
+            home, home, {**env, **self.warm_env, **self.node_env.get(i, {})}, preexec)
         self.log(f"node {i}: started (incarnation {node.incarnations}, pid {node.proc.popen.pid})")
-        if wait:
-            self.wait_registered(i, timeout)
         return node
+
+    # ------------------------------------------------------------------ edge emulation (opt-in: devices)
+    def _edge_setup(self) -> str:
+        """The device limits in place (before any process: all, or none and an error); the host
+        the SuperLink listens on (nodes in their own network namespace come through a veth pair)."""
+        if self.edge is not None and not self.edge.cgroups:
+            self.edge.setup()
+        return "0.0.0.0" if self.edge is not None and self.edge.shaped else "127.0.0.1"
+
+    def _edge_relays(self) -> None:
+        if self.edge is not None:  # nodes with rtt_ms/loss and no netem: their relays, to this port
+            self.edge.start_relays(lambda name, argv: self.spawner.spawn(name, argv, self.work_dir),
+                                   self.superlink_port)
+
+    def _node_limits(self, i: int) -> tuple[str, dict[str, str], Callable[[], None] | None]:
+        """Node ``i``'s SuperLink address, environment (its threads) and first step (its limits)."""
+        if self.edge is None:
+            return f"127.0.0.1:{self.superlink_port}", self.threads_env, None
+        return self.edge.superlink_address(i, self.superlink_port), self.edge.env(i), self.edge.preexec(i)
 
     def warm_workers(self, run_config: Mapping[str, Any]) -> None:
         """With ``warm_workers``: from now on a node (re)started into the run of ``run_config`` starts
@@ -260,22 +268,11 @@ class ProcessSite:
                         log=self.log, gone=lambda: None if node.running else f"SuperNode {i} exited before registering")
 
     def auth_failures(self) -> dict[str, int]:
-        """Process -> its tasks' calls answered ``401 task-token authentication failed`` since the
-        last call: ``node i`` (its ClientApps, each a lost reply) or ``SuperLink`` (its ServerApp).
-        Each is a task whose process took longer to start than the task patience."""
-        out: dict[str, int] = {}
+        """Process -> its tasks' calls answered 401 since the last call (:mod:`deploy.auth`):
+        ``node i`` (its ClientApps, each a lost reply) or ``SuperLink`` (its ServerApp)."""
         logs = [("SuperLink", self.logs / "superlink.log")]
         logs += [(f"node {i}", path) for i in self.nodes for path in sorted(self.logs.glob(f"node-{i}.*.log"))]
-        for name, path in logs:
-            try:
-                count = path.read_text(errors="replace").count(AUTH_FAILED)
-            except OSError:
-                continue
-            new = count - self.auth_seen.get(str(path), 0)
-            if new > 0:
-                self.auth_seen[str(path)] = count
-                out[name] = out.get(name, 0) + new
-        return out
+        return new_auth_failures(logs, self.auth_seen)
 
     def client_of_node(self) -> dict[int, int]:
         for i in self.nodes:

@@ -61,6 +61,13 @@ class PortReservation:
     def held(self) -> bool:
         return self._sock is not None
 
+    @classmethod
+    def replacing(cls, old: PortReservation | None) -> PortReservation:
+        """A fresh reservation, ``old`` (if any) released first (a restarted process gets a new port)."""
+        if old is not None:
+            old.release()
+        return cls()
+
     def release(self) -> None:
         if self._sock is not None:
             self._sock.close()

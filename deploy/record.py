@@ -77,14 +77,7 @@ def run_recorded(site: ProcessSite, user_config: Mapping[str, Any], *,
     """:func:`deploy.run.run_deployment` on ``site``, then the per-client files; with device
     classes, calibrate them first and sample the nodes at every round. Returns (outcome, the
     devices' figures or None, per-class counts)."""
-    if site.superlink is None:
-        site.start_superlink()  # makes the device limits
-    figures = None
-    if site.edge is not None:
-        from .edge.figures import DeviceFigures
-
-        figures = DeviceFigures(site.edge, site.num_nodes, site.work_dir, site.log)
-        figures.calibrate({**default_run_config(site.project), **user_config})
+    figures = device_figures(site, user_config)
 
     def both(row: dict[str, Any]) -> None:
         if figures is not None:
@@ -95,6 +88,20 @@ def run_recorded(site: ProcessSite, user_config: Mapping[str, Any], *,
     out = run_deployment(site, user_config, on_row=both, **kwargs)
     counts = finish(site, out, figures) if out.rows and out.report is not None else {}
     return out, figures, counts
+
+
+def device_figures(site: ProcessSite, user_config: Mapping[str, Any]) -> NodeFigures | None:
+    """With device classes: their figures, calibrated (the SuperLink started first: it makes the
+    device limits); None without (run_deployment starts the SuperLink)."""
+    if site.edge is None:
+        return None
+    if site.superlink is None:
+        site.start_superlink()
+    from .edge.figures import DeviceFigures
+
+    figures = DeviceFigures(site.edge, site.num_nodes, site.work_dir, site.log)
+    figures.calibrate({**default_run_config(site.project), **user_config})
+    return figures
 
 
 def summary(counts: Mapping[str, Mapping[str, int]]) -> str:

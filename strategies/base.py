@@ -331,7 +331,7 @@ class AvailabilityStrategy(Rule, Strategy):
             why = f"robust={self.robust} takes the coordinate-wise statistic of every reply's update"
         elif not self.streams:
             why = self.holds_replies
-        elif (override := self.aggregate_overrides_fold()):
+        elif (override := self.aggregate_outside_fold()):
             why = override
         elif self.weighting == "num-examples" and self.max_weight_share:
             why = "max-weight-share caps each weight against the whole round's (water-filling)"
@@ -343,15 +343,16 @@ class AvailabilityStrategy(Rule, Strategy):
                      "aggregates replies as they arrive (streaming)")
         return why
 
-    def aggregate_overrides_fold(self) -> str:
-        """Why a subclass's own ``aggregate`` stops streaming ("" when it does not): a class that
-        overrides ``aggregate`` below the class whose ``start_fold`` folds the replies (a user's
-        rule built on FedAvgActive) must see its override applied, so the round is held."""
-        owner = {name: next(c for c in type(self).__mro__ if name in vars(c)) for name in ("aggregate", "start_fold")}
-        if owner["aggregate"] is not owner["start_fold"] and issubclass(owner["aggregate"], owner["start_fold"]):
-            return (f"{owner['aggregate'].__name__} overrides aggregate below {owner['start_fold'].__name__}'s "
-                    "streaming fold, so its own aggregate runs")
-        return ""
+    def aggregate_outside_fold(self) -> str:
+        """Why this rule's ``aggregate`` runs on the whole round ("" when its fold stands for it):
+        declared, not inferred. A rule of ``strategies`` that declares ``streams`` folds what its
+        ``aggregate`` computes (tests/test_streaming.py checks each); an ``aggregate`` written elsewhere
+        (a user's rule on FedAvgActive) runs, unless its own class declares ``streams = True``."""
+        cls = type(self)
+        if cls.aggregate.__module__.split(".")[0] == __name__.split(".")[0] or "streams" in vars(cls):
+            return ""
+        return (f"{cls.__name__} writes its own aggregate ({cls.aggregate.__module__}), which runs on the whole "
+                "round (a class whose start_fold computes the same declares streams = True)")
 
     # ---------------------------------------------------------- Flower: evaluate round
     def configure_broadcast(self, server_round: int, arrays: ArrayRecord, grid: Grid) -> list[Message]:

@@ -303,3 +303,36 @@ def test_the_base_is_plain():
              and any(isinstance(n, ast.FunctionDef) and n.name == "__init_subclass__"
                      for n in ast.walk(ast.parse(f.read_text())))]
     assert not hooks, hooks
+
+
+def mro_walks(path: Path) -> list[int]:
+    """Lines of ``path`` that walk a class's MRO (``__mro__``, ``.mro()``, ``inspect.getmro``)."""
+    return sorted(n.lineno for n in ast.walk(ast.parse(path.read_text(), str(path)))
+            if isinstance(n, ast.Attribute) and n.attr in ("__mro__", "mro", "getmro"))
+
+
+def test_the_base_declares_whether_a_round_streams_and_walks_no_mro(tmp_path):
+    """Issue 36 item 3: whether a round streams is declared (``streams``), not found by walking
+    the MRO; a user's own ``aggregate`` below a streaming rule holds the round so that it runs,
+    unless its class declares ``streams = True``; a subclass that writes no math streams."""
+    from strategies import FedAvgActive
+
+    f = tmp_path / "walk.py"
+    f.write_text("import inspect\nowner = [c for c in type(x).__mro__]\ninspect.getmro(C)\n")
+    assert mro_walks(f) == [2, 3]
+    assert mro_walks(ROOT / "strategies" / "base.py") == []
+
+    class Scaled(FedAvgActive):
+        def aggregate(self, t, x, reports):
+            moved, metrics = super().aggregate(t, x, reports)
+            return x + 0.5 * (moved - x), metrics
+
+    class ScaledAndDeclared(Scaled):
+        streams = True
+
+    class Renamed(FedAvgActive):
+        name = "renamed-fedavg"
+
+    assert FedAvgActive().holds_every_reply() == "" and Renamed().holds_every_reply() == ""
+    assert "Scaled writes its own aggregate" in Scaled().holds_every_reply()
+    assert ScaledAndDeclared().holds_every_reply() == ""
