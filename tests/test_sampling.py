@@ -11,12 +11,15 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, MessageType
 from flwr.serverapp.strategy import Strategy
 from flwr.supercore.corestate.utils import generate_rand_int_from_bytes
+from hypothesis import HealthCheck, assume, given, settings, strategies as st
 from rich.console import Console
 from test_dropin import FlowerGrid, Tiny, tiny_app
 
 from availability import build_schedule
-from experiments.inprocess import InProcessGrid
-from strategies import FedAvgActive, build_strategy
+from experiments.inprocess import InProcessGrid, default_run_config
+from server_app.config import RunConfig
+from strategies import STRATEGIES, build_strategy
+from strategies.protocol import PROBE_BATCHES
 from strategies.sampling import Sampling, check_destinations, draw
 
 # ids on both sides of 2^63 (the pair the issue found as float64), and Flower's edges
@@ -94,14 +97,24 @@ def test_fractions_train_and_evaluate_real_nodes_under_flowers_start(spec, ids):
 
 
 # ------------------------------------------- the project's ServerApp: offline is not connected
-class HalfOfTheOnline(FedAvgActive):
-    """FedAvg over ``fraction_train=0.5`` of the connected nodes: "50% online, then pick half of the
-    online" (FLGo's ``uniform_available``), as a user's rule (``strategy = "test_sampling:..."``)."""
+def fraction_of_the_online(rule: str) -> type:
+    """A user's rule: the built-in ``rule`` over ``fraction`` (a spec parameter) of the connected
+    nodes, at least one (``strategy = "test_sampling:FractionFedau:fraction=0.3"``)."""
+    base = STRATEGIES[rule]
 
-    name = "half-of-the-online"
+    def __init__(self, *, fraction: float = 0.5, **kwargs):
+        base.__init__(self, **{"fraction_train": fraction, "min_train_nodes": 1, **kwargs})
 
-    def __init__(self, params=None, **kwargs):
-        super().__init__(params, **{"fraction_train": 0.5, "min_train_nodes": 1, **kwargs})
+    name = "Fraction" + rule.title().replace("-", "")
+    return type(name, (base,), {"name": f"fraction-{rule}", "__init__": __init__, "__module__": __name__})
+
+
+FractionFedavgActive = fraction_of_the_online("fedavg-active")
+FractionFedavgAll = fraction_of_the_online("fedavg-all")
+FractionFedau = fraction_of_the_online("fedau")
+FractionDebiasedFedavg = fraction_of_the_online("debiased-fedavg")
+FractionMifa = fraction_of_the_online("mifa")
+FRACTION_RULES = [FractionFedavgActive, FractionFedavgAll, FractionFedau, FractionDebiasedFedavg, FractionMifa]
 
 
 class Deployed(InProcessGrid):
@@ -125,45 +138,89 @@ QUADRATIC = {"dataset": "quadratic", "model": "quadratic", "partition": "natural
              "progress": False, "checkpoint-every": 0}
 
 
-@pytest.mark.parametrize("spec", ["test_sampling:HalfOfTheOnline", "pow-d:d=3,m=2"])
-def test_the_serverapp_samples_among_the_online_as_a_deployment_does(spec, tmp_path):
-    """The project's ServerApp in simulation (gate ``server``) and in a deployment (gate ``none``, the
-    offline SuperNodes stopped: never listed) address the same clients, round by round, for the same
-    schedule and fraction: the sampler applied to the online set (a user's rule with
-    fraction_train=0.5; power-of-choice's probed candidates and trained clients)."""
-    from experiments.inprocess import default_run_config
-    from server_app.config import RunConfig
+def addressed_sets(over: dict, tmp_path) -> tuple[dict, dict, object, RunConfig]:
+    """The project's ServerApp run in simulation (gate ``server``) and as deployed (gate ``none``,
+    :class:`Deployed`: offline nodes never listed): the clients each gate addressed, by (round, kind),
+    kind TRAIN, EVALUATE (federated evaluation) or PROBE (power-of-choice's EVALUATE probe)."""
     from server_app.experiment import run
 
-    addressed = {}
+    addressed, n = {}, int(over["num-clients"])
     for gate in ("server", "none"):
-        run_config = {**default_run_config(), **QUADRATIC, "strategy": spec, "availability-gate": gate,
+        run_config = {**default_run_config(), **QUADRATIC, **over, "availability-gate": gate,
                       "results-dir": str(tmp_path / gate), "run-name": "run"}
         cfg = RunConfig.from_run_config(run_config)
-        schedule = build_schedule(cfg.availability.availability, 8, cfg.availability.schedule_seed)
+        schedule = build_schedule(cfg.availability.availability, n, cfg.availability.schedule_seed)
         if gate == "none":  # the launcher's min-nodes: the nodes up when the run starts
             cfg = RunConfig.from_run_config({**run_config, "min-nodes": int(schedule.available(0).sum())})
-        grid = (InProcessGrid(8, run_config) if gate == "server" else
-                Deployed(8, run_config, run_dir=tmp_path / gate / "run", schedule=schedule))
+        grid = (InProcessGrid(n, run_config) if gate == "server" else
+                Deployed(n, run_config, run_dir=tmp_path / gate / "run", schedule=schedule))
         run(grid, cfg, console=Console(quiet=True))
         rounds: dict[tuple[int, str], list[int]] = {}
         for m in grid.delivered:
             config = m.content.config_records.get("config", {})
             if "server-round" in config and m.metadata.message_type in (MessageType.TRAIN, MessageType.EVALUATE):
-                key = (int(config["server-round"]), m.metadata.message_type)
-                rounds.setdefault(key, []).append(grid.partition_of[m.metadata.dst_node_id])
+                kind = PROBE if PROBE_BATCHES in config else m.metadata.message_type
+                rounds.setdefault((int(config["server-round"]), kind), []).append(grid.partition_of[m.metadata.dst_node_id])
         addressed[gate] = {k: sorted(v) for k, v in rounds.items()}
-    assert addressed["server"] == addressed["none"]
+    return addressed["server"], addressed["none"], schedule, cfg
 
-    online = [np.flatnonzero(row).tolist() for row in schedule.matrix(5)]
-    assert all(set(clients) <= set(online[rnd - 1]) for (rnd, _), clients in addressed["server"].items())
-    trained = [addressed["server"].get((r, MessageType.TRAIN), []) for r in range(1, 6)]
-    if spec.startswith("pow-d"):  # d = 3 candidates probed among the online, m = 2 of them trained
-        probed = [addressed["server"].get((r, MessageType.EVALUATE), []) for r in range(1, 6)]
-        assert [len(p) for p in probed] == [min(3, len(o)) for o in online]
-        assert all(set(t) <= set(p) and len(t) == min(2, len(p)) for t, p in zip(trained, probed, strict=True))
-    else:  # Flower's size, max(int(0.5 x online), 1), drawn by the rule's seeded generator from the online
+
+PROBE = "probe"
+UNIT = st.sampled_from([0.3, 0.5, 0.7, 0.9])
+SCHEDULES = st.one_of(  # the models that need no label distributions (the quadratic workload has none)
+    st.just("always"), UNIT.map(lambda p: f"bernoulli:p={p}"),
+    st.tuples(UNIT, UNIT).map(lambda pq: f"on-off:p={pq[0]},q={pq[1]},spread=0.1"),
+    st.tuples(st.integers(1, 3), UNIT).map(lambda g: f"group-dropout:groups={g[0]},fail=0.3,recover=0.6,p={g[1]}"),
+    st.tuples(st.integers(1, 3), UNIT).map(lambda g: f"group-cyclic:groups={g[0]},window=1,sample={g[1]}"),
+    st.sampled_from([0.2, 0.4]).map(lambda a: f"dropout:alpha={a}"),
+    st.sampled_from([0.3, 1.0]).map(lambda s: f"ln:sigma={s}"))
+
+
+@st.composite
+def sampled_runs(draw):
+    """A rule that samples among the connected (a fraction of them, or power-of-choice's d
+    candidates and m of them), a schedule and its parameters, N, rounds, seeds, federated evaluation."""
+    if draw(st.booleans()):
+        d = draw(st.integers(1, 5))
+        variant = draw(st.sampled_from(["pow-d", "cpow-d", "rpow-d"]))
+        spec = f"pow-d:d={d},m={draw(st.integers(1, d))},variant={variant}"
+    else:
+        rule = draw(st.sampled_from(FRACTION_RULES)).__name__
+        spec = f"test_sampling:{rule}:fraction={draw(st.sampled_from([0.2, 0.5, 0.7, 1.0]))}"
+    return {"strategy": spec, "availability": draw(SCHEDULES), "num-clients": draw(st.integers(3, 8)),
+            "num-server-rounds": draw(st.integers(2, 4)), "schedule-seed": draw(st.integers(0, 2**16)),
+            "train-seed": draw(st.integers(0, 3)), "federated-evaluation": draw(st.booleans())}
+
+
+@settings(max_examples=8, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(over=sampled_runs())
+def test_the_serverapp_samples_among_the_online_as_a_deployment_does(over, tmp_path_factory):
+    """The project's ServerApp in simulation (gate ``server``) and in a deployment (gate ``none``, the
+    offline SuperNodes stopped: never listed) address the same clients, round by round, for the same
+    schedule, seeds and rule, on random configs: the sampler applied to the online set (a user's rule
+    with fraction_train < 1; power-of-choice's probed candidates and trained clients)."""
+    over = {**QUADRATIC, **over}
+    # a deployment cannot start with nobody online (deploy.churn refuses: min-nodes 0 means N)
+    assume(build_schedule(over["availability"], over["num-clients"], over["schedule-seed"]).available(0).any())
+    server, deployed, schedule, cfg = addressed_sets(over, tmp_path_factory.mktemp("run"))
+    assert server == deployed, over
+
+    rounds = int(over["num-server-rounds"])
+    online = [np.flatnonzero(row).tolist() for row in schedule.matrix(rounds)]
+    assert all(set(clients) <= set(online[rnd - 1]) for (rnd, _), clients in server.items())
+    trained = [server.get((r, MessageType.TRAIN), []) for r in range(1, rounds + 1)]
+    if over["strategy"].startswith("pow-d"):  # d candidates probed among the online, m of them trained
+        strategy = build_strategy(over["strategy"], num_clients=int(over["num-clients"]))
+        candidates = [server.get((r, PROBE), []) for r in range(1, rounds + 1)]
+        if strategy.variant == "rpow-d":  # no probe: it chooses by the train losses reported
+            assert candidates == [[]] * rounds
+        else:
+            assert [len(c) for c in candidates] == [min(strategy.d, len(o)) for o in online]
+            assert all(set(t) <= set(c) and len(t) == min(strategy.m, len(c))
+                       for t, c in zip(trained, candidates, strict=True))
+    else:  # Flower's size, max(int(fraction x online), 1), drawn by the rule's seeded generator from the online
+        strategy = build_strategy(over["strategy"], num_clients=int(over["num-clients"]))
         rng = np.random.default_rng(cfg.workload.train_seed)
-        sampling = Sampling(fraction_train=0.5, min_train_nodes=1)
-        assert trained == [sorted(sampling.sample(o, True, rng)) for o in online]
-    assert any(len(t) < len(o) for t, o in zip(trained, online, strict=True))  # a real draw among the online
+        assert trained == [sorted(strategy.sampling.sample(o, True, rng)) for o in online]
+    evaluated = [server.get((r, MessageType.EVALUATE), []) for r in range(1, rounds + 1)]
+    assert evaluated == (online if over["federated-evaluation"] else [[]] * rounds)
