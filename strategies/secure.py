@@ -21,7 +21,11 @@ bounds (``max-norm-ratio``, ``max-model-ratio``, ``max-examples-ratio``), ``max-
 reply checks that need no update (client ids, counts, metrics) still run on the survivors'
 metrics; a survivor whose reply they reject makes the round apply nothing (its vector is in the
 sum: fail closed). A round SecAgg+ halts (fewer than its threshold of active clients) applies no
-update and is recorded as such (``secure-completed`` = 0 and the reason in its problems).
+update and is recorded as such (``secure-completed`` = 0, the reason logged). Too few clients
+online, clients that left mid-round, or error replies (which the plain rules also count as
+unavailable) make an empty round, as a round with nobody online: churn is not a failure, and
+nodes that stay away cannot end the run (``max_failed_rounds`` counts none of it). A run in which
+no round completes says so at its end, as any run without work.
 """
 
 from __future__ import annotations
@@ -228,8 +232,9 @@ class SecureRound(AvailabilityStrategy):
                 metrics = _plain_metrics(reply)
                 synthetic.append(Message(RecordDict({"arrays": record, "metrics": MetricRecord(metrics)}),
                                          reply_to=out.sent[node]))
-        elif out.addressed:  # halted: a failed round, with where and why (no node addressed: an empty round)
-            rnd.problems += out.failures[-1:]
+        elif out.addressed:  # halted: too few were there (offline, left, or answered errors): an empty round
+            log.warning("%s (secure), round %d: %s: an empty round (churn), not a failed one", self.name,
+                        server_round, out.failures[-1])
         for why in out.failures[:-1] if not out.completed else out.failures:
             log.warning("%s (secure), round %d: %s", self.name, server_round, why)
         new, aggregated = super().aggregate_train(server_round, synthetic)
