@@ -306,9 +306,10 @@ class FedAWE(AvailabilityStrategy):
         delta_norm = report.norm if report.norm is not None else safe_norm(report.delta)
         update_norm = report.payload_norms[UPDATE] if UPDATE in report.payload_norms else safe_norm(update)
         # P x_i^{t,0} = P x^t + P (Δ_i − η_g u_i) (P x^t: this round's sketch)
-        got = self.sketches[self._t] + p.of_start(report.delta, update, self.server_lr)
+        sketch, start_norm = p.of_start(report.delta, update, self.server_lr)
+        got = self.sketches[self._t] + sketch
         slack = 1.1 * p.row_norm * (self._current_norm + delta_norm + abs(self.server_lr) * update_norm)
-        tol = np.ldexp(slack, -23) + p.float32_slack(delta_norm, update_norm, self.server_lr) + 1e-12
+        tol = np.ldexp(slack, -23) + p.float32_slack(delta_norm, update_norm, self.server_lr, start_norm) + 1e-12
         if not (np.all(np.isfinite(got)) and math.isfinite(tol)) or not any(np.all(np.abs(got - s) <= tol)
                                                                             for s in known):
             raise ReplyRejected("the returned model and the echoed update u_i disagree: x_i^† − η_g u_i is not x^0 "
@@ -329,10 +330,9 @@ class FedAWE(AvailabilityStrategy):
             return x, self._xbar_metrics(x)
         w = self.weights(reports)
         # float32 BLAS over the reply rows (strategies.weighting.weighted_sum), added in float64
-        x64 = np.asarray(x, np.float64)
-        u = np.asarray(weighted_sum(w, [r.echo_update for r in echoes]), np.float64)  # ū
-        moved = np.asarray(weighted_sum(w, [r.delta for r in echoes]), np.float64)  # Σ w_i (x_i^† − x^t)
-        new = x64 + moved
+        u = np.asarray(weighted_sum(w, [r.echo_update for r in echoes]), np.float64)  # ū (its norm, its clip)
+        moved = weighted_sum(w, [r.delta for r in echoes])  # Σ w_i (x_i^† − x^t), float32
+        new = np.add(x, moved, dtype=np.float64)  # x^t + moved in float64, no upcast copies
         norm = float(np.linalg.norm(u))
         metrics = {"mean-echo-factor": float(np.mean([r.echo_factor for r in echoes])),
                    "echo-update-norm": norm}
@@ -342,16 +342,23 @@ class FedAWE(AvailabilityStrategy):
             metrics["echo-clipped"] = float(norm > self.clip)
         new = new.astype(np.float32)
         if self.xbar is not None:
-            # the clients of A_t move from x_i^{t,0} = x_i^† − η_g u_i to x^{t+1}; the others stay
+            # the clients of A_t move from x_i^{t,0} = x_i^† − η_g u_i to x^{t+1}; the others stay:
+            # Σ x_i^{t,0} = m x^t + Σ Δ_i − η_g Σ u_i, in float64, in place
             m = len(reports)
+            starts = np.multiply(x, m, dtype=np.float64)
             if self.weighting == "equal":  # Σ Δ_i = m Σ w_i Δ_i: the sums above, no second pass
-                sums = m * moved, m * u
+                starts += np.multiply(moved, m, dtype=np.float64)
+                echoed = u * m
             else:
                 ones = np.ones(m)
-                sums = (np.asarray(weighted_sum(ones, [r.delta for r in echoes]), np.float64),
-                        np.asarray(weighted_sum(ones, [r.echo_update for r in echoes]), np.float64))
-            starts = m * x64 + sums[0] - self.server_lr * sums[1]
-            self.xbar = self.xbar + (m * new.astype(np.float64) - starts) / self.require_num_clients()
+                starts += weighted_sum(ones, [r.delta for r in echoes])
+                echoed = np.asarray(weighted_sum(ones, [r.echo_update for r in echoes]), np.float64)
+            echoed *= self.server_lr
+            starts -= echoed
+            step = np.multiply(new, m, dtype=np.float64)
+            step -= starts
+            step /= self.require_num_clients()
+            self.xbar = self.xbar + step
         return new, {**metrics, **self._xbar_metrics(new)}
 
     def _xbar_metrics(self, x: np.ndarray) -> dict[str, float]:

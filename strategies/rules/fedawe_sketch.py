@@ -18,14 +18,17 @@ gives c_rk a_rb e_j, a product of two Gaussians, a little more often near 0 than
 
 P (Δ − η u) in float32 (:meth:`Projection.of_start`), per block of :data:`BLOCK` coordinates (in
 cache): w = fl(Δ − fl(η u)) (per coordinate off by at most 2⁻²⁴ (|Δ_j| + 3.01 |η u_j|)), then
-c_r^T W (float32 BLAS, K products a sum: off by at most γ_K Σ_k |c_rk w_kb|, γ_K ≤ (K + 0.01) 2⁻²⁴,
-whatever the order of the sum), then · a_r in float64 (n terms, γ_n of float64). With
+c_r^T W (float32 BLAS, K products a sum: off by at most γ_K Σ_k |c_rk ŵ_kb|, γ_K ≤ (K + 0.01)
+2⁻²⁴, whatever the order of the sum), then · a_r in float64 (n terms, γ_n of float64). With
 Cauchy-Schwarz the whole is off by at most
 
-    ‖P_r‖ ((K + 3) 2⁻²⁴ + (n + K + 4) 2⁻⁵²) (‖Δ‖ + 3.01 |η| ‖u‖)        (:meth:`Projection.float32_slack`),
+    ‖P_r‖ (2⁻²⁴ (‖Δ‖ + 3.01 |η| ‖u‖) + ((K + 1) 2⁻²⁴ + (n + K + 4) 2⁻⁵²) ‖ŵ‖)   (:meth:`Projection.float32_slack`),
 
-which the check adds to the float32 rounding of the reply itself; the known sketches P x^s are
-float64 (:meth:`Projection.of_model`).
+‖ŵ‖ from the blocks' float32 sums of squares (each at least (1 − γ_B) of the exact one, B =
+:data:`BLOCK`). For an honest reply ŵ ≈ x^s − x^t, the distance of its start from x^t (0 for a
+start at x^t), so the second term is small beside the first, and the first is at most 1.4 x the
+float32 rounding of the reply itself that the check allows already; the check adds both to it.
+The known sketches P x^s are float64 (:meth:`Projection.of_model`).
 """
 
 from __future__ import annotations
@@ -35,8 +38,8 @@ import math
 import numpy as np
 
 SKETCH = 2  # rows of P
-SPAN = 32  # K: the depth of P's float32 sums (the slack grows with it: (K + 3) 2^-24)
-BLOCK = 1 << 16  # coordinates per float32 block of P (Δ − η u): 256 KiB, in cache
+SPAN = 32  # K: the depth of P's float32 sums (the slack grows with it: (K + 1) 2^-24 ‖ŵ‖)
+BLOCK = 1 << 17  # coordinates per block of P (a multiple of SPAN): 512 KiB of float32, in cache
 FORM = 2  # P's construction from the seed (1: the dense Gaussian P before; checkpoints say which)
 
 
@@ -47,43 +50,48 @@ class Projection:
         rng = np.random.default_rng(seed)
         self.size, self.cols = size, size // SPAN
         self.c = rng.standard_normal((SKETCH, SPAN)).astype(np.float32)  # c_r (float32: the BLAS operand)
-        self.a = rng.standard_normal((SKETCH, self.cols))  # a_r
+        self.a = rng.standard_normal((SKETCH, self.cols))  # a_r, (a_r,1, a_r,2, ...) block by block
         self.t = rng.standard_normal((SKETCH, size - SPAN * self.cols))  # t_r, the tail's
         c64 = self.c.astype(np.float64)
         norms = np.sqrt(np.sum(c64**2, axis=1) * np.sum(self.a**2, axis=1) + np.sum(self.t**2, axis=1))
         self.row_norm = float(norms.max())  # max_r ‖P_r‖₂
-        width = max(1, min(self.cols, BLOCK // SPAN))  # columns per block
-        self._w = np.empty(SPAN * width, np.float32)  # a block of fl(Δ − η u), reused
+        self._w = np.empty(min(BLOCK, SPAN * self.cols), np.float32)  # a block of fl(Δ − η u), reused
+        self._r = np.empty((SKETCH, self.cols), np.float32)  # c_r^T X_q, block by block
 
-    def _split(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(X, x_tail): the K × n view of x's first K n coordinates, and the rest."""
-        main = SPAN * self.cols
-        return x[:main].reshape(SPAN, self.cols), x[main:]
+    def _blocks(self) -> range:
+        return range(0, SPAN * self.cols, BLOCK)
 
     def of_model(self, x: np.ndarray) -> np.ndarray:
         """P x in float64 (a model's sketch; once a round)."""
-        x64 = np.asarray(x, np.float64)
-        matrix, tail = self._split(x64)
-        return np.einsum("rb,rb->r", self.c.astype(np.float64) @ matrix, self.a) + self.t @ tail
-
-    def of_start(self, delta: np.ndarray, update: np.ndarray, lr: float) -> np.ndarray:
-        """P (Δ − η u) for flat float32 Δ and u: float32 blocks of at most :data:`BLOCK`
-        coordinates (one read of Δ and u, no model-sized temporary), summed in float64."""
-        (dm, dt), (um, ut) = self._split(delta), self._split(update)
-        out = self.t @ (dt.astype(np.float64) - lr * ut.astype(np.float64))
-        step, scale = max(1, len(self._w) // SPAN), np.float32(lr)
-        for start in range(0, self.cols, step):
-            stop = min(start + step, self.cols)
-            w = self._w[: SPAN * (stop - start)].reshape(SPAN, stop - start)
-            if scale == 1:
-                np.subtract(dm[:, start:stop], um[:, start:stop], out=w)
-            else:
-                np.multiply(um[:, start:stop], scale, out=w)
-                np.subtract(dm[:, start:stop], w, out=w)
-            out += np.einsum("rb,rb->r", self.c @ w, self.a[:, start:stop])
+        c64, main = self.c.astype(np.float64), SPAN * self.cols
+        out = self.t @ np.asarray(x[main:], np.float64)
+        for start in self._blocks():
+            block = np.asarray(x[start:min(start + BLOCK, main)], np.float64).reshape(SPAN, -1)
+            cols = slice(start // SPAN, start // SPAN + block.shape[1])
+            out += np.einsum("rb,rb->r", c64 @ block, self.a[:, cols])
         return out
 
-    def float32_slack(self, delta_norm: float, update_norm: float, lr: float) -> float:
-        """The most :meth:`of_start` can be off from the exact P_r (Δ − η u), any row (module docstring)."""
-        factor = math.ldexp(SPAN + 3, -24) + math.ldexp(self.cols + SPAN + 4, -52)
-        return self.row_norm * factor * (delta_norm + 3.01 * abs(lr) * update_norm)
+    def of_start(self, delta: np.ndarray, update: np.ndarray, lr: float) -> tuple[np.ndarray, float]:
+        """(P (Δ − η u), a bound on ‖ŵ‖ (ŵ: Δ − η u as computed)) for flat float32 Δ and u:
+        float32 blocks of :data:`BLOCK` coordinates (one read of Δ and u, no model-sized
+        temporary), summed in float64."""
+        main, scale = SPAN * self.cols, np.float32(lr)
+        tail = delta[main:].astype(np.float64) - lr * update[main:].astype(np.float64)
+        out, squares = self.t @ tail, float(tail @ tail)
+        for start in self._blocks():
+            stop = min(start + BLOCK, main)
+            w = self._w[: stop - start]
+            if scale == 1:
+                np.subtract(delta[start:stop], update[start:stop], out=w)
+            else:
+                np.multiply(update[start:stop], scale, out=w)
+                np.subtract(delta[start:stop], w, out=w)
+            squares += float(np.dot(w, w))  # float32, ≥ (1 − γ_BLOCK) Σ w_j²
+            np.matmul(self.c, w.reshape(SPAN, -1), out=self._r[:, start // SPAN:stop // SPAN])
+        return out + np.einsum("rb,rb->r", self._r, self.a), math.sqrt(squares / (1 - math.ldexp(BLOCK + 1, -24)))
+
+    def float32_slack(self, delta_norm: float, update_norm: float, lr: float, start_norm: float) -> float:
+        """The most :meth:`of_start` can be off from the exact P_r (Δ − η u), any row, given the
+        bound ``start_norm`` on ‖ŵ‖ it returned (module docstring)."""
+        factor = math.ldexp(SPAN + 1, -24) + math.ldexp(self.cols + SPAN + 4, -52)
+        return self.row_norm * (math.ldexp(delta_norm + 3.01 * abs(lr) * update_norm, -24) + factor * start_norm)
