@@ -2,24 +2,27 @@
 
 The check (:meth:`strategies.rules.fedawe.FedAWE._check_start`) compares P x_i^{t,0}, where
 x_i^{t,0} = x_i^† − η_g u_i, with P x^s of the models client i can hold. P has :data:`SKETCH`
-rows; each is a *block-scaled* Gaussian: view the first K ⌊d/K⌋ coordinates of a flat model x as
-a K × n matrix X (row k holds coordinates k n .. k n + n − 1, n = ⌊d/K⌋, K = :data:`SPAN`) and
-the last d − K n coordinates as x_tail; then
+rows; each is a *block-scaled* Gaussian. Cut the first K n coordinates of a flat model x (K =
+:data:`SPAN`, n = ⌊d/K⌋) into blocks of :data:`BLOCK` (a multiple of K; the last block
+shorter), view block q as a K-row matrix X_q (row-major: row k is the k-th run of its length / K
+coordinates), and the last d − K n coordinates as x_tail; then
 
-    P_r x = c_r^T X a_r + t_r · x_tail,     c_r ∈ R^K, a_r ∈ R^n, t_r ∈ R^{d − K n} standard normal,
+    P_r x = Σ_q c_r^T X_q a_r,q + t_r · x_tail,    c_r ∈ R^K, a_r = (a_r,1, a_r,2, ...) ∈ R^n,
+                                                   t_r ∈ R^{d − K n}, all standard normal,
 
-i.e. P_r's entry at (k, b) is c_rk a_rb. Why this shape: P is (K + n + K) numbers a row, not d,
-so checking one reply reads Δ_i and u_i once and nothing model-sized besides (a dense P, 2 × d
-float64, was read again for every reply: 16 MB at d = 10⁶), and c_r^T X is a float32 BLAS product
-whose sums have depth K, so its rounding has a bound (below). An error e in a start is caught as
-with a dense Gaussian P: P_r e = Σ_b a_rb (c_r · e_b) (e_b: column b of e's matrix) is, for the
-secret c_r and a_r, a Gaussian mixture that vanishes only for e = 0; an error in one coordinate
-gives c_rk a_rb e_j, a product of two Gaussians, a little more often near 0 than one Gaussian.
+i.e. P_r's entry at (k, b) of block q is c_rk a_r,qb. Why this shape: P is (K + n + K) numbers
+a row, not d, so checking one reply reads Δ_i and u_i once, in order, and nothing model-sized
+besides (a dense P, 2 × d float64, was read again for every reply: 16 MB at d = 10⁶), and
+c_r^T X_q is a float32 BLAS product whose sums have depth K, so its rounding has a bound (below).
+An error e in a start is caught as with a dense Gaussian P: P_r e = Σ_q c_r^T E_q a_r,q is, for
+the secret c_r and a_r, a Gaussian mixture that vanishes only for e = 0; an error in one
+coordinate gives c_rk a_r,qb e_j, a product of two Gaussians, a little more often near 0 than one
+Gaussian. BLOCK and K are part of P's definition (changing them changes :data:`FORM`).
 
 P (Δ − η u) in float32 (:meth:`Projection.of_start`), per block of :data:`BLOCK` coordinates (in
 cache): w = fl(Δ − fl(η u)) (per coordinate off by at most 2⁻²⁴ (|Δ_j| + 3.01 |η u_j|)), then
 c_r^T W (float32 BLAS, K products a sum: off by at most γ_K Σ_k |c_rk ŵ_kb|, γ_K ≤ (K + 0.01)
-2⁻²⁴, whatever the order of the sum), then · a_r in float64 (n terms, γ_n of float64). With
+2⁻²⁴, whatever the order of the sum), then · a_r,q in float64 (n terms in all, γ_n of float64). With
 Cauchy-Schwarz the whole is off by at most
 
     ‖P_r‖ (2⁻²⁴ (‖Δ‖ + 3.01 |η| ‖u‖) + ((K + 1) 2⁻²⁴ + (n + K + 4) 2⁻⁵²) ‖ŵ‖)   (:meth:`Projection.float32_slack`),
