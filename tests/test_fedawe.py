@@ -711,14 +711,19 @@ def test_the_check_s_projection_is_its_definition_and_its_float32_sketch_stays_w
 def test_a_checkpoint_of_the_dense_projection_turns_the_check_off_and_says_so(caplog):
     """A checkpoint from before the block-scaled P (no ``sketch_form``) holds sketches of another
     P: they are dropped, with a warning, and the check is off (as for a checkpoint from before
-    the sketches); a current checkpoint keeps its sketches and its check."""
+    the sketches); a current checkpoint keeps its sketches and its check, with the checkpoint's P."""
     a = FedAWE(num_clients=3)
     sent = start_round(a, 1, np.array([0.5, -0.5]), [100, 101])
     a.aggregate_train(1, [awe_reply(sent[100], [1.0, 1.0], 1, **{"client-id": 0})])
     saved = a.state_dict()
     b = FedAWE(num_clients=3)
+    start_round(b, 1, np.array([0.5, -0.5]), [100, 101])  # b's own P, from its own seed, built
     b.load_state_dict(saved)
     assert b.sketches.keys() == a.sketches.keys() and -1 in b.sketches
+    sent = start_round(b, 2, np.array([0.75, 0.25]), [100, 101])  # a's P now: a start at x^0 passes
+    b.aggregate_train(2, [awe_reply(sent[101], [0.25, -0.25], 1, **{"client-id": 1})])
+    assert b.round_log.participants == [1], b.round_log.rejected
+    b.load_state_dict(saved)
     old = {**saved, "state": {k: v for k, v in saved["state"].items() if k != "sketch_form"}}
     with caplog.at_level("WARNING"):
         b.load_state_dict(old)

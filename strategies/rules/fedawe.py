@@ -273,14 +273,16 @@ class FedAWE(AvailabilityStrategy):
         return self._projection
 
     def set_state(self, state: Any) -> None:
-        """The base's restore; sketches of another P (a checkpoint of the dense P) are dropped,
-        which turns the check off for the run, as for a checkpoint from before the sketches."""
+        """The base's restore, then P anew from the restored seed; sketches of another P (a
+        checkpoint of the dense P) are dropped, which turns the check off for the run, as for a
+        checkpoint from before the sketches."""
         super().set_state(state)
+        self._projection, self._current_norm = None, None
         if self.sketch_form != FORM:
             if self.sketches:
                 log.warning("fedawe: the checkpoint's consistency sketches are of an older projection (form %s): "
                             "the check (check-start) is off for this run", self.sketch_form)
-            self.sketches, self.sketch_form, self._projection = {}, FORM, None
+            self.sketches, self.sketch_form = {}, FORM
 
     def _check_start(self, report: ClientReport, update: np.ndarray) -> None:
         """x_i^{t,0} = x_i^† − η_g u_i must be a model the client can hold: x^0, or a broadcast
