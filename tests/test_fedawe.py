@@ -31,6 +31,7 @@ from strategies.rules.fedawe import (
     UPDATE_PREFIX,
     FedAWE,
 )
+from strategies.rules.fedawe_sketch import SPAN, Projection
 from workloads.data import load_dataset
 
 TIMES = {"round-time", "wall-time"}
@@ -240,8 +241,8 @@ def test_server_memory_is_constant_per_client():
     # _sent: this round's messages; _scratch: the base's reusable rows for one round's replies
     # (Δ_i and u_i), O(replies per round), the memory the replies take while aggregated
     held = arrays_in({k: v for k, v in vars(s).items() if k not in ("_sent", "_scratch")})
-    # x^t, x^0, x̄, the layout's bookkeeping, the check's projection P (SKETCH x d float64), its two
-    # reused float64 blocks of at most d (Δ_i − η_g u_i, one block at a time), sketches
+    # x^t, x^0, x̄, the layout's bookkeeping, the check's projection P (SKETCH x (d / SPAN + SPAN)
+    # numbers) and its reused float32 block of Δ_i − η_g u_i, sketches
     assert sum(a.size for a in held) <= (7 + SKETCH) * d + SKETCH * (len(s.sketches) + 1)
     assert len(s.client_of_node) == n  # the base's node -> client id map: one int each
 
@@ -658,7 +659,7 @@ def test_norm_bound_judges_the_local_change_not_the_echo_or_the_stale_copy():
 
 
 def test_the_consistency_check_spans_blocks_and_catches_a_start_off_by_a_little():
-    """check-start over several float64 blocks (d = 40,000 > 2 BLOCK): a start x_i^† − η_g u_i
+    """check-start over several blocks (d > 2 BLOCK): a start x_i^† − η_g u_i
     that is x^0 passes at float32 rounding (u_i computed in float32); one off x^0 by 0.1 in one
     coordinate of the last block (5e-4 of ‖x^0‖) is rejected."""
     d = 2 * BLOCK + 7232
@@ -675,3 +676,58 @@ def test_the_consistency_check_spans_blocks_and_catches_a_start_off_by_a_little(
                           awe_reply(sent[101], model, 1, off, **{"client-id": 1})])
     assert [n for n, _ in s.round_log.rejected] == [101] and "disagree" in s.round_log.rejected[0][1]
     assert s.round_log.participants == [0]
+
+
+@pytest.mark.parametrize("lr", [1.0, 0.7])
+def test_the_check_s_projection_is_its_definition_and_its_float32_sketch_stays_within_its_slack(lr):
+    """P built entry by entry from its definition (strategies.rules.fedawe_sketch: block q, row k,
+    column b -> c_rk a_r,qb; the tail t_r), over 2 full blocks, a shorter one and a tail: the
+    float64 sketch of a model is P x, and the float32 P (Δ − η u) is off from the exact one by
+    less than the slack the check adds for it, which grows with ‖Δ − η u‖ (0 there: a start at x^t)."""
+    d = 2 * BLOCK + 5 * SPAN + 7
+    p = Projection(12345, d)
+    dense = np.zeros((SKETCH, d))
+    for start in range(0, SPAN * p.cols, BLOCK):
+        cols = min(BLOCK, SPAN * p.cols - start) // SPAN
+        for r in range(SKETCH):
+            block = np.outer(p.c[r].astype(np.float64), p.a[r, start // SPAN:start // SPAN + cols])
+            dense[r, start:start + SPAN * cols] = block.ravel()
+    dense[:, SPAN * p.cols:] = p.t
+    assert p.row_norm == pytest.approx(np.linalg.norm(dense, axis=1).max(), rel=1e-12)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=d).astype(np.float32)
+    np.testing.assert_allclose(p.of_model(x), dense @ x.astype(np.float64), rtol=1e-12)
+    delta = rng.normal(scale=10, size=d).astype(np.float32)
+    for update in (rng.normal(scale=10, size=d).astype(np.float32), (delta / np.float32(lr)).astype(np.float32)):
+        sketch, start_norm = p.of_start(delta, update, lr)
+        w = delta.astype(np.float64) - lr * update.astype(np.float64)
+        exact = dense @ w
+        assert start_norm >= np.linalg.norm(w) * (1 - 1e-6) or np.linalg.norm(w) < 1e-5 * np.linalg.norm(delta)
+        slack = p.float32_slack(float(np.linalg.norm(delta)), float(np.linalg.norm(update)), lr, start_norm)
+        assert np.all(np.abs(sketch - exact) <= slack), (np.abs(sketch - exact), slack)
+    assert start_norm < 1e-3 * np.linalg.norm(delta)  # Δ − η u ≈ 0: the slack's second term vanishes
+
+
+def test_a_checkpoint_of_the_dense_projection_turns_the_check_off_and_says_so(caplog):
+    """A checkpoint from before the block-scaled P (no ``sketch_form``) holds sketches of another
+    P: they are dropped, with a warning, and the check is off (as for a checkpoint from before
+    the sketches); a current checkpoint keeps its sketches and its check, with the checkpoint's P."""
+    a = FedAWE(num_clients=3)
+    sent = start_round(a, 1, np.array([0.5, -0.5]), [100, 101])
+    a.aggregate_train(1, [awe_reply(sent[100], [1.0, 1.0], 1, **{"client-id": 0})])
+    saved = a.state_dict()
+    b = FedAWE(num_clients=3)
+    start_round(b, 1, np.array([0.5, -0.5]), [100, 101])  # b's own P, from its own seed, built
+    b.load_state_dict(saved)
+    assert b.sketches.keys() == a.sketches.keys() and -1 in b.sketches
+    sent = start_round(b, 2, np.array([0.75, 0.25]), [100, 101])  # a's P now: a start at x^0 passes
+    b.aggregate_train(2, [awe_reply(sent[101], [0.25, -0.25], 1, **{"client-id": 1})])
+    assert b.round_log.participants == [1], b.round_log.rejected
+    b.load_state_dict(saved)
+    old = {**saved, "state": {k: v for k, v in saved["state"].items() if k != "sketch_form"}}
+    with caplog.at_level("WARNING"):
+        b.load_state_dict(old)
+    assert b.sketches == {} and "older projection" in caplog.text
+    sent = start_round(b, 2, np.array([0.75, 0.25]), [100, 101])  # a start no model the client can hold
+    b.aggregate_train(2, [awe_reply(sent[101], [9.0, 9.0], 1, [1.0, 1.0], **{"client-id": 1})])
+    assert b.round_log.participants == [1]

@@ -86,10 +86,9 @@ from ..protocol import (  # noqa: F401  (re-exported: FedAWE's wire format)
 )
 from ..rule import Payload
 from ..weighting import weighted_sum
+from .fedawe_sketch import BLOCK, FORM, SKETCH, Projection  # noqa: F401  (BLOCK, SKETCH: the check's sizes)
 
 DISTANCE_RATIO = 1e3  # x the median of recent ‖x_i^† − x^t‖ (bounds.py: honest up to 157)
-SKETCH = 2  # rows of the secret projection that checks x_i^† − η_g u_i (FedAWE._check_start)
-BLOCK = 1 << 14  # coordinates per float64 block of that check (128 KiB: in cache)
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +138,7 @@ class FedAWEState:
     last_accepted: dict[int, int] = field(default_factory=dict)
     sketch_seed: int = 0  # the secret projection of the consistency check (0: none yet)
     sketches: dict[int, np.ndarray] = field(default_factory=dict)  # round t -> P x^t
+    sketch_form: int = 1  # how P is drawn from the seed (fedawe_sketch.FORM; 1: a checkpoint of the dense P)
 
     def __post_init__(self) -> None:
         if not RUN_KEY_PATTERN.fullmatch(str(self.run_key)):
@@ -199,10 +199,9 @@ class FedAWE(AvailabilityStrategy):
         self.distance_bounds = NormBounds(float(self.params.max_update_norm), DISTANCE_RATIO, 0.0, 0.0)
         self.sketch_seed = secrets.randbits(63) or 1  # secret: the clients do not know P
         self.sketches: dict[int, np.ndarray] = {}  # round t -> P x^t (SKETCH numbers per round)
-        self._projection: np.ndarray | None = None  # P, SKETCH x d float64, from sketch_seed
-        self._row_norm: tuple[int, float] | None = None  # (d, max_r ‖P_r‖₂)
+        self.sketch_form = FORM
+        self._projection: Projection | None = None  # P, from sketch_seed (fedawe_sketch)
         self._current_norm: float | None = None  # ‖x^t‖₂, this round's (reset by configure_train)
-        self._block, self._block_u = np.zeros(0), np.zeros(0)  # a float64 block of Δ_i − η_g u_i (reused)
 
     # ------------------------------------------------------------------ messages out
     def client_config(self) -> dict[str, Any]:
@@ -232,9 +231,9 @@ class FedAWE(AvailabilityStrategy):
         if first and self.num_clients is not None:  # every copy starts at x^0
             self.xbar = self.layout.flatten(initial).astype(np.float64)
         if first:
-            self.sketches[-1] = self.projection() @ self.layout.flatten(initial).astype(np.float64)  # x^0
+            self.sketches[-1] = self.projection().of_model(self.layout.flatten(initial))  # x^0
         assert self.current is not None
-        self.sketches[self._t] = self.projection() @ self.current.astype(np.float64)  # x^t
+        self.sketches[self._t] = self.projection().of_model(self.current)  # x^t
         self._current_norm = None
         return initial
 
@@ -266,37 +265,24 @@ class FedAWE(AvailabilityStrategy):
                                 f"{report.client_id}'s last accepted reply (t + 1 when none)")
         return factor
 
-    def projection(self) -> np.ndarray:
-        """P: SKETCH rows of standard normals over the flat model, from the secret ``sketch_seed``."""
+    def projection(self) -> Projection:
+        """P (:mod:`strategies.rules.fedawe_sketch`), from the secret ``sketch_seed``."""
         assert self.current is not None
-        if self._projection is None or self._projection.shape[1] != self.current.size:
-            rng = np.random.default_rng(self.sketch_seed)
-            self._projection = rng.standard_normal((SKETCH, self.current.size))
+        if self._projection is None or self._projection.size != self.current.size:
+            self._projection = Projection(self.sketch_seed, self.current.size)
         return self._projection
 
-    def _slack_scale(self) -> float:
-        """max_r ‖P_r‖₂ · 2^-23 and ‖x^t‖₂ for this round's slack (:meth:`_check_start`), computed once a round."""
-        assert self.current is not None
-        if self._row_norm is None or self._row_norm[0] != self.current.size:
-            self._row_norm = (self.current.size, float(np.linalg.norm(self.projection(), axis=1).max()))
-        if self._current_norm is None:
-            self._current_norm = safe_norm(self.current)
-        return self._row_norm[1]
-
-    def _sketch_of_start(self, delta: np.ndarray, update: np.ndarray) -> np.ndarray:
-        """P (Δ_i − η_g u_i) in float64, block by block (a block of float64 stays in cache: one
-        read of Δ_i, u_i and P, no model-sized temporary)."""
-        p = self.projection()
-        if self._block.size != min(BLOCK, delta.size):
-            self._block, self._block_u = np.empty(min(BLOCK, delta.size)), np.empty(min(BLOCK, delta.size))
-        out = np.zeros(SKETCH)
-        for start in range(0, delta.size, BLOCK):
-            stop = min(start + BLOCK, delta.size)
-            w, v = self._block[: stop - start], self._block_u[: stop - start]
-            np.multiply(update[start:stop], -self.server_lr, out=v)
-            np.add(v, delta[start:stop], out=w)
-            out += p[:, start:stop] @ w
-        return out
+    def set_state(self, state: Any) -> None:
+        """The base's restore, then P anew from the restored seed; sketches of another P (a
+        checkpoint of the dense P) are dropped, which turns the check off for the run, as for a
+        checkpoint from before the sketches."""
+        super().set_state(state)
+        self._projection, self._current_norm = None, None
+        if self.sketch_form != FORM:
+            if self.sketches:
+                log.warning("fedawe: the checkpoint's consistency sketches are of an older projection (form %s): "
+                            "the check (check-start) is off for this run", self.sketch_form)
+            self.sketches, self.sketch_form = {}, FORM
 
     def _check_start(self, report: ClientReport, update: np.ndarray) -> None:
         """x_i^{t,0} = x_i^† − η_g u_i must be a model the client can hold: x^0, or a broadcast
@@ -306,8 +292,9 @@ class FedAWE(AvailabilityStrategy):
         float32 rounding of an honest reply: per coordinate at most b_j = 2^-23 (|x^t_j| + |Δ_j| +
         η_g |u_j|), so per row |P_r b| ≤ ‖P_r‖₂ ‖b‖₂ ≤ ‖P_r‖₂ 2^-23 (‖x^t‖ + ‖Δ_i‖ + η_g ‖u_i‖)
         (Cauchy-Schwarz, then the triangle inequality; the norms are the intake's). The one
-        model-sized work is P (Δ_i − η_g u_i) (:meth:`_sketch_of_start`). Without the sketches (a
-        checkpoint from before them): no check."""
+        model-sized work is P (Δ_i − η_g u_i), in float32 blocks whose own rounding the slack
+        also covers (:meth:`Projection.of_start`, :meth:`Projection.float32_slack`). Without the
+        sketches (a checkpoint from before them): no check."""
         assert self.current is not None
         if not self.check_start:
             return
@@ -315,14 +302,16 @@ class FedAWE(AvailabilityStrategy):
         known = [self.sketches[s] for s in rounds if s in self.sketches]
         if -1 not in self.sketches:
             return
-        row_norm = self._slack_scale()
-        assert self._current_norm is not None
+        p = self.projection()
+        if self._current_norm is None:  # once a round
+            self._current_norm = safe_norm(self.current)
         delta_norm = report.norm if report.norm is not None else safe_norm(report.delta)
         update_norm = report.payload_norms[UPDATE] if UPDATE in report.payload_norms else safe_norm(update)
         # P x_i^{t,0} = P x^t + P (Δ_i − η_g u_i) (P x^t: this round's sketch)
-        got = self.sketches[self._t] + self._sketch_of_start(report.delta, update)
-        slack = 1.1 * row_norm * (self._current_norm + delta_norm + abs(self.server_lr) * update_norm)
-        tol = np.ldexp(slack, -23) + 1e-12
+        sketch, start_norm = p.of_start(report.delta, update, self.server_lr)
+        got = self.sketches[self._t] + sketch
+        slack = 1.1 * p.row_norm * (self._current_norm + delta_norm + abs(self.server_lr) * update_norm)
+        tol = np.ldexp(slack, -23) + p.float32_slack(delta_norm, update_norm, self.server_lr, start_norm) + 1e-12
         if not (np.all(np.isfinite(got)) and math.isfinite(tol)) or not any(np.all(np.abs(got - s) <= tol)
                                                                             for s in known):
             raise ReplyRejected("the returned model and the echoed update u_i disagree: x_i^† − η_g u_i is not x^0 "
@@ -343,10 +332,9 @@ class FedAWE(AvailabilityStrategy):
             return x, self._xbar_metrics(x)
         w = self.weights(reports)
         # float32 BLAS over the reply rows (strategies.weighting.weighted_sum), added in float64
-        x64 = np.asarray(x, np.float64)
-        u = np.asarray(weighted_sum(w, [r.echo_update for r in echoes]), np.float64)  # ū
-        moved = np.asarray(weighted_sum(w, [r.delta for r in echoes]), np.float64)  # Σ w_i (x_i^† − x^t)
-        new = x64 + moved
+        u = np.asarray(weighted_sum(w, [r.echo_update for r in echoes]), np.float64)  # ū (its norm, its clip)
+        moved = weighted_sum(w, [r.delta for r in echoes])  # Σ w_i (x_i^† − x^t), float32
+        new = np.add(x, moved, dtype=np.float64)  # x^t + moved in float64, no upcast copies
         norm = float(np.linalg.norm(u))
         metrics = {"mean-echo-factor": float(np.mean([r.echo_factor for r in echoes])),
                    "echo-update-norm": norm}
@@ -356,16 +344,23 @@ class FedAWE(AvailabilityStrategy):
             metrics["echo-clipped"] = float(norm > self.clip)
         new = new.astype(np.float32)
         if self.xbar is not None:
-            # the clients of A_t move from x_i^{t,0} = x_i^† − η_g u_i to x^{t+1}; the others stay
+            # the clients of A_t move from x_i^{t,0} = x_i^† − η_g u_i to x^{t+1}; the others stay:
+            # Σ x_i^{t,0} = m x^t + Σ Δ_i − η_g Σ u_i, in float64, in place
             m = len(reports)
+            starts = np.multiply(x, m, dtype=np.float64)
             if self.weighting == "equal":  # Σ Δ_i = m Σ w_i Δ_i: the sums above, no second pass
-                sums = m * moved, m * u
+                starts += np.multiply(moved, m, dtype=np.float64)
+                echoed = u * m
             else:
                 ones = np.ones(m)
-                sums = (np.asarray(weighted_sum(ones, [r.delta for r in echoes]), np.float64),
-                        np.asarray(weighted_sum(ones, [r.echo_update for r in echoes]), np.float64))
-            starts = m * x64 + sums[0] - self.server_lr * sums[1]
-            self.xbar = self.xbar + (m * new.astype(np.float64) - starts) / self.require_num_clients()
+                starts += weighted_sum(ones, [r.delta for r in echoes])
+                echoed = np.asarray(weighted_sum(ones, [r.echo_update for r in echoes]), np.float64)
+            echoed *= self.server_lr
+            starts -= echoed
+            step = np.multiply(new, m, dtype=np.float64)
+            step -= starts
+            step /= self.require_num_clients()
+            self.xbar = self.xbar + step
         return new, {**metrics, **self._xbar_metrics(new)}
 
     def _xbar_metrics(self, x: np.ndarray) -> dict[str, float]:
