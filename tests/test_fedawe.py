@@ -708,10 +708,11 @@ def test_the_check_s_projection_is_its_definition_and_its_float32_sketch_stays_w
     assert start_norm < 1e-3 * np.linalg.norm(delta)  # Δ − η u ≈ 0: the slack's second term vanishes
 
 
-def test_a_checkpoint_of_the_dense_projection_turns_the_check_off_and_says_so(caplog):
+def test_a_checkpoint_of_the_dense_projection_is_refused_while_the_check_is_on(caplog):
     """A checkpoint from before the block-scaled P (no ``sketch_form``) holds sketches of another
-    P: they are dropped, with a warning, and the check is off (as for a checkpoint from before
-    the sketches); a current checkpoint keeps its sketches and its check, with the checkpoint's P."""
+    P: refused with the fix while check-start is on (never a silent check-off); with
+    check-start=false it resumes without them, and says so. A current checkpoint keeps its
+    sketches and its check, with the checkpoint's P."""
     a = FedAWE(num_clients=3)
     sent = start_round(a, 1, np.array([0.5, -0.5]), [100, 101])
     a.aggregate_train(1, [awe_reply(sent[100], [1.0, 1.0], 1, **{"client-id": 0})])
@@ -725,9 +726,12 @@ def test_a_checkpoint_of_the_dense_projection_turns_the_check_off_and_says_so(ca
     assert b.round_log.participants == [1], b.round_log.rejected
     b.load_state_dict(saved)
     old = {**saved, "state": {k: v for k, v in saved["state"].items() if k != "sketch_form"}}
+    with pytest.raises(ValueError, match="older projection.*resume with check-start=false"):
+        b.load_state_dict(old)
+    b = FedAWE(num_clients=3, check_start=False)
     with caplog.at_level("WARNING"):
         b.load_state_dict(old)
-    assert b.sketches == {} and "older projection" in caplog.text
+    assert b.sketches == {} and "dropped: check-start=false" in caplog.text
     sent = start_round(b, 2, np.array([0.75, 0.25]), [100, 101])  # a start no model the client can hold
     b.aggregate_train(2, [awe_reply(sent[101], [9.0, 9.0], 1, [1.0, 1.0], **{"client-id": 1})])
     assert b.round_log.participants == [1]

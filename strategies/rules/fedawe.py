@@ -273,15 +273,21 @@ class FedAWE(AvailabilityStrategy):
         return self._projection
 
     def set_state(self, state: Any) -> None:
-        """The base's restore, then P anew from the restored seed; sketches of another P (a
-        checkpoint of the dense P) are dropped, which turns the check off for the run, as for a
-        checkpoint from before the sketches."""
+        """The base's restore, then P anew from the restored seed. Sketches of another P (a
+        checkpoint of the dense P) cannot judge a start: such a checkpoint is refused while the
+        check is on (it does not fail open), and resumes without its sketches with
+        ``check-start=false``."""
         super().set_state(state)
         self._projection, self._current_norm = None, None
         if self.sketch_form != FORM:
+            if self.sketches and self.check_start:
+                raise ValueError(f"{self.name}: the checkpoint's consistency sketches are of an older projection "
+                                 f"(form {self.sketch_form}, this version draws form {FORM}), so check-start cannot "
+                                 "judge its replies: resume with check-start=false (the check off for this run) "
+                                 "or start the run again")
             if self.sketches:
-                log.warning("fedawe: the checkpoint's consistency sketches are of an older projection (form %s): "
-                            "the check (check-start) is off for this run", self.sketch_form)
+                log.warning("%s: the checkpoint's consistency sketches (form %s) are dropped: check-start=false",
+                            self.name, self.sketch_form)
             self.sketches, self.sketch_form = {}, FORM
 
     def _check_start(self, report: ClientReport, update: np.ndarray) -> None:
