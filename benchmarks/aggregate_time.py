@@ -20,6 +20,8 @@ FedAWE and FedPBC the second model-sized array each reply carries (u_i): receivi
 FedAvg-sized pass, timed as one more round of Flower's FedAvg on replies of the same size
 (:data:`SECOND_ARRAY`), plus x̄'s float64 update. Their last ratio is then against twice
 Flower's FedAvg (and x̄); their consistency check (``check-start``) is not counted as inherent.
+SCAFFOLD and Amplified SCAFFOLD likewise receive Δc_i beside Δy_i (a second Flower FedAvg round,
+which also computes c's update); their c_i bound's sketch is not counted as inherent.
 Any rule must also receive the replies, which is what Flower's FedAvg does: the table's last
 columns are the baseline Flower + inherent and the rule's ratio to it (CPU time).
 
@@ -153,14 +155,20 @@ def echo_round(state: dict, deltas: np.ndarray) -> np.ndarray:
     return xbar
 
 
+def second_array_only(state: dict, deltas: np.ndarray) -> None:
+    """SCAFFOLD / Amplified SCAFFOLD beyond receiving Δc_i (:data:`SECOND_ARRAY`): nothing (c's
+    update is the mean of the Δc_i, which receiving them as a FedAvg round computes)."""
+
+
 INHERENT = {  # rule -> its math beyond receiving the replies, on the stacked Δ_i
     "mifa": lambda st, d: table_update(st, d, 1 / 0.1),  # gradient units: Δ_i / lr
     "stale": table_update, "fedvarp": table_update, "fedstale": table_update, "cluster-fedvarp": table_update,
     "fl-fdms": fdms_similarity, "fedaware": fedaware_round, "fedawe": echo_round, "fedpbc": echo_round,
+    "scaffold": second_array_only, "amplified-scaffold": second_array_only,
 }
-# rules whose replies carry a second model-sized array (FedAWE's u_i): receiving it is inherent,
-# timed as a second round of Flower's FedAvg on replies of the same size
-SECOND_ARRAY = ("fedawe", "fedpbc")
+# rules whose replies carry a second model-sized array (FedAWE's u_i, SCAFFOLD's Δc_i): receiving
+# it is inherent, timed as a second round of Flower's FedAvg on replies of the same size
+SECOND_ARRAY = ("fedawe", "fedpbc", "scaffold", "amplified-scaffold")
 
 
 def stacked_deltas(replies: list[Message], x: dict[str, np.ndarray]) -> np.ndarray:
