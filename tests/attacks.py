@@ -82,10 +82,15 @@ def play_round(s, name: str, t: int, x: np.ndarray, ups: np.ndarray, attack: Att
     return out["w"].numpy(), n - attackers in s.round_log.participants
 
 
-def strongest(s, name: str, t: int, x: np.ndarray, ups: np.ndarray, attackers: int = 1) -> Attack:
-    """The strongest attack the rule accepts this round (greedy, on copies of the strategy)."""
+def strongest(s, name: str, t: int, x: np.ndarray, ups: np.ndarray, attackers: int = 1, refine: int = 0) -> Attack:
+    """The strongest attack the rule accepts this round (greedy, on copies of the strategy);
+    ``refine``: the size's bisections past the grid (:func:`largest_size`)."""
     attack = Attack()
-    choices = [("size", SIZES), ("num_examples", EXAMPLES)] + ([("steps", STEPS)] if name == "fednova" else [])
+    if refine:
+        attack.size = largest_size(lambda v: play_round(copy.deepcopy(s), name, t, x, ups, Attack(v), attackers)[1],
+                                   refine) or 1.0
+    choices = ([] if refine else [("size", SIZES)]) + [("num_examples", EXAMPLES)]
+    choices += [("steps", STEPS)] if name == "fednova" else []
     for field, values in choices:
         for value in values:
             trial = Attack(**{**attack.__dict__, field: value})
@@ -97,10 +102,11 @@ def strongest(s, name: str, t: int, x: np.ndarray, ups: np.ndarray, attackers: i
 
 
 def influence(spec: str, rounds: int = 30, seed: int = 0, search_every: int = 1, attackers: int = 1, n: int = N,
-              **kwargs) -> dict:
+              refine: int = 0, **kwargs) -> dict:
     """The attackers' influence on ``spec`` over ``rounds`` rounds, in units of STEP (``attackers``
     of the ``n`` clients, the last ones, all sending the same attack). The attack is searched anew
-    every ``search_every`` rounds (and whenever the last one is rejected)."""
+    every ``search_every`` rounds (and whenever the last one is rejected); ``refine``: its size
+    bisected that many times past the grid of :data:`SIZES`."""
     name = spec.split(":")[0]
     flwr_log = logging.getLogger("flwr")
     level, flwr_log.level = flwr_log.level, logging.ERROR
@@ -115,9 +121,9 @@ def influence(spec: str, rounds: int = 30, seed: int = 0, search_every: int = 1,
         attack = None
         for t in range(1, rounds + 1):
             if attack is None or (t - 1) % search_every == 0:
-                attack = strongest(hostile, name, t, xa, ups[t - 1], attackers)
+                attack = strongest(hostile, name, t, xa, ups[t - 1], attackers, refine)
             elif not play_round(copy.deepcopy(hostile), name, t, xa, ups[t - 1], attack, attackers)[1]:
-                attack = strongest(hostile, name, t, xa, ups[t - 1], attackers)
+                attack = strongest(hostile, name, t, xa, ups[t - 1], attackers, refine)
             xa, ok = play_round(hostile, name, t, xa, ups[t - 1], attack, attackers)
             xh, _ = play_round(honest, name, t, xh, ups[t - 1], None)
             accepted += ok
@@ -136,18 +142,24 @@ DECLARED = (10**4, 600, 400, 200, 100, 20, 2)  # num-steps (a-norm = num-steps),
 
 
 def largest_size(accepts, refine: int = 8) -> float:
-    """The largest update size (x the round's largest honest norm) that ``accepts(size)`` takes:
-    the first of :data:`SIZES` accepted, then ``refine`` geometric bisections towards the next
-    larger one (the table's grid is 1.5-3.3 x coarse); 0 when none is."""
-    grid = [v for v in SIZES if accepts(v)][:1]
-    if not grid:
+    """The largest update size (x the round's largest honest norm) that ``accepts(size)`` takes
+    (acceptance falls with the size: a norm bound): the largest of :data:`SIZES` accepted, found
+    by bisection over the grid, then ``refine`` geometric bisections towards the next larger one
+    (the grid is 1.3-100 x coarse); 0 when none is."""
+    grid = sorted(SIZES)
+    if not accepts(grid[0]):
         return 0.0
-    lo = grid[0]
-    hi = SIZES[SIZES.index(lo) - 1] if lo != SIZES[0] else lo
-    for _ in range(refine if hi > lo else 0):
-        mid = float(np.sqrt(lo * hi))
-        lo, hi = (mid, hi) if accepts(mid) else (lo, mid)
-    return lo
+    if accepts(grid[-1]):
+        return grid[-1]
+    lo, hi = 0, len(grid) - 1  # grid[lo] accepted, grid[hi] not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if accepts(grid[mid]) else (lo, mid)
+    low, high = grid[lo], grid[hi]
+    for _ in range(refine):
+        mid = float(np.sqrt(low * high))
+        low, high = (mid, high) if accepts(mid) else (low, mid)
+    return low
 
 
 def widening(spec: str, gap: int = 0, declare: bool = False, rounds: int | None = None, seed: int = 0) -> dict:
