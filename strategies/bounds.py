@@ -244,9 +244,7 @@ class NormBounds:
     @staticmethod
     def widening(work: float, gap: float) -> float:
         """The work factor x the gap factor, at most ``WIDEN_RATIO``: honest replies use one or the
-        other (a client back after 150 rounds needs the gap, a client with 250 local steps the
-        work; the honest matrix's largest product used: docs/threat-model.md), while an attacker
-        that declares 100 x the median work and stays silent 49 rounds would get both (10 x 50)."""
+        other (the honest matrix: docs/threat-model.md), an attacker would use both (10 x 50)."""
         return min(work * gap, WIDEN_RATIO)
 
     def gap_factor(self, node: int) -> float:
