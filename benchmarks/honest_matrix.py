@@ -11,8 +11,9 @@ participation weights capped), the largest
 ``norm / (reference x widening)`` any honest reply reached (what ``max-norm-ratio`` must exceed),
 the largest latest / first of the update norms' references (what ``max-reference-growth`` must let
 through), the largest ``norm / (the first norms' reference x widening)`` (what ``max-norm-ratio`` x
-``max-reference-growth`` must exceed),
-and the largest difference of the final model from the same run with the bounds off (0: bit for
+``max-reference-growth`` must exceed), among the widened replies the largest work factor, gap
+factor, their product and norm / reference without widening (how much of the widening honest
+replies use: what ``WIDEN_RATIO`` must let through), and the largest difference of the final model from the same run with the bounds off (0: bit for
 bit). Softmax regression clients in NumPy through the real strategies (mocked messages): no
 Flower run, no dataset. ``tests/test_honest_matrix.py`` asserts the CI subset of this matrix.
 
@@ -53,7 +54,8 @@ def cell(name: str, case_name: str, asynchronous: bool) -> dict:
     off = run(name, c, bounds=False)
     return {"replies": on.replies, "rejected": len(on.rejected), "cut": on.cut,
             "max-ratio": max(rec.ratios["update"] + rec.ratios["other"], default=0.0),
-            "growth": rec.growth, "over-first": rec.over_first, "diff": float(np.abs(on.x - off.x).max()), "first": on.rejected[:1]}
+            "growth": rec.growth, "over-first": rec.over_first, "diff": float(np.abs(on.x - off.x).max()), "first": on.rejected[:1],
+            "work": rec.work, "gap": rec.gap, "product": rec.product, "unwidened": rec.unwidened}
 
 
 def main() -> None:
@@ -64,11 +66,14 @@ def main() -> None:
     args = ap.parse_args()
     rules, cases = args.rules.split(","), [c for c in args.cases.split(",") if c]
     print("| mode | case | rule | honest replies | rejected | false-rejection rate | cut | max ratio | "
-          "latest/first | max norm/first | max diff from bounds off |\n|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
+          "latest/first | max norm/first | work | gap | work x gap | norm/ref unwidened | max diff from bounds off |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
     total = rejected = 0
     worst: tuple[float, str] = (0.0, "")
     grown: tuple[float, str] = (1.0, "")
     over: tuple[float, str] = (0.0, "")
+    product: tuple[float, str] = (0.0, "")
+    unwidened: tuple[float, str] = (0.0, "")
     cells = [(False, c, r) for c in cases for r in rules]
     cells += [(True, c, r) for c in args.async_cases.split(",") if c for r in ASYNC_RULES if r in rules]
     for asynchronous, case_name, name in cells:
@@ -78,13 +83,18 @@ def main() -> None:
         worst = max(worst, (got["max-ratio"], f"{name} {case_name}"))
         grown = max(grown, (got["growth"], f"{name} {case_name}"))
         over = max(over, (got["over-first"], f"{name} {case_name}"))
+        product = max(product, (got["product"], f"{name} {case_name}"))
+        unwidened = max(unwidened, (got["unwidened"], f"{name} {case_name}"))
         print(f"| {'async' if asynchronous else 'sync'} | {case_name} | {name} | {got['replies']} | {got['rejected']} | "
               f"{got['rejected'] / max(1, got['replies']):.3f} | {got['cut']} | {got['max-ratio']:.1f} | {got['growth']:.2f} | {got['over-first']:.1f} | "
+              f"{got['work']:.2f} | {got['gap']:.0f} | {got['product']:.1f} | {got['unwidened']:.1f} | "
               f"{got['diff']:.2g} | {got['first'] or ''} ({time.perf_counter() - t0:.0f} s)", flush=True)
     print(f"\nhonest replies {total}, rejected {rejected} (false-rejection rate {rejected / max(1, total):.4f}); "
           f"largest norm / (reference x widening): {worst[0]:.1f} ({worst[1]}); largest latest / first "
           f"of the update norms' references: {grown[0]:.2f} ({grown[1]}); largest update norm / (first norms' "
-          f"reference x widening), what max-norm-ratio x max-reference-growth must exceed: {over[0]:.1f} ({over[1]})")
+          f"reference x widening), what max-norm-ratio x max-reference-growth must exceed: {over[0]:.1f} ({over[1]}); "
+          f"largest work x gap factor used: {product[0]:.1f} ({product[1]}); largest norm / reference without "
+          f"widening among widened replies: {unwidened[0]:.1f} ({unwidened[1]})")
 
 
 if __name__ == "__main__":

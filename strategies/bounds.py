@@ -21,7 +21,9 @@ so does an attacker's bound when it displaces the model and the honest updates a
 the cap, geometric growth); a reply's limit is ``max_norm_ratio`` x the reference x √(its declared ``num-steps``
 / the nodes' median), at most ``WORK_RATIO``, x (for rules whose client keeps state across rounds,
 SCAFFOLD's c_i or FedAWE's copy) 1 + the rounds since its node was last judged, at most
-``GAP_RATIO``.
+``GAP_RATIO``; the product of the two at most ``WIDEN_RATIO`` (honest replies use one or the
+other: an attacker that declared 100 x the median work and stayed silent 49 rounds got both, 500
+x, and moved SCAFFOLD's model 1,256 m in one reply, 126 with the cap; ``tests/test_widening.py``).
 
 Defaults drawn from the honest-heterogeneity matrix (``python benchmarks/honest_matrix.py``: every
 rule x a client back after 10-150 rounds, local steps 1-250 with the data size, data sizes 1 to
@@ -54,6 +56,7 @@ MAX_STEPS_RATIO = 300.0  # FedNova: num-steps (a-norm) above this x the referenc
 MAX_REFERENCE_GROWTH = 5.0  # the norm reference follows the nodes' latest norms up to this x their first ones
 WORK_RATIO = 10.0  # declared num-steps widen a norm bound by √(num-steps / the nodes' reference), at most this
 GAP_RATIO = 50.0  # rounds since a stateful client was last judged widen it by at most this
+WIDEN_RATIO = GAP_RATIO  # the product of the two widenings, at most this (they do not compound)
 
 NODES = 10_000  # nodes whose latest value a reference remembers (the most recently heard)
 MIN_POOL = 3  # nodes below which a median says nothing about which one is wrong
@@ -238,6 +241,12 @@ class NormBounds:
             return 1.0
         return min(math.sqrt(max(1.0, steps / reference)), WORK_RATIO)
 
+    @staticmethod
+    def widening(work: float, gap: float) -> float:
+        """The work factor x the gap factor, at most ``WIDEN_RATIO``: honest replies use one or the
+        other (the honest matrix: docs/threat-model.md), an attacker would use both (10 x 50)."""
+        return min(work * gap, WIDEN_RATIO)
+
     def gap_factor(self, node: int) -> float:
         """1 + the rounds since ``node`` was last judged (since the first for a new one), at most
         GAP_RATIO: a client that keeps state (a control variate, a copy) returns with a change
@@ -295,7 +304,7 @@ class NormBounds:
             if not self.max_norm_ratio or reference is None:
                 kept.append(r)
                 continue
-            widen = self.work_factor(steps.get(node), work) * (self.gap_factor(node) if stateful else 1.0)
+            widen = self.widening(self.work_factor(steps.get(node), work), self.gap_factor(node) if stateful else 1.0)
             limit = self.max_norm_ratio * reference * widen
             if norm <= limit:
                 kept.append(r)

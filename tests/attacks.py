@@ -52,13 +52,18 @@ def honest_updates(rounds: int, seed: int, n: int = N) -> list[np.ndarray]:
     return out
 
 
-def play_round(s, name: str, t: int, x: np.ndarray, ups: np.ndarray, attack: Attack | None, attackers: int = 1):
+def play_round(s, name: str, t: int, x: np.ndarray, ups: np.ndarray, attack: Attack | None, attackers: int = 1,
+               silent: bool = False, steady_c: bool = False):
     """One round; returns (new x, whether the (first) attacker's reply was accepted). The last
-    ``attackers`` clients all send ``attack`` (None: they reply honestly); ``len(ups)`` clients."""
+    ``attackers`` clients all send ``attack`` (None: they reply honestly; ``silent``: they are
+    offline, neither sent to nor replying); ``len(ups)`` clients. ``steady_c``: SCAFFOLD's honest
+    Δc_i is 0 after round 1 (c_i stays at its first scale, as a mean gradient does; the default
+    0.5 Δy_i every round makes c_i grow by it, past the c_i bound after about 20 rounds)."""
     n = len(ups)
-    sent = start_round(s, t, x, [100 + c for c in range(n)])
+    sent = start_round(s, t, x, [100 + c for c in range(n - attackers if silent else n)])
     honest = dict(**{"num-examples": 10, "num-steps": 2, "a-norm": 2.0, "train-loss": 1.0})
-    replies = [rule_reply(name, sent[100 + c], x + ups[c], c, ups[c], **honest)
+    steady = {SCAFFOLD_DC_PREFIX + "w": np.zeros(DIM, np.float32)} if steady_c and t > 1 and name.endswith("scaffold") else None
+    replies = [rule_reply(name, sent[100 + c], x + ups[c], c, ups[c], arrays=steady, **honest)
                for c in range(n - attackers) if 100 + c in sent]
     direction = np.zeros(DIM, np.float32)
     direction[1] = 1.0  # orthogonal to the honest drift
@@ -66,7 +71,7 @@ def play_round(s, name: str, t: int, x: np.ndarray, ups: np.ndarray, attack: Att
         if 100 + a not in sent:  # not picked (power-of-choice)
             continue
         if attack is None:
-            replies.append(rule_reply(name, sent[100 + a], x + ups[a], a, ups[a], **honest))
+            replies.append(rule_reply(name, sent[100 + a], x + ups[a], a, ups[a], arrays=steady, **honest))
         else:
             delta = (attack.size * float(np.linalg.norm(ups, axis=1).max()) * direction).astype(np.float32)
             # SCAFFOLD: Δc_i = 0, its c_i kept within its bound (the Δc_i channel: tests/test_scaffold_channel.py)
@@ -77,10 +82,15 @@ def play_round(s, name: str, t: int, x: np.ndarray, ups: np.ndarray, attack: Att
     return out["w"].numpy(), n - attackers in s.round_log.participants
 
 
-def strongest(s, name: str, t: int, x: np.ndarray, ups: np.ndarray, attackers: int = 1) -> Attack:
-    """The strongest attack the rule accepts this round (greedy, on copies of the strategy)."""
+def strongest(s, name: str, t: int, x: np.ndarray, ups: np.ndarray, attackers: int = 1, refine: int = 0) -> Attack:
+    """The strongest attack the rule accepts this round (greedy, on copies of the strategy);
+    ``refine``: the size's bisections past the grid (:func:`largest_size`)."""
     attack = Attack()
-    choices = [("size", SIZES), ("num_examples", EXAMPLES)] + ([("steps", STEPS)] if name == "fednova" else [])
+    if refine:
+        attack.size = largest_size(lambda v: play_round(copy.deepcopy(s), name, t, x, ups, Attack(v), attackers)[1],
+                                   refine) or 1.0
+    choices = ([] if refine else [("size", SIZES)]) + [("num_examples", EXAMPLES)]
+    choices += [("steps", STEPS)] if name == "fednova" else []
     for field, values in choices:
         for value in values:
             trial = Attack(**{**attack.__dict__, field: value})
@@ -92,10 +102,11 @@ def strongest(s, name: str, t: int, x: np.ndarray, ups: np.ndarray, attackers: i
 
 
 def influence(spec: str, rounds: int = 30, seed: int = 0, search_every: int = 1, attackers: int = 1, n: int = N,
-              **kwargs) -> dict:
+              refine: int = 0, **kwargs) -> dict:
     """The attackers' influence on ``spec`` over ``rounds`` rounds, in units of STEP (``attackers``
     of the ``n`` clients, the last ones, all sending the same attack). The attack is searched anew
-    every ``search_every`` rounds (and whenever the last one is rejected)."""
+    every ``search_every`` rounds (and whenever the last one is rejected); ``refine``: its size
+    bisected that many times past the grid of :data:`SIZES`."""
     name = spec.split(":")[0]
     flwr_log = logging.getLogger("flwr")
     level, flwr_log.level = flwr_log.level, logging.ERROR
@@ -110,9 +121,9 @@ def influence(spec: str, rounds: int = 30, seed: int = 0, search_every: int = 1,
         attack = None
         for t in range(1, rounds + 1):
             if attack is None or (t - 1) % search_every == 0:
-                attack = strongest(hostile, name, t, xa, ups[t - 1], attackers)
+                attack = strongest(hostile, name, t, xa, ups[t - 1], attackers, refine)
             elif not play_round(copy.deepcopy(hostile), name, t, xa, ups[t - 1], attack, attackers)[1]:
-                attack = strongest(hostile, name, t, xa, ups[t - 1], attackers)
+                attack = strongest(hostile, name, t, xa, ups[t - 1], attackers, refine)
             xa, ok = play_round(hostile, name, t, xa, ups[t - 1], attack, attackers)
             xh, _ = play_round(honest, name, t, xh, ups[t - 1], None)
             accepted += ok
@@ -123,6 +134,81 @@ def influence(spec: str, rounds: int = 30, seed: int = 0, search_every: int = 1,
     finally:
         flwr_log.level = level
     return {"per-round": max(per_round), "round-1": per_round[0], "run": distance / STEP, "accepted": accepted,
+            "finite": bool(np.all(np.isfinite(xa))), "attacks": attacks}
+
+
+# ------------------------------------ the widening channels: declared work and silence (issue 39, item 6)
+DECLARED = (10**4, 600, 400, 200, 100, 20, 2)  # num-steps (a-norm = num-steps), x the honest 2: 5,000 x down to 1 x
+
+
+def largest_size(accepts, refine: int = 8) -> float:
+    """The largest update size (x the round's largest honest norm) that ``accepts(size)`` takes
+    (acceptance falls with the size: a norm bound): the largest of :data:`SIZES` accepted, found
+    by bisection over the grid, then ``refine`` geometric bisections towards the next larger one
+    (the grid is 1.3-100 x coarse); 0 when none is."""
+    grid = sorted(SIZES)
+    if not accepts(grid[0]):
+        return 0.0
+    if accepts(grid[-1]):
+        return grid[-1]
+    lo, hi = 0, len(grid) - 1  # grid[lo] accepted, grid[hi] not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if accepts(grid[mid]) else (lo, mid)
+    low, high = grid[lo], grid[hi]
+    for _ in range(refine):
+        mid = float(np.sqrt(low * high))
+        low, high = (mid, high) if accepts(mid) else (low, mid)
+    return low
+
+
+def widening(spec: str, gap: int = 0, declare: bool = False, rounds: int | None = None, seed: int = 0) -> dict:
+    """The adaptive attacker of the widening channels (1 of ``N``, synchronous): it replies in
+    round 1 and then after every ``gap`` silent rounds (offline: not sent to; ``gap = 0``: every
+    round), over ``rounds`` rounds (default: two replies, round 1 and round ``gap + 2``). Each reply
+    is the strongest the rule accepts: ``declare``: first the largest ``num-steps`` (and a-norm)
+    accepted (:data:`DECLARED`; the bound's work factor grows with it), then the largest update
+    (:func:`largest_size`, refined), then the largest ``num-examples``. Influence as
+    :func:`influence` (in STEP) against the same run with the attacker replying honestly in the
+    same rounds; also ``"reply"``: the model's move in the attacker's largest reply round."""
+    name = spec.split(":")[0]
+    rounds = rounds or gap + 2
+    flwr_log = logging.getLogger("flwr")
+    level, flwr_log.level = flwr_log.level, logging.ERROR
+    try:
+        ups = honest_updates(rounds, seed)
+        x0 = np.zeros(DIM, np.float32)
+        x0[2:] = MODEL_NORM / np.sqrt(DIM - 2)
+        honest, hostile = (build_rule(name, n=N, spec=spec if ":" in spec else "", max_failed_rounds=0) for _ in range(2))
+        xh, xa = x0.copy(), x0.copy()
+        per_round, distance, accepted, attacks, replies, rejected = [], 0.0, 0, [], 0, 0
+        for t in range(1, rounds + 1):
+            silent = (t - 1) % (gap + 1) != 0
+            attack = None
+            if not silent:
+                replies += 1
+
+                def accepts(a: Attack, t=t, xa=xa) -> bool:
+                    return play_round(copy.deepcopy(hostile), name, t, xa, ups[t - 1], a, steady_c=True)[1]
+
+                attack = Attack()
+                if declare:
+                    tau = next((v for v in DECLARED if accepts(Attack(steps=(v, 1.0)))), 2)
+                    attack = Attack(steps=(tau, 1.0))
+                attack.size = largest_size(lambda v, a=attack: accepts(Attack(v, a.num_examples, a.steps))) or 1.0
+                attack.num_examples = next((v for v in EXAMPLES if accepts(Attack(attack.size, v, attack.steps))), 10)
+                attacks.append(attack)
+            xa, ok = play_round(hostile, name, t, xa, ups[t - 1], attack, silent=silent, steady_c=True)
+            xh, _ = play_round(honest, name, t, xh, ups[t - 1], None, silent=silent, steady_c=True)
+            rejected += sum(node != 100 + N - 1 for node, _ in hostile.round_log.rejected + honest.round_log.rejected)
+            accepted += ok and not silent
+            new = float(np.linalg.norm(xa.astype(np.float64) - xh))
+            per_round.append(abs(new - distance) / STEP)
+            distance = new
+    finally:
+        flwr_log.level = level
+    return {"per-round": max(per_round), "run": distance / STEP, "replies": replies, "accepted": accepted,
+            "honest-rejected": rejected,
             "finite": bool(np.all(np.isfinite(xa))), "attacks": attacks}
 
 

@@ -279,12 +279,17 @@ class Recorder:
     kind: ``update`` (the first norm check) and ``other`` (Δc_i, FedAWE's distance); and ``growth``,
     the largest latest / first of the update norms' references, and ``over_first``, the largest
     update norm / (the first norms' reference x widening): what ``max-norm-ratio`` x
-    ``max-reference-growth`` must exceed."""
+    ``max-reference-growth`` must exceed; and among the update norms widened at all, the largest
+    work factor, gap factor, their product (``work``, ``gap``, ``product``) and norm / reference
+    without widening (``unwidened``): how much of the widening honest replies use."""
 
     def __init__(self) -> None:
         self.ratios: dict[str, list[float]] = {"update": [], "other": []}
         self.growth = 1.0  # the largest latest / first of the update norms' references (lower medians over nodes)
         self.over_first = 0.0  # the largest update norm / (the nodes' first norms' reference x widening)
+        # the widenings honest replies used (update norms, replies widened at all): the largest work
+        # factor, gap factor and their product, and the largest norm / reference WITHOUT widening
+        self.work = self.gap = self.product = self.unwidened = 0.0
 
     def __enter__(self) -> Recorder:
         from strategies import bounds as bounds_module
@@ -307,9 +312,14 @@ class Recorder:
                     except Exception:  # noqa: BLE001
                         continue
                     steps = kwargs.get("steps_of", lambda _: None)(r)
-                    widen = bounds.work_factor(steps, work) * (bounds.gap_factor(node_of(r)) if kwargs.get("stateful") else 1.0)
-                    widen = widen if bounds.widens else 1.0
+                    w = bounds.work_factor(steps, work) if bounds.widens else 1.0
+                    g = bounds.gap_factor(node_of(r)) if kwargs.get("stateful") and bounds.widens else 1.0
+                    widen = bounds.widening(w, g)
                     kind = "update" if getattr(norm_of, "__name__", "") == "update_norm" else "other"
+                    if kind == "update" and widen > 1:
+                        recorder.work, recorder.gap = max(recorder.work, w), max(recorder.gap, g)
+                        recorder.product = max(recorder.product, w * g)
+                        recorder.unwidened = max(recorder.unwidened, norm / ref)
                     recorder.ratios[kind].append(norm / (ref * widen))
                     if kind == "update" and first:
                         recorder.over_first = max(recorder.over_first, norm / (first * widen))
