@@ -50,12 +50,11 @@ from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
 from runconfig import STRAGGLER_POLICIES, ConfigError
+from strategies.grid import DelegatingGrid
 from strategies.protocol import IGNORE_AVAILABILITY, MAX_LOCAL_STEPS, SERVER_ROUND, server_round_of
 from virtualtime import ProfileError, VirtualClock, read_profiles
 from virtualtime.barrier import barrier_close
 from virtualtime.jobs import back_online, job_fate
-
-from .network import DelegatingGrid
 
 #: the statuses of deploy.realised (the deployment's record), for the same record here
 ON_TIME, LATE, LOST, OFF = "on time", "late", "lost", "off"

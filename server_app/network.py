@@ -30,6 +30,7 @@ from flwr.serverapp import Grid
 
 from availability import Schedule
 from flowerlink import is_http_grid, wrap_http_grid_object_pulls
+from strategies.grid import DelegatingGrid
 from strategies.protocol import IGNORE_AVAILABILITY, server_round_of
 
 from .identity import discover_clients
@@ -56,35 +57,6 @@ def wait_for_nodes(grid: Grid, expected: int, timeout: float, poll: float = 0.2)
                 f"\"num-supernodes={expected}\"; in a deployment start that many SuperNodes"
             )
         time.sleep(poll)
-
-
-class DelegatingGrid(Grid):
-    """A grid that hands every call to the grid it wraps (subclasses change some)."""
-
-    def __init__(self, grid: Grid) -> None:
-        self.grid = grid
-
-    def set_run(self, run):  # noqa: D102
-        self.grid.set_run(run)
-
-    @property
-    def run(self):  # noqa: D102
-        return self.grid.run
-
-    def create_message(self, *args, **kwargs):  # noqa: D102
-        return self.grid.create_message(*args, **kwargs)
-
-    def get_node_ids(self) -> Iterable[int]:  # noqa: D102
-        return self.grid.get_node_ids()
-
-    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:  # noqa: D102
-        return self.grid.push_messages(messages)
-
-    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:  # noqa: D102
-        return self.grid.pull_messages(message_ids)
-
-    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
-        return self.grid.send_and_receive(messages, timeout=timeout)
 
 
 PULL_INTERVAL_VAR = "FLCHURN_PULL_INTERVAL"  # env: seconds between two looks for replies (Flower's HTTP grid: 3)

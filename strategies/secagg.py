@@ -43,6 +43,7 @@ from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECOR
 from flwr.server.workflow.secure_aggregation.secaggplus_workflow import WorkflowState
 from flwr.serverapp import Grid
 
+from .grid import DelegatingGrid
 from .protocol import SERVER_ROUND
 
 log = logging.getLogger("flwr")  # Flower's logger: ChurnGrid follows SecAgg+'s outcome lines on it
@@ -138,12 +139,13 @@ class _Nodes:
         return None, {}  # nothing for Flower's History: the rule applies the sum
 
 
-class _StageGrid(Grid):
+class _StageGrid(DelegatingGrid):
     """The grid the stages send through: dates every message by ``server-round``, keeps each
     stage's messages and replies (as lists: Flower's stages read the replies more than once)."""
 
     def __init__(self, grid: Grid, server_round: int) -> None:
-        self.grid, self.server_round = grid, server_round
+        super().__init__(grid)
+        self.server_round = server_round
         self.sent: dict[str, dict[int, Message]] = {}
         self.replies: dict[str, list[Message]] = {}
         self.node_of: dict[str, int] = {}  # message id -> the node it went to (an error reply may come from the SuperLink)
@@ -162,19 +164,6 @@ class _StageGrid(Grid):
         self.replies[stage] = replies
         self.node_of.update({m.metadata.message_id: m.metadata.dst_node_id for m in messages})
         return replies
-
-    def get_node_ids(self) -> Iterable[int]:  # noqa: D102
-        return self.grid.get_node_ids()
-
-    def set_run(self, run):  # noqa: D102
-        self.grid.set_run(run)
-
-    @property
-    def run(self):  # noqa: D102
-        return self.grid.run
-
-    def create_message(self, *args, **kwargs):  # noqa: D102
-        return self.grid.create_message(*args, **kwargs)
 
     def push_messages(self, messages):  # noqa: D102
         raise NotImplementedError("SecAgg+'s stages send through send_and_receive")
