@@ -4,13 +4,12 @@
 per node (its latest judged value: accepted, or beyond the ratio bound), never one per arrival:
 a reference is the lower median over the nodes of those entries, so a minority of nodes cannot
 move it far whatever it sends and however often or in whatever order it replies (a node making
-80 % of an asynchronous run's arrivals is one entry; 64 nodes replying last in a round of 1,000
-are 64 entries of 1,000). Once :data:`MIN_POOL` nodes have an entry, a round's reference comes
-from the entries of earlier rounds alone, so it does not depend on the round's arrival order;
-before that (the first round) the round's own values join (its reference window,
-:data:`REFERENCE_WINDOW` replies: the only place arrival order matters; since a rejected reply's
-norm becomes its node's entry, the next round is judged against every node again). A zero
-reference is a reference: it never switches the test off.
+80 % of an asynchronous run's arrivals is one entry). Once :data:`MIN_POOL` nodes have an entry,
+a round's reference comes from earlier rounds' entries alone, independent of arrival order, and
+each reply is judged at once; before that (the first round) the round's own values join (its
+reference window, :data:`REFERENCE_WINDOW` replies, held until judged: the only place arrival
+order matters; a rejected reply's norm becomes its node's entry). A zero reference is a
+reference: it never switches the test off.
 
 **Bounds that scale with what makes honest updates differ** (docs/threat-model.md, "The model of
 honest variation"): the norm reference is the larger of the lower medians over nodes of each
@@ -18,25 +17,21 @@ node's first judged norm and of each node's latest one, capped at ``max_referenc
 the first (honest updates do not converge together: a newcomer with a label no other client has
 reached 53.5 x the median of the latest norms under FedAdam, 3.2 x the larger; and they grow, but
 so does an attacker's bound when it displaces the model and the honest updates answer it: without
-the cap, geometric growth); a reply's limit is ``max_norm_ratio`` x the reference x √(its declared ``num-steps``
-/ the nodes' median), at most ``WORK_RATIO``, x (for rules whose client keeps state across rounds,
+the cap, geometric growth); a reply's limit is ``max_norm_ratio`` x the reference x √(its declared
+``num-steps`` / the nodes' median), at most ``WORK_RATIO``, x (for rules whose client keeps state across rounds,
 SCAFFOLD's c_i or FedAWE's copy) 1 + the rounds since its node was last judged, at most
 ``GAP_RATIO``; the product of the two at most ``WIDEN_RATIO`` (honest replies use one or the
 other: an attacker that declared 100 x the median work and stayed silent 49 rounds got both, 500
 x, and moved SCAFFOLD's model 1,256 m in one reply, 126 with the cap; ``tests/test_widening.py``).
 
-Defaults drawn from the honest-heterogeneity matrix (``python benchmarks/honest_matrix.py``: every
-rule x a client back after 10-150 rounds, local steps 1-250 with the data size, data sizes 1 to
-10,000, a newcomer with its own label, an fp16 client, a client with unrelated labels, rounds of
-200 and 1,000 replies, a learning-rate warm-up x10, a distribution shift, synchronous and
-asynchronous): honest replies reach 7.3 x the widened reference, against ``max_norm_ratio`` 20
-(FedAWE 30), and 10.9 x the first norms' reference, against R G = 100 (the reference's latest /
-first reached 6.5, the cap G = 5 binding without a rejection); data sizes are not cut by default
-(``max_examples_ratio`` 0: 1 to 10,000 cannot be told from a claim); FedNova's num-steps within
-``max_steps_ratio`` 300 x the nodes' median (honest 1-250). ``max_model_ratio`` is off by default
-(a model initialised near zero has no scale), 10 when set. ``max_update_norm = 1e6`` rejects what
-breaks float32 rules (norms ≳ 1e19 overflow a float32 sum of squares or Gram matrix). What the
-bounds guarantee per rule: ``docs/threat-model.md``.
+Defaults drawn from the honest-heterogeneity matrix (``python benchmarks/honest_matrix.py``, its
+cases in docs/threat-model.md): honest replies reach 7.3 x the widened reference, against
+``max_norm_ratio`` 20 (FedAWE 30), and 10.9 x the first norms' reference, against R G = 100;
+data sizes are not cut by default (``max_examples_ratio`` 0: 1 to 10,000 cannot be told from a
+claim); FedNova's num-steps within ``max_steps_ratio`` 300 x the nodes' median (honest 1-250).
+``max_model_ratio`` is off by default (a model initialised near zero has no scale), 10 when set.
+``max_update_norm = 1e6`` rejects what breaks float32 rules (norms ≳ 1e19 overflow a float32 sum
+of squares or Gram matrix). What the bounds guarantee per rule: ``docs/threat-model.md``.
 """
 from __future__ import annotations
 
@@ -91,10 +86,6 @@ class RatioBound:
     fixed: float | None = field(default=None, compare=False, repr=False)  # this round's reference
     fix: bool = field(default=False, compare=False, repr=False)  # the round's first call fixes it
 
-    @property
-    def history(self) -> list[float]:
-        """The entries' values, the most recently judged node last."""
-        return list(self.entries.values())
 
     @property
     def settled(self) -> bool:
@@ -133,7 +124,7 @@ class RatioBound:
         self.new_round()
 
     def state_dict(self) -> dict[str, list[Any]]:
-        return {"nodes": list(self.entries), "values": self.history}
+        return {"nodes": list(self.entries), "values": list(self.entries.values())}
 
     def load_state_dict(self, state: Mapping[str, Any] | list[float] | None) -> None:
         """Entries from :meth:`state_dict` (a list of values alone, an older checkpoint's, gives
@@ -230,7 +221,7 @@ class NormBounds:
     @property
     def history(self) -> list[float]:
         """The nodes' latest judged norms (the reference's entries), the most recent last."""
-        return self.ratio.history
+        return list(self.ratio.entries.values())
 
     @staticmethod
     def work_factor(steps: float | None, reference: float | None) -> float:
@@ -351,6 +342,13 @@ class NormBounds:
             return self.max_reference_growth or 1.0
         return min(latest / fresh, self.max_reference_growth) if self.max_reference_growth else latest / fresh
 
+    def settled_for(self, steps: float | None) -> bool:
+        """Whether the verdict on a reply declaring ``steps`` (None: none) reads only references
+        earlier rounds fix (norms; data sizes, cut; steps, widening): no other reply changes it."""
+        return (self.ratio.settled and self.fresh.settled
+                and (not self.max_examples_ratio or self.examples.settled)
+                and (steps is None or not self.widens or self.work.settled))
+
     def clip_examples(self, reports: list[Any], node_of: Callable[[Any], int] | None = None) -> int:
         """Cut ``num_examples`` above ``max_examples_ratio`` × the data sizes' reference to that
         bound (a data-size weight, not a verdict: the reply's work is kept); returns how many were
@@ -384,7 +382,7 @@ class NormBounds:
             bound.new_round(fix)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"history": self.ratio.history, "nodes": list(self.ratio.entries),
+        return {"history": self.history, "nodes": list(self.ratio.entries),
                 "examples": self.examples.state_dict(), "work": self.work.state_dict(),
                 "fresh": self.fresh.state_dict(),
                 "last_seen": [[n, r] for n, r in self.last_seen.items()], "rounds": self.rounds}

@@ -22,21 +22,19 @@ the state, and every rejection is recorded with its reason.
 from __future__ import annotations
 
 import logging
-import math
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
-from flwr.app import ArrayRecord, Message, RecordDict
+from flwr.app import Message, RecordDict
 
 from .bounds import REFERENCE_WINDOW, NormBounds, RatioBound
 from .client_binding import ClientBinding
 from .layout import Layout, Scratch, safe_norm
-from .metrics import carries_client_id, claimed_client_id
+from .metrics import carries_client_id
 from .options import RecordKeys
 from .payloads import Payload, model_part, read_payloads
-from .protocol import CLIENT_RULE, PLAIN_RULE
 from .replies import (
     ClientReport,
     ReplyParser,
@@ -44,6 +42,9 @@ from .replies import (
     RoundLog,
     brief,
     destinations,
+    keeps_client_state,
+    metric_records,
+    reply_slots,
     source_node,
     split,
 )
@@ -97,6 +98,7 @@ class RoundIntake:
     accepted_metrics: list[RecordDict] = field(default_factory=list)  # the accepted, by client id
     examples_clipped: int = 0  # num-examples cut to the data-size bound
     norms_clipped: int = 0  # updates scaled down to the ratio bound (robust=clip)
+    model_norm: float | None = None  # ‖current‖ (max-model-ratio), once computed
     scratch: Scratch | None = field(default=None, repr=False)
     open_rows: list[np.ndarray] = field(default_factory=list, repr=False)  # rows of the reply being read
 
@@ -118,17 +120,6 @@ class RoundIntake:
         self.received += other.received
         self.examples_clipped += other.examples_clipped
         self.norms_clipped += other.norms_clipped
-
-
-def reply_slots(replies: Sequence[Message], nodes: list[int]) -> list[int]:
-    """Each reply's rank by (the client id it claims, its node): its row of the round's reply
-    memory (:meth:`strategies.layout.Scratch.begin`), so that the accepted replies, sorted by
-    client id, are consecutive rows in that order whatever the order they arrived in."""
-    keys = [(math.inf if m.has_error() else claimed_client_id(m.content), n) for m, n in zip(replies, nodes, strict=True)]
-    slot = [0] * len(replies)
-    for rank, i in enumerate(sorted(range(len(replies)), key=keys.__getitem__)):
-        slot[i] = rank
-    return slot
 
 
 class IntakeRule(Protocol):
@@ -238,9 +229,12 @@ class ReplyIntake:
         (:meth:`judge`). The bounds' references hold one entry per node and come from earlier
         rounds once 3 nodes have one (:mod:`strategies.bounds`); before that they take this
         round's values from its first :data:`REFERENCE_WINDOW` replies that pass the per-reply
-        checks. Those are held until the window is full (or the replies end), judged together,
-        and every later reply is judged alone, at once, against the same references. A reply rejected at any step reaches
-        neither the rule nor its state; fills ``rnd.log`` (:meth:`finish` completes it).
+        checks. A reply whose verdict reads such a reference is held until the window is full
+        (or the replies end) and judged with the window's others; every other reply (every reply
+        once the references are settled: :func:`settled`) is judged alone, at once, against the
+        same references, so a streaming round holds one reply, not the window. A reply rejected
+        at any step reaches neither the rule nor its state; fills ``rnd.log`` (:meth:`finish`
+        completes it).
 
         ``slotted`` (``replies`` a list: :meth:`collect`): rows by client id (:func:`reply_slots`);
         otherwise rows are handed out as replies arrive and reused once released (:meth:`release`).
@@ -257,10 +251,12 @@ class ReplyIntake:
             slot = reply_slots(replies, nodes)
         else:
             self.scratch.new_round()
-        for bounds in self.round_bounds():
+        round_bounds = self.round_bounds()
+        for bounds in round_bounds:
             bounds.new_round(fix=True)
         claims = self.binding.round(rnd.connected)
-        window: list[ClientReport] | None = []
+        window: list[ClientReport] | None = []  # replies held until the window closes
+        in_window = 0  # replies of the window so far (held or judged at once)
         for i, msg in enumerate(replies):
             node = source_node(msg, node_of_message)
             if not isinstance(node, int):  # a mocked reply (Flower's create_mock_reply): no sender
@@ -279,15 +275,17 @@ class ReplyIntake:
                 continue
             if self.rule.keys.train_metrics_aggr_fn is not None:
                 rnd.metrics_of[report.node_id] = metric_records(msg.content)
-            if window is not None:
-                window.append(report)
-                if len(window) < REFERENCE_WINDOW:
-                    continue
-                batch, window = window, None
+            if window is None or settled(round_bounds, report):
+                yield from self.judge(rnd, [report])
             else:
-                batch = [report]
-            yield from self.judge(rnd, batch)
-        if window is not None:
+                window.append(report)
+            if window is not None:
+                in_window += 1
+                if in_window >= REFERENCE_WINDOW:
+                    held, window = window, None
+                    if held:
+                        yield from self.judge(rnd, held)
+        if window:
             yield from self.judge(rnd, window)
         if sent is not None:
             rnd.log.unavailable += sorted(sent - rnd.answered)
@@ -336,9 +334,12 @@ class ReplyIntake:
         reply against the reference of its bound (one entry per node), widened by its declared
         num-steps and, for a rule whose client keeps state across rounds (:func:`keeps_client_state`),
         by the rounds since its node was last judged."""
-        scale = safe_norm(rnd.current) if rnd.current is not None else 0.0  # ‖x^τ‖: without a median
+        checks = self.rule.norm_checks()
+        scale = 0.0  # ‖x^τ‖, for max-model-ratio (a bound without a median): once a round, where it is on
+        if rnd.current is not None and any(bounds.max_model_ratio for bounds, _ in checks):
+            scale = rnd.model_norm = safe_norm(rnd.current) if rnd.model_norm is None else rnd.model_norm
         stateful = keeps_client_state(rnd.sent)
-        for i, (bounds, norm_of) in enumerate(self.rule.norm_checks()):
+        for i, (bounds, norm_of) in enumerate(checks):
             clip = None
             if i == 0 and self.rule.robust.clips:  # robust=clip: ‖Δ_i‖ only
                 def clip(report: ClientReport, norm: float, limit: float) -> None:
@@ -382,17 +383,8 @@ class ReplyIntake:
         return found
 
 
-def keeps_client_state(sent: Sequence[Message]) -> bool:
-    """Whether the round's train messages ask the clients to run a client rule (SCAFFOLD's
-    control variate, FedAWE's and FedPBC's kept copy): state a client carries across rounds, so
-    that its change on return grows with its absence (:meth:`NormBounds.gap_factor`)."""
-    for msg in sent[:1]:
-        for record in msg.content.config_records.values():
-            if CLIENT_RULE in record:
-                return bool(record[CLIENT_RULE] != PLAIN_RULE)
-    return False
-
-
-def metric_records(content: RecordDict) -> RecordDict:
-    """``content`` without its arrays: what ``train_metrics_aggr_fn`` reads, kept for the round."""
-    return RecordDict({k: v for k, v in content.items() if not isinstance(v, ArrayRecord)})
+def settled(bounds: Iterable[Any], report: ClientReport) -> bool:
+    """Whether ``report``'s verdict reads only references that earlier rounds' entries fix
+    (:attr:`RatioBound.settled`, :meth:`NormBounds.settled_for`): judged at once, it gets the
+    verdict it would get judged with the round's reference window."""
+    return all(b.settled_for(report.num_steps) if isinstance(b, NormBounds) else b.settled for b in bounds)

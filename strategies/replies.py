@@ -13,7 +13,7 @@ from __future__ import annotations
 import io
 import itertools
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,8 +23,8 @@ from flwr.common.constant import SType
 from numpy.lib import format as npy
 
 from .layout import Layout, as_model_integers, safe_norm
-from .metrics import canonical, names
-from .protocol import A_NORM, CLIENT_ID, NUM_EXAMPLES, NUM_STEPS, TRAIN_LOSS
+from .metrics import canonical, claimed_client_id, names
+from .protocol import A_NORM, CLIENT_ID, CLIENT_RULE, NUM_EXAMPLES, NUM_STEPS, PLAIN_RULE, TRAIN_LOSS
 
 SUPERLINK_NODE_ID = 1  # src_node_id of errors the SuperLink writes on a node's behalf
 
@@ -340,3 +340,30 @@ class ReplyParser:
             integers=integers,
             norm=norm,
         )
+
+
+def reply_slots(replies: Sequence[Message], nodes: list[int]) -> list[int]:
+    """Each reply's rank by (the client id it claims, its node): its row of the round's reply
+    memory (:meth:`strategies.layout.Scratch.begin`), so that the accepted replies, sorted by
+    client id, are consecutive rows in that order whatever the order they arrived in."""
+    keys = [(math.inf if m.has_error() else claimed_client_id(m.content), n) for m, n in zip(replies, nodes, strict=True)]
+    slot = [0] * len(replies)
+    for rank, i in enumerate(sorted(range(len(replies)), key=keys.__getitem__)):
+        slot[i] = rank
+    return slot
+
+
+def keeps_client_state(sent: Sequence[Message]) -> bool:
+    """Whether the round's train messages ask the clients to run a client rule (SCAFFOLD's
+    control variate, FedAWE's and FedPBC's kept copy): state a client carries across rounds, so
+    that its change on return grows with its absence (:meth:`NormBounds.gap_factor`)."""
+    for msg in sent[:1]:
+        for record in msg.content.config_records.values():
+            if CLIENT_RULE in record:
+                return bool(record[CLIENT_RULE] != PLAIN_RULE)
+    return False
+
+
+def metric_records(content: RecordDict) -> RecordDict:
+    """``content`` without its arrays: what ``train_metrics_aggr_fn`` reads, kept for the round."""
+    return RecordDict({k: v for k, v in content.items() if not isinstance(v, ArrayRecord)})

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import scipy.linalg.blas as blas
 
 from .replies import ClientReport
 
@@ -41,8 +42,8 @@ class Fold:
 
 class RunningSum:
     """Σ_i w_i v_i (v_i float32 vectors), with Σ_i w_i and the number of terms: float32 partial
-    sums of :data:`BLOCK` terms (one multiply and one add per reply, as the hold-all path's float32
-    BLAS sums, :func:`strategies.weighting.weighted_sum`) added into a float64 total (``total``)."""
+    sums of :data:`BLOCK` terms (one BLAS ``saxpy`` per reply, as the hold-all path's float32 BLAS
+    sums, :func:`strategies.weighting.weighted_sum`) added into a float64 total (``total``)."""
 
     def __init__(self, size: int) -> None:
         self._total = np.zeros(size, np.float64)
@@ -55,6 +56,8 @@ class RunningSum:
     def add(self, w: float, v: np.ndarray) -> None:
         if w == 1.0:
             self._partial += v
+        elif v.dtype == np.float32 and v.ndim == 1 and v.flags.c_contiguous:
+            self._partial = blas.saxpy(v, self._partial, a=w)  # in place: one pass (numpy's multiply, add: two)
         else:
             np.multiply(v, np.float32(w), out=self._term)
             self._partial += self._term
