@@ -183,3 +183,84 @@ def test_asynchronous_attackers_stay_within_the_documented_bound(row):
     assert 0 < got["run"] <= run and got["per-arrival"] <= one, got
     if jobs == "0.2 s":
         assert got["held"] > 0 and got["cut"] > 0 and got["accepted"] < got["arrivals"], got
+
+
+# ------------- settled rounds judge each reply at once (issue 36, item 6: the intake's cost)
+def entries(state):
+    """A bound's state with each reference's entries as node -> value, pairs sorted (their order,
+    the order the round's replies were judged in, decides only which node a full reference forgets
+    first)."""
+    if isinstance(state, dict) and "nodes" in state:
+        values = state.get("values", state.get("history"))
+        return {**{k: entries(v) for k, v in state.items() if k not in ("nodes", "values", "history")},
+                "entries": dict(zip(state["nodes"], values, strict=True))}
+    if isinstance(state, list) and state and isinstance(state[0], list):  # (node, round) pairs
+        return sorted(state)
+    return {k: entries(v) for k, v in state.items()} if isinstance(state, dict) else state
+
+
+def declaring(msg, steps: dict):
+    """``msg`` without the num-steps ``rule_reply`` adds, unless ``steps`` declares them."""
+    if not steps:
+        del msg.content["metrics"]["num-steps"]
+    return msg
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_replies_judged_at_once_get_the_verdicts_of_the_reference_window(seed, monkeypatch):
+    """Once a round's references are settled (earlier rounds' entries: strategies.intake.settled),
+    each reply is judged as it arrives, so a streaming round holds one reply's rows, not the
+    window's. Over random configs (rule, N, outliers beyond the bound, tiny replies, replies
+    with and without num-steps, num-steps first declared once the norms are settled, a node's
+    first reply, a long absence), the verdicts, the bounds'
+    entries and the model equal those of the same rounds judged with the whole window held."""
+    rng = np.random.default_rng(seed)
+    name = ["fedavg-active", "fednova", "scaffold", "debiased-fedavg", "fedexp", "mifa"][seed]
+    n = int(rng.integers(8, 90))
+    plan = []  # per round: (client, update, declares num-steps)
+    for t in range(4):
+        clients = sorted(rng.choice(n, size=int(rng.integers(4, n + 1)), replace=False).tolist())
+        ups = honest(rng, len(clients)) * rng.choice([1.0, 1e-4, 30.0, 400.0], size=(len(clients), 1),
+                                                     p=[0.7, 0.1, 0.1, 0.1])
+        # from round 2 (norms settled, declared steps not yet: they wait for the window)
+        declares = rng.random(len(clients)) < (1.0 if name == "fednova" else 0.5 * (t > 0))
+        steps = (10 ** rng.uniform(0, 3, len(clients))).astype(int) if name != "fednova" else np.full(len(clients), 5)
+        plan.append([(c, u.astype(np.float32), {"num-steps": int(k)} if d else {})
+                     for c, u, d, k in zip(clients, ups, declares, steps, strict=True)])
+    import strategies.intake as intake
+
+    results = []
+    for held in (False, True):
+        if held:  # every reply waits for the window, as before the references were settled
+            monkeypatch.setattr(intake, "settled", lambda bounds, report: False)
+        s = build_rule(name, n=n, max_failed_rounds=0, weighting="equal")
+        x, rows = np.zeros(D, np.float32), []
+        for t, replies in enumerate(plan, start=1):
+            sent = start_round(s, t, x, [100 + c for c, _, _ in replies])
+            out, _ = s.aggregate_train(t, [declaring(rule_reply(name, sent[100 + c], x + u, c, u, **steps), steps)
+                                           for c, u, steps in replies])
+            x = out["w"].numpy()
+            rows.append(s.intake.scratch.used)
+            results.append((held, t, sorted(s.round_log.rejected), s.round_log.participants, x.copy()))
+        results.append((held, "bounds", [entries(b) for b in s.state_dict()["bounds"]]))
+        if not held and s.streams:  # one reply's rows (Δ_i, SCAFFOLD's Δc_i) once settled (steps too)
+            assert max(rows[2:]) <= len(s.reads) + 1 < min(rows[0], 64), rows
+    at_once, window = results[: len(results) // 2], results[len(results) // 2:]
+    for a, b in zip(at_once, window, strict=True):  # the models and norms: to float rounding (fold order)
+        assert_close(a[2:], b[2:], f"{name}, round {a[1]}")
+
+
+def assert_close(a, b, where: str) -> None:
+    """``a`` and ``b`` equal in structure, keys and non-float values, their floats to 1e-5."""
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and sorted(a) == sorted(b), where
+        for k in a:
+            assert_close(a[k], b[k], f"{where}: {k}")
+    elif isinstance(a, (list, tuple)) and not (a and isinstance(a[0], tuple) and isinstance(a[0][1], str)):
+        assert isinstance(b, (list, tuple)) and len(a) == len(b), (where, a, b)
+        for u, v in zip(a, b, strict=True):
+            assert_close(u, v, where)
+    elif isinstance(a, (float, np.ndarray)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7, err_msg=where)
+    else:
+        assert a == b, (where, a, b)
