@@ -4,9 +4,9 @@ A rule whose update is a sum over the round's replies with per-reply weights kno
 (up to one normalisation at the end) declares ``streams = True`` and returns a :class:`Fold` from
 :meth:`strategies.rule.Rule.start_fold`. The base then consumes the replies as they arrive
 (:meth:`strategies.intake.ReplyIntake.stream`): each accepted reply is folded in and let
-go, so the server holds the running sums, the round's reference window
-(:data:`strategies.bounds.REFERENCE_WINDOW` replies) and the replies not yet read, never the
-whole round. The result equals the rule's :meth:`~strategies.rule.Rule.aggregate` on every reply
+go, so the server holds the running sums and the replies not yet read, never the whole round:
+one reply at a time once the bounds' references are settled (from the second round on), the
+first round's reference window (:data:`strategies.bounds.REFERENCE_WINDOW` replies) before. The result equals the rule's :meth:`~strategies.rule.Rule.aggregate` on every reply
 held (to float rounding: float32 partial sums of 16 replies in arrival order, added in float64;
 ``tests/test_streaming.py``). A rule that must see every reply at once (a Gram matrix, pairwise
 similarities, per-client tables of updates) keeps ``streams = False`` and says why in
