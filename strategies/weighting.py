@@ -10,6 +10,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
+import scipy.linalg.blas as blas
 
 AUTO_WEIGHTING = "auto"  # the rule's paper_weighting
 # a client back after more rounds than this, or new, has a participation estimate that rests on
@@ -134,7 +135,13 @@ def weighted_sum(weights: Iterable[Any], vectors: Iterable[np.ndarray]) -> np.nd
     w32 = np.array([float(x) for x in w], np.float32)
     out: np.ndarray | None = None
     for rows, positions in matrix_runs(vs):
-        part = w32[positions] @ rows if len(positions) > 1 else w32[positions[0]] * rows[0]
+        if len(positions) > 1:
+            part = w32[positions] @ rows
+        elif out is not None and out.ndim == 1 and rows[0].flags.c_contiguous:
+            out = blas.saxpy(rows[0], out, a=w32[positions[0]])  # one vector alone: added in place, one pass
+            continue
+        else:
+            part = w32[positions[0]] * rows[0]
         if out is None:
             out = part  # a new array
         else:

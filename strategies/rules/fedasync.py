@@ -22,6 +22,7 @@ the records count δ as here either way.
 from __future__ import annotations
 
 import numpy as np
+import scipy.linalg.blas as blas
 
 from ..asynchronous import Arrival, AsyncRule, check_staleness_params, staleness_weight
 
@@ -44,6 +45,7 @@ class FedAsync(AsyncRule):
         check_staleness_params(self.name, staleness, staleness_a, staleness_b)
         self.alpha, self.staleness = float(alpha), staleness
         self.staleness_a, self.staleness_b = float(staleness_a), float(staleness_b)
+        self._moved: np.ndarray | None = None  # x_new − x, reused across arrivals
 
     def mixing(self, staleness: int) -> float:
         """α_t = α s(t − τ), times η_g, at most 1."""
@@ -56,8 +58,14 @@ class FedAsync(AsyncRule):
 
     def apply(self, x: np.ndarray) -> tuple[np.ndarray, dict[str, float]]:
         alphas = []
+        x = np.array(x, np.float32)  # a new version (x^t stays, jobs train from it)
+        if self._moved is None or self._moved.shape != x.shape:
+            self._moved = np.empty(x.shape, np.float32)
+        moved = self._moved
         for a in self.pending:
             alpha_t = self.mixing(a.staleness)
-            x = x + np.float32(alpha_t) * ((a.start + a.report.delta) - x)  # (1 − α_t) x + α_t x_new
+            np.subtract(a.start, x, out=moved)
+            moved += a.report.delta  # x_new − x
+            x = blas.saxpy(moved, x, a=alpha_t)  # (1 − α_t) x + α_t x_new = x + α_t (x_new − x), in place
             alphas.append(alpha_t)
         return x, {"mixing": float(np.mean(alphas))}
