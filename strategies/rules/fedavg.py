@@ -10,7 +10,10 @@ step, x^{t+1} = x^t + η_g u where
 - FedAvgKnownP: u = (1/N) Σ_{i∈A_t} Δ_i / p_i^t, an ORACLE that reads the schedule's true
   participation probabilities (the only rule here that does).
 
-An empty round leaves the model as it is.
+An empty round leaves the model as it is. Each rule writes its update once, as its fold
+(``start_fold``: each reply folded in as it arrives; a held round is folded the same way by the
+base's :meth:`strategies.rule.Rule.aggregate`); an ``aggregate`` here only applies
+``robust=median`` / ``trimmed-mean``, a statistic of every reply at once.
 """
 
 from __future__ import annotations
