@@ -336,3 +336,44 @@ def test_the_base_declares_whether_a_round_streams_and_walks_no_mro(tmp_path):
     assert FedAvgActive().holds_every_reply() == "" and Renamed().holds_every_reply() == ""
     assert "Scaled writes its own aggregate" in Scaled().holds_every_reply()
     assert ScaledAndDeclared().holds_every_reply() == ""
+
+
+def math_written_twice(path: Path) -> list[str]:
+    """Classes of ``path`` that define ``start_fold`` and an ``aggregate`` that does not call
+    ``super().aggregate`` (issue 36 item 2: a rule's math is written once, as its fold; an
+    ``aggregate`` beside it only does what a fold cannot, the robust statistic of every reply,
+    and hands the rest to the base's default, which folds every report)."""
+    out = []
+    for cls in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not isinstance(cls, ast.ClassDef):
+            continue
+        methods = {f.name: f for f in cls.body if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)}
+        if "start_fold" not in methods or "aggregate" not in methods:
+            continue
+        delegates = any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "aggregate"
+                        and isinstance(n.func.value, ast.Call) and isinstance(n.func.value.func, ast.Name)
+                        and n.func.value.func.id == "super" for n in ast.walk(methods["aggregate"]))
+        if not delegates:
+            out.append(cls.name)
+    return out
+
+
+def test_the_twice_written_math_check_finds_a_class(tmp_path):
+    f = tmp_path / "rule.py"
+    f.write_text("class Both:\n    def aggregate(self, t, x, reports):\n        return x, {}\n"
+                 "    def start_fold(self, t, x):\n        return None\n"
+                 "class Robust:\n    def aggregate(self, t, x, reports):\n"
+                 "        return self.robust(reports) if self.combines else super().aggregate(t, x, reports)\n"
+                 "    def start_fold(self, t, x):\n        return None\n"
+                 "class OtherSuper:\n    def aggregate(self, t, x, reports):\n        return super().start_fold(t, x)\n"
+                 "    def start_fold(self, t, x):\n        return None\n"
+                 "class FoldOnly:\n    def start_fold(self, t, x):\n        return None\n"
+                 "class AggregateOnly:\n    def aggregate(self, t, x, reports):\n        return x, {}\n")
+    assert math_written_twice(f) == ["Both", "OtherSuper"]
+
+
+def test_no_rule_writes_its_math_twice():
+    offenders = {m: found for m, f in modules().items()
+                 if m.startswith("strategies.rules.") and (found := math_written_twice(f))}
+    assert not offenders, ("rule classes with a start_fold and an aggregate of their own (delete the aggregate: "
+                           f"the base folds every report; keep only a robust statistic, then super().aggregate): {offenders}")

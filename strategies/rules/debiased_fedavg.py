@@ -41,22 +41,6 @@ from ..weighting import LONG_SILENT_ROUNDS, cap_rare_weights
 ESTIMATES = ("share", "marginal")
 
 
-def debiased_weights(counts: np.ndarray, rounds: int, active: list[int], estimate: str,
-                     own: np.ndarray | None = None) -> np.ndarray:
-    """The weight of each active client's Δ_i (they sum to ~1 when π̂ is right).
-
-    ``counts``: participations per client including this round's; ``rounds``: t + 1; ``own``:
-    the counts to weigh the active clients by, if not theirs (a capped weight's)."""
-    counts = np.asarray(counts, np.float64)
-    mine = counts[active] if own is None else np.asarray(own, np.float64)
-    n = counts.size
-    if estimate == "share":
-        share = mine / counts.sum()
-        return 1.0 / (n * share * len(active))
-    p = mine / rounds
-    return 1.0 / (n * p)
-
-
 @dataclass
 class DebiasedState:
     """n_i, the participations of every client so far (None before the first round)."""
@@ -123,20 +107,6 @@ class DebiasedFedAvg(AvailabilityStrategy):
         self.counts[active] += 1
         self.absent += 1
         self.absent[active] = 0
-
-    def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
-        counts = self.new_counts(t)
-        active = [r.client_id for r in reports]
-        own, capped = self.capped_counts(active)
-        self.tally(active)
-        if not reports:
-            return x, {}
-        w = debiased_weights(counts, self.rounds, active, self.estimate, own if capped else None)
-        deltas = self.stacked("deltas", [r.delta for r in reports])
-        u = np.einsum("i,ij->j", w, deltas.astype(np.float64))
-        return x + (self.server_lr * u).astype(np.float32), {"mean-weight": float(w.mean()),
-                                                              "max-weight": float(w.max()),
-                                                              "weights-capped": float(capped)}
 
     def start_fold(self, t: int, x: np.ndarray) -> Fold:
         self.new_counts(t)

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..base import AvailabilityStrategy, ClientReport
 from ..streaming import Fold, RunningSum, step
-from ..weighting import LONG_SILENT_ROUNDS, cap_rare_weights, weighted_sum
+from ..weighting import LONG_SILENT_ROUNDS, cap_rare_weights
 
 
 @dataclass
@@ -42,7 +42,7 @@ class FedAU(AvailabilityStrategy):
     The absent clients' bookkeeping runs in every round, empty rounds included (an empty round
     leaves the model as it is). For Bernoulli(p_i) participation ω_i → 1/p_i (K = ∞). A client's
     first accepted reply gets at most the largest ω of the clients seen before
-    (:meth:`cap_newcomers`), so a squatter on an id silent for K rounds gains no weight of K. With
+    (:meth:`newcomer_cap`), so a squatter on an id silent for K rounds gains no weight of K. With
     the bounds on (``max-norm-ratio`` > 0) a client back after ``LONG_SILENT_ROUNDS`` (50) rounds
     or more gets at most the largest ω of the other clients seen before
     (:func:`strategies.weighting.cap_rare_weights`): an honest rare client too (it cannot be told
@@ -62,7 +62,7 @@ class FedAU(AvailabilityStrategy):
         self.count: np.ndarray | None = None  # c_i
         self.interval_sum: np.ndarray | None = None  # Σ of recorded intervals
         self.interval_num: np.ndarray | None = None  # number of recorded intervals
-        self.seen: np.ndarray | None = None  # clients with an accepted reply (cap_newcomers)
+        self.seen: np.ndarray | None = None  # clients with an accepted reply (newcomer_cap)
         self.absent: np.ndarray | None = None  # rounds since each client's last accepted reply
         if self.num_clients is not None:
             self._init_state(self.num_clients)
@@ -79,20 +79,15 @@ class FedAU(AvailabilityStrategy):
         assert self.interval_sum is not None and self.interval_num is not None
         return np.where(self.interval_num > 0, self.interval_sum / np.maximum(self.interval_num, 1), 1.0)
 
-    def cap_newcomers(self, ids: np.ndarray, omega: np.ndarray) -> np.ndarray:
-        """ω of a client never accepted before (its intervals only the cutoff's, from absence) capped
-        at the largest ω of the clients that have been (1 when none has): a new or long-silent id
-        (a squatter's) gains no more weight than a returning client. Unchanged from the paper
-        while no newcomer's absence outweighs every returning client's."""
-        assert self.interval_sum is not None and self.interval_num is not None
+    def newcomer_cap(self) -> float:
+        """The largest ω of the clients accepted before (1 when none has): a client never accepted
+        before (its intervals only the cutoff's, from absence: a new or long-silent id, a squatter's)
+        gets at most this, so it gains no more weight than a returning client. Unchanged from the
+        paper while no newcomer's absence outweighs every returning client's."""
         if self.seen is None:  # a checkpoint from before: every client with intervals counts as seen
+            assert self.interval_num is not None
             self.seen = self.interval_num > 0
-        returning = self.seen
-        new = ~returning[ids]
-        if not new.any():
-            return omega
-        cap = float(self.omega()[returning].max()) if returning.any() else 1.0
-        return np.where(new, np.minimum(omega, cap), omega)
+        return float(self.omega()[self.seen].max()) if self.seen.any() else 1.0
 
     def cap_rare(self, ids: np.ndarray, omega: np.ndarray, every: np.ndarray) -> tuple[np.ndarray, int]:
         """``omega`` (clients ``ids``'s, newcomers capped) with the long-silent ones capped at the
@@ -104,18 +99,6 @@ class FedAU(AvailabilityStrategy):
             self.absent = np.zeros(self.seen.size, np.int64)
         rare = ~self.seen[ids] | (self.absent[ids] >= LONG_SILENT_ROUNDS)
         return cap_rare_weights(omega, rare, np.where(self.seen, every, np.nan), ids)
-
-    def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
-        n = self.start_round()
-        ids = np.array([r.client_id for r in reports], np.int64)
-        every = self.omega()
-        omega = every[ids]  # before this round's interval is recorded (causal)
-        omega, capped = self.cap_rare(ids, self.cap_newcomers(ids, omega), every)
-        self.record(ids)
-        if not reports:
-            return x, {}
-        u = weighted_sum(omega / n, (r.delta for r in reports))  # float32: one BLAS product of the rows
-        return x + self.server_lr * u, {"mean-omega": float(omega.mean()), "weights-capped": float(capped)}
 
     def start_round(self) -> int:
         """N, with the per-client state made on the first round."""
@@ -163,11 +146,9 @@ class FedAUFold(Fold):
         self.rule, self.x = rule, x
         self.n = rule.start_round()
         self.omega = rule.omega()
-        if rule.seen is None:  # a checkpoint from before: every client with intervals counts as seen
-            rule.seen = rule.interval_num > 0 if rule.interval_num is not None else None
+        self.cap = rule.newcomer_cap()
         assert rule.seen is not None
         self.returning = rule.seen.copy()
-        self.cap = float(self.omega[self.returning].max()) if self.returning.any() else 1.0
         self.ids: list[int] = []
         self.sum = RunningSum(x.size)
         self.capped = 0

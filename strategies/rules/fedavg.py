@@ -10,18 +10,41 @@ step, x^{t+1} = x^t + η_g u where
 - FedAvgKnownP: u = (1/N) Σ_{i∈A_t} Δ_i / p_i^t, an ORACLE that reads the schedule's true
   participation probabilities (the only rule here that does).
 
-An empty round leaves the model as it is.
+An empty round leaves the model as it is. Each rule writes its update once, as its fold
+(``start_fold``: each reply folded in as it arrives; a held round is folded the same way by the
+base's :meth:`strategies.rule.Rule.aggregate`); an ``aggregate`` here only applies
+``robust=median`` / ``trimmed-mean``, a statistic of every reply at once.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from ..base import AvailabilityStrategy, ClientReport
 from ..streaming import Fold, RunningSum, WeightedMean, example_weight, step
-from ..weighting import weighted_sum
+
+
+def report_weight(fold: Fold, weight_of: Callable[[ClientReport], float], report: ClientReport) -> float:
+    """A report's weight in the fold of a rule weighted by the run's ``weighting``
+    (:meth:`AvailabilityStrategy.weights`): its weight of the round when the base holds the round
+    (``fold.held_weights``: ``max-weight-share``'s caps, which need every reply), else
+    ``weight_of(report)`` (n_i or 1; the fold normalises by their sum at the end)."""
+    if fold.held_weights is not None:
+        return fold.held_weights[report.client_id]
+    return float(weight_of(report))
+
+
+class RunWeightedMean(WeightedMean):
+    """x + η_g Σ_i w_i Δ_i / Σ_i w_i with the run's weights (:func:`report_weight`)."""
+
+    def __init__(self, x: np.ndarray, server_lr: float, weighting: str) -> None:
+        super().__init__(x, server_lr, example_weight(weighting))
+
+    def add(self, report: ClientReport) -> None:
+        self.sum.add(report_weight(self, self.weight_of, report), report.delta)
 
 
 class FedAvgActive(AvailabilityStrategy):
@@ -37,18 +60,15 @@ class FedAvgActive(AvailabilityStrategy):
     streams = True
     mean_of_updates = True
 
-    def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
-        if not reports:
-            return x, {}
-        u: np.ndarray | int | None = self.robust_mean(reports)
-        if u is None:
-            w = self.weights(reports)
-            u = weighted_sum(map(float, w), (r.delta for r in reports))  # float32, as sum(float(w_i) Δ_i)
-        assert u is not None
-        return x + self.server_lr * u, {}
+    def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]) -> tuple[np.ndarray, dict[str, Any]]:
+        """``robust=median`` / ``trimmed-mean``: x + η_g × the robust statistic; else the fold's mean."""
+        robust = self.robust_mean(reports)
+        if robust is None:
+            return super().aggregate(t, x, reports)
+        return step(x, self.server_lr, robust), {}
 
     def start_fold(self, t: int, x: np.ndarray) -> Fold:
-        return WeightedMean(x, self.server_lr, example_weight(self.weighting))
+        return RunWeightedMean(x, self.server_lr, self.weighting)
 
 
 class FedAvgAll(AvailabilityStrategy):
@@ -59,15 +79,12 @@ class FedAvgAll(AvailabilityStrategy):
     streams = True
     mean_of_updates = True  # (|A_t|/N) × the robust statistic of the round's Δ_i
 
-    def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
-        n = self.require_num_clients()
-        if not reports:
-            return x, {}
+    def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]) -> tuple[np.ndarray, dict[str, Any]]:
+        """``robust=median`` / ``trimmed-mean``: x + η_g (|A_t|/N) × the robust statistic; else the fold's sum."""
         robust = self.robust_mean(reports)
-        if robust is not None:
-            return x + self.server_lr * (len(reports) / n) * robust, {}
-        u = weighted_sum([1.0 / n] * len(reports), (r.delta for r in reports))
-        return x + self.server_lr * u, {}
+        if robust is None:
+            return super().aggregate(t, x, reports)
+        return step(x, self.server_lr * (len(reports) / self.require_num_clients()), robust), {}
 
     def start_fold(self, t: int, x: np.ndarray) -> Fold:
         return WeightedMean(x, self.server_lr, lambda r: 1.0, scale=float(self.require_num_clients()))
@@ -89,14 +106,6 @@ class FedAvgKnownP(AvailabilityStrategy):
     def __init__(self, *, probabilities: Callable[[int], np.ndarray], **kwargs) -> None:
         super().__init__(**kwargs)
         self.probabilities = probabilities
-
-    def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
-        n = self.require_num_clients()
-        if not reports:
-            return x, {}
-        p = np.maximum(np.asarray(self.probabilities(t), np.float64), self.min_probability)
-        u = sum(r.delta / p[r.client_id] for r in reports) / n
-        return x + self.server_lr * u, {"mean-inverse-p": float(np.mean(1 / p[[r.client_id for r in reports]]))}
 
     def start_fold(self, t: int, x: np.ndarray) -> Fold:
         return KnownPFold(self, t, x)

@@ -31,14 +31,14 @@ The official code (github.com/Divyansh03/FedExP, main.py) differs as follows (op
 from __future__ import annotations
 
 import math
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord
 
 from ..base import AvailabilityStrategy, ClientReport, safe_norm
 from ..streaming import Fold, RunningSum, example_weight
-from ..weighting import weighted_sum
+from .fedavg import report_weight
 
 
 class FedExP(AvailabilityStrategy):
@@ -66,16 +66,6 @@ class FedExP(AvailabilityStrategy):
         """ε used in round t (0-based) with m participants."""
         return self.eps * self.decay**t * (m if self.eps_times_m else 1)
 
-    def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
-        self.previous = x
-        if not reports:
-            return x, {}
-        w = self.weights(reports)
-        mean = cast(np.ndarray, weighted_sum(w, (r.delta for r in reports)))  # float32: one BLAS product
-        # Σ w_i ‖Δ_i‖² from the norms parsing computed (float64: no overflow)
-        spread = float(sum(wi * self.update_norm(r) ** 2 for wi, r in zip(w, reports, strict=True)))
-        return self.extrapolate(t, x, mean, spread, len(reports))
-
     def extrapolate(self, t: int, x: np.ndarray, mean: np.ndarray, spread: float,
                     m: int) -> tuple[np.ndarray, dict[str, float]]:
         """x + η_g^t Δ̄ (Eq. 9) from Δ̄ and Σ p_i ‖Δ_i‖² of the round's m replies (‖Δ̄‖² in float64)."""
@@ -97,17 +87,17 @@ class FedExP(AvailabilityStrategy):
 
 
 class FedExPFold(Fold):
-    """FedExP's Δ̄ = Σ v_i Δ_i / W and Σ v_i ‖Δ_i‖² / W (v_i: n_i, or 1; W = Σ v_i), folded in
-    reply by reply (float64)."""
+    """FedExP's Δ̄ = Σ v_i Δ_i / W and Σ v_i ‖Δ_i‖² / W (v_i: n_i, or 1, or the held round's
+    weights, :func:`strategies.rules.fedavg.report_weight`; W = Σ v_i), folded in reply by reply."""
 
     def __init__(self, rule: FedExP, t: int, x: np.ndarray) -> None:
         self.rule, self.t, self.x = rule, t, x
         self.weight_of = example_weight(rule.weighting)
         self.sum = RunningSum(x.size)
-        self.squares = 0.0  # Σ v_i ‖Δ_i‖² (the norms parsing computed, as the hold-all path)
+        self.squares = 0.0  # Σ v_i ‖Δ_i‖² (from the norms parsing computed; float64: no overflow)
 
     def add(self, report: ClientReport) -> None:
-        v = self.weight_of(report)
+        v = report_weight(self, self.weight_of, report)
         self.sum.add(v, report.delta)
         self.squares += v * self.rule.update_norm(report) ** 2
 

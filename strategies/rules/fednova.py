@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
@@ -31,7 +31,7 @@ from ..intake import RoundIntake
 from ..protocol import A_NORM, NUM_EXAMPLES, NUM_STEPS
 from ..state import kept_as
 from ..streaming import Fold, RunningSum, example_weight, step
-from ..weighting import weighted_sum
+from .fedavg import report_weight
 
 NEEDS_A_NORM = (
     "FedNova needs the 'a-norm' metric (‖a_i‖_1 of the local solver: the number of local steps "
@@ -126,21 +126,18 @@ class FedNova(AvailabilityStrategy):
         self.steps_bound.commit({r.node_id: float(r.num_steps) for r in reports if r.num_steps is not None})
         self.a_norm_bound.commit({r.node_id: float(r.a_norm) for r in reports if r.a_norm is not None})
 
-    def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
-        if not reports:
-            return x, {}
+    def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]) -> tuple[np.ndarray, dict[str, Any]]:
+        """``robust=median`` / ``trimmed-mean``: τ_eff and the normalised updates Δ_i / a_i, each by
+        the robust statistic (every reply at once); else the fold (:class:`FedNovaFold`)."""
+        if not self.robust.combines or not reports:
+            return super().aggregate(t, x, reports)
         if any(r.a_norm is None for r in reports):
             raise ValueError(NEEDS_A_NORM)
-        p = self.weights(reports)
         a = np.array([r.a_norm for r in reports], np.float64)
-        tau_eff = float(p @ a)
-        if self.robust.combines:  # τ_eff and the normalised update Δ_i / a_i, each by the robust statistic
-            tau_eff = float(self.robust.combine(a[:, None].astype(np.float32))[0])
-            normalised = [r.delta / np.float32(ai) for r, ai in zip(reports, a, strict=True)]
-            u = tau_eff * self.robust.combine(self.stacked("robust", normalised)).astype(np.float64)
-        else:
-            u = cast(np.ndarray, tau_eff * weighted_sum(p / a, (r.delta for r in reports)))
-        return x + self.server_lr * self.momentum(u), {"tau-eff": tau_eff}
+        tau_eff = float(self.robust.combine(a[:, None].astype(np.float32))[0])
+        normalised = [r.delta / np.float32(ai) for r, ai in zip(reports, a, strict=True)]
+        u = tau_eff * self.robust.combine(self.stacked("robust", normalised)).astype(np.float64)
+        return step(x, self.server_lr, self.momentum(u)), {"tau-eff": tau_eff}
 
     def momentum(self, u: np.ndarray) -> np.ndarray:
         """v ← β v + u (server momentum β), returned; u itself without momentum."""
@@ -154,8 +151,8 @@ class FedNova(AvailabilityStrategy):
 
 
 class FedNovaFold(Fold):
-    """FedNova's update folded in reply by reply, with unnormalised weights v_i (n_i, or 1) and
-    W = Σ v_i: τ_eff = Σ v_i a_i / W and Σ p_i Δ_i / a_i = (Σ (v_i / a_i) Δ_i) / W."""
+    """FedNova's update folded in reply by reply, with unnormalised weights v_i (n_i, or 1, or the
+    held round's weights: :func:`strategies.rules.fedavg.report_weight`) and W = Σ v_i: τ_eff = Σ v_i a_i / W and Σ p_i Δ_i / a_i = (Σ (v_i / a_i) Δ_i) / W."""
 
     def __init__(self, rule: FedNova, x: np.ndarray) -> None:
         self.rule, self.x = rule, x
@@ -167,7 +164,7 @@ class FedNovaFold(Fold):
     def add(self, report: ClientReport) -> None:
         if report.a_norm is None:
             raise ValueError(NEEDS_A_NORM)
-        v, a = self.weight_of(report), float(report.a_norm)
+        v, a = report_weight(self, self.weight_of, report), float(report.a_norm)
         self.sum.add(v / a, report.delta)
         self.work += v * a
         self.weight += v

@@ -41,8 +41,8 @@ from flwr.serverapp import strategy as flower
 from .. import state as rule_state
 from ..base import AvailabilityStrategy, ClientReport
 from ..flower_step import FlowerStep
-from ..streaming import Fold, WeightedMean, example_weight
-from ..weighting import weighted_sum
+from ..streaming import Fold
+from .fedavg import RunWeightedMean
 
 
 @dataclass
@@ -79,14 +79,13 @@ class _FlowerOptimizer(AvailabilityStrategy):
                              f"(got {self.server_lr})")
         self.flower = FlowerStep(self.flower_class(**options))
 
-    def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
-        if not reports:
-            return x, {}
-        u: np.ndarray | int | None = self.robust_mean(reports)
-        if u is None:
-            w = self.weights(reports)
-            u = weighted_sum(map(float, w), (r.delta for r in reports))
-        return self.optimizer_step(t, x, u)
+    def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]) -> tuple[np.ndarray, dict[str, Any]]:
+        """``robust=median`` / ``trimmed-mean``: the optimizer's step on the robust statistic;
+        else the fold's (:class:`OptimizerFold`)."""
+        robust = self.robust_mean(reports)
+        if robust is None:
+            return super().aggregate(t, x, reports)
+        return self.optimizer_step(t, x, robust)
 
     def start_fold(self, t: int, x: np.ndarray) -> Fold:
         return OptimizerFold(self, t, x)
@@ -108,20 +107,18 @@ class _FlowerOptimizer(AvailabilityStrategy):
         rule_state.restore(self.flower.optimizer, state)
 
 
-class OptimizerFold(Fold):
-    """The weighted mean update folded in reply by reply, then Flower's optimizer step."""
+class OptimizerFold(RunWeightedMean):
+    """The weighted mean update Δ̄ folded in reply by reply (``fedavg-active``'s, the run's
+    weights), then Flower's optimizer step on it."""
 
     def __init__(self, rule: _FlowerOptimizer, t: int, x: np.ndarray) -> None:
-        self.rule, self.t, self.x = rule, t, x
-        self.mean = WeightedMean(x, 1.0, example_weight(rule.weighting))
-
-    def add(self, report: ClientReport) -> None:
-        self.mean.add(report)
+        super().__init__(x, 1.0, rule.weighting)
+        self.rule, self.t = rule, t
 
     def finish(self) -> tuple[np.ndarray, dict[str, float]]:
-        if not self.mean.sum.count:
+        if not self.sum.count:
             return self.x, {}
-        return self.rule.optimizer_step(self.t, self.x, self.mean.update())
+        return self.rule.optimizer_step(self.t, self.x, self.update())
 
 
 def adam_ratio_bound(beta_1: float, beta_2: float, bias_correction: bool = True, rounds: int = 10_000) -> float:
