@@ -26,7 +26,7 @@ from .layout import safe_norm
 from .payloads import Payload
 from .protocol import NUM_EXAMPLES, PLAIN_RULE
 from .replies import ClientReport
-from .streaming import Fold
+from .streaming import Fold, held_round
 
 
 class Rule:
@@ -87,8 +87,9 @@ class Rule:
         fold = self.start_fold(t, x)
         if reports:
             fold.held_weights = dict(zip((r.client_id for r in reports), map(float, self.weights(reports)), strict=True))
-        for report in reports:
-            fold.add(report)
+        with held_round():  # every report's rows are held: added a block at a time
+            for report in reports:
+                fold.add(report)
         return fold.finish()
 
     def weights(self, reports: list[ClientReport]) -> np.ndarray:

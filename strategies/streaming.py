@@ -15,12 +15,16 @@ similarities, per-client tables of updates) keeps ``streams = False`` and says w
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import scipy.linalg.blas as blas
 
 from .replies import ClientReport
+from .weighting import weighted_sum
 
 
 class Fold:
@@ -40,20 +44,44 @@ class Fold:
         raise NotImplementedError
 
 
+_HELD = contextvars.ContextVar("held_round", default=False)
+
+
+@contextlib.contextmanager
+def held_round() -> Iterator[None]:
+    """A held round is folded (:meth:`strategies.rule.Rule.aggregate`): every reply's vectors
+    stay until the round's end, so :class:`RunningSum` adds them :data:`BLOCK` at a time, one
+    matrix-vector product over consecutive reply rows (:func:`strategies.weighting.weighted_sum`),
+    not a pass per reply (a streaming round hands a reply's rows on once it is folded in)."""
+    token = _HELD.set(True)
+    try:
+        yield
+    finally:
+        _HELD.reset(token)
+
+
 class RunningSum:
     """Σ_i w_i v_i (v_i float32 vectors), with Σ_i w_i and the number of terms: float32 partial
-    sums of :data:`BLOCK` terms (one BLAS ``saxpy`` per reply, as the hold-all path's float32 BLAS
-    sums, :func:`strategies.weighting.weighted_sum`) added into a float64 total (``total``)."""
+    sums of :data:`BLOCK` terms (one BLAS ``saxpy`` per reply; in a :func:`held_round`, one BLAS
+    matrix-vector product per block of reply rows) added into a float64 total (``total``)."""
 
     def __init__(self, size: int) -> None:
         self._total = np.zeros(size, np.float64)
         self._partial = np.zeros(size, np.float32)
         self._term = np.empty(size, np.float32)
         self._in_partial = 0
+        self._held: list[tuple[float, np.ndarray]] = []  # a held round's terms not yet added
         self.weight = 0.0
         self.count = 0
 
     def add(self, w: float, v: np.ndarray) -> None:
+        self.weight += w
+        self.count += 1
+        if _HELD.get():
+            self._held.append((w, v))
+            if len(self._held) == BLOCK:
+                self._flush()
+            return
         if w == 1.0:
             self._partial += v
         elif v.dtype == np.float32 and v.ndim == 1 and v.flags.c_contiguous:
@@ -64,8 +92,6 @@ class RunningSum:
         self._in_partial += 1
         if self._in_partial == BLOCK:
             self._flush()
-        self.weight += w
-        self.count += 1
 
     def add_sum(self, total: np.ndarray) -> None:
         """Add Σ_j w_j v_j computed elsewhere (SecAgg+'s unmasked sum: :mod:`strategies.secure`),
@@ -74,6 +100,10 @@ class RunningSum:
         self._total += total
 
     def _flush(self) -> None:
+        if self._held:
+            weights, vectors = zip(*self._held, strict=True)
+            self._held = []
+            self._total += weighted_sum(weights, vectors)  # float32, one product per run of rows
         if self._in_partial:
             self._total += self._partial
             self._partial.fill(0.0)
