@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -36,6 +36,14 @@ class Fold:
     weights of the round by client id; a fold that weights its reports takes them from there."""
 
     held_weights: dict[int, float] | None = None
+
+    def report_weight(self, report: ClientReport, weight_of: Callable[[ClientReport], float]) -> float:
+        """``report``'s weight in a fold weighted by the run's ``weighting``: its weight of the
+        round when the base holds the round (``held_weights``: ``max-weight-share``'s caps, which
+        need every reply), else ``weight_of(report)`` (n_i or 1; the fold normalises at the end)."""
+        if self.held_weights is not None:
+            return self.held_weights[report.client_id]
+        return float(weight_of(report))
 
     def add(self, report: ClientReport) -> None:
         raise NotImplementedError

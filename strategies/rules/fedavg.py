@@ -27,24 +27,14 @@ from ..base import AvailabilityStrategy, ClientReport
 from ..streaming import Fold, RunningSum, WeightedMean, example_weight, step
 
 
-def report_weight(fold: Fold, weight_of: Callable[[ClientReport], float], report: ClientReport) -> float:
-    """A report's weight in the fold of a rule weighted by the run's ``weighting``
-    (:meth:`AvailabilityStrategy.weights`): its weight of the round when the base holds the round
-    (``fold.held_weights``: ``max-weight-share``'s caps, which need every reply), else
-    ``weight_of(report)`` (n_i or 1; the fold normalises by their sum at the end)."""
-    if fold.held_weights is not None:
-        return fold.held_weights[report.client_id]
-    return float(weight_of(report))
-
-
 class RunWeightedMean(WeightedMean):
-    """x + η_g Σ_i w_i Δ_i / Σ_i w_i with the run's weights (:func:`report_weight`)."""
+    """x + η_g Σ_i w_i Δ_i / Σ_i w_i with the run's weights (:meth:`Fold.report_weight`)."""
 
     def __init__(self, x: np.ndarray, server_lr: float, weighting: str) -> None:
         super().__init__(x, server_lr, example_weight(weighting))
 
     def add(self, report: ClientReport) -> None:
-        self.sum.add(report_weight(self, self.weight_of, report), report.delta)
+        self.sum.add(self.report_weight(report, self.weight_of), report.delta)
 
 
 class FedAvgActive(AvailabilityStrategy):

@@ -38,7 +38,6 @@ from flwr.app import ArrayRecord
 
 from ..base import AvailabilityStrategy, ClientReport, safe_norm
 from ..streaming import Fold, RunningSum, example_weight
-from .fedavg import report_weight
 
 
 class FedExP(AvailabilityStrategy):
@@ -88,7 +87,7 @@ class FedExP(AvailabilityStrategy):
 
 class FedExPFold(Fold):
     """FedExP's Δ̄ = Σ v_i Δ_i / W and Σ v_i ‖Δ_i‖² / W (v_i: n_i, or 1, or the held round's
-    weights, :func:`strategies.rules.fedavg.report_weight`; W = Σ v_i), folded in reply by reply."""
+    weights, :meth:`strategies.streaming.Fold.report_weight`; W = Σ v_i), folded in reply by reply."""
 
     def __init__(self, rule: FedExP, t: int, x: np.ndarray) -> None:
         self.rule, self.t, self.x = rule, t, x
@@ -97,7 +96,7 @@ class FedExPFold(Fold):
         self.squares = 0.0  # Σ v_i ‖Δ_i‖² (from the norms parsing computed; float64: no overflow)
 
     def add(self, report: ClientReport) -> None:
-        v = report_weight(self, self.weight_of, report)
+        v = self.report_weight(report, self.weight_of)
         self.sum.add(v, report.delta)
         self.squares += v * self.rule.update_norm(report) ** 2
 

@@ -31,7 +31,6 @@ from ..intake import RoundIntake
 from ..protocol import A_NORM, NUM_EXAMPLES, NUM_STEPS
 from ..state import kept_as
 from ..streaming import Fold, RunningSum, example_weight, step
-from .fedavg import report_weight
 
 NEEDS_A_NORM = (
     "FedNova needs the 'a-norm' metric (‖a_i‖_1 of the local solver: the number of local steps "
@@ -152,7 +151,7 @@ class FedNova(AvailabilityStrategy):
 
 class FedNovaFold(Fold):
     """FedNova's update folded in reply by reply, with unnormalised weights v_i (n_i, or 1, or the
-    held round's weights: :func:`strategies.rules.fedavg.report_weight`) and W = Σ v_i: τ_eff = Σ v_i a_i / W and Σ p_i Δ_i / a_i = (Σ (v_i / a_i) Δ_i) / W."""
+    held round's weights: :meth:`strategies.streaming.Fold.report_weight`) and W = Σ v_i: τ_eff = Σ v_i a_i / W and Σ p_i Δ_i / a_i = (Σ (v_i / a_i) Δ_i) / W."""
 
     def __init__(self, rule: FedNova, x: np.ndarray) -> None:
         self.rule, self.x = rule, x
@@ -164,7 +163,7 @@ class FedNovaFold(Fold):
     def add(self, report: ClientReport) -> None:
         if report.a_norm is None:
             raise ValueError(NEEDS_A_NORM)
-        v, a = report_weight(self, self.weight_of, report), float(report.a_norm)
+        v, a = self.report_weight(report, self.weight_of), float(report.a_norm)
         self.sum.add(v / a, report.delta)
         self.work += v * a
         self.weight += v

@@ -256,7 +256,7 @@ class VariateFold(Fold):
 
     def add(self, report: ClientReport) -> None:
         self.rule.accepted[report.client_id] = self.t
-        weight = self.held_weights[report.client_id] if self.held_weights else float(self.weight_of(report))
+        weight = self.report_weight(report, self.weight_of)
         self.dys.add(weight, report.delta)
         dc = report.payloads.get("dc")
         if dc is not None and dc.size == self.x.size:
