@@ -20,8 +20,9 @@ import strategies.intake as acceptance
 from tests.replies import build_rule, error, rule_reply, start_round
 
 STREAMING = ["fedavg-active", "fedavg-all", "fedavg-known-p", "fedau", "fednova", "fedexp", "debiased-fedavg",
-             "fedadam", "fedyogi", "fedadagrad", "fedavgm"]
-DATA_WEIGHTED = {"fedavg-active", "fednova", "fedexp", "fedadam", "fedyogi", "fedadagrad", "fedavgm"}
+             "fedadam", "fedyogi", "fedadagrad", "fedavgm", "fedawe", "fedpbc"]
+DATA_WEIGHTED = {"fedavg-active", "fednova", "fedexp", "fedadam", "fedyogi", "fedadagrad", "fedavgm", "fedawe",
+                 "fedpbc"}
 KINDS = ["honest"] * 6 + ["huge", "nan", "second-claim", "other-id", "many-examples", "error", "no-a-norm"]
 D = 7  # model size
 
@@ -107,8 +108,11 @@ def test_streaming_equals_holding_every_reply(name, rounds, seed, window, weight
     for field in ("count", "interval_sum", "interval_num", "seen", "counts"):
         if getattr(s1, field, None) is not None:
             np.testing.assert_array_equal(getattr(s1, field), getattr(s2, field))
-    if getattr(s1, "buffer", None) is not None:
-        np.testing.assert_allclose(s1.buffer, s2.buffer, rtol=0, atol=tol)
+    for field in ("buffer", "xbar"):
+        if getattr(s1, field, None) is not None:
+            np.testing.assert_allclose(getattr(s1, field), getattr(s2, field), rtol=0, atol=tol)
+    if hasattr(s1, "last_accepted"):  # FedAWE, FedPBC: the round's participants, recorded at the round's end
+        assert s1.last_accepted == s2.last_accepted
 
 
 def test_a_weight_cap_holds_every_reply_and_says_why():
