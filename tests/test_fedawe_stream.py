@@ -31,6 +31,10 @@ def clip_norm(v: np.ndarray, threshold: float) -> np.ndarray:
     return v * (threshold / norm) if threshold > 0 and norm > threshold else v
 
 
+def xbar_metrics(self, x):
+    return {} if self.xbar is None else {"xbar-gap": float(np.linalg.norm(self.xbar - x))}
+
+
 def held_aggregate(self, t, x, reports):
     """FedAWE's ``aggregate`` before it streamed (commit 8ac7a83), verbatim but for names."""
     echoes = [EchoReport.of(r) for r in reports]
@@ -38,7 +42,7 @@ def held_aggregate(self, t, x, reports):
     for r in echoes:
         self.last_accepted[r.client_id] = t
     if not echoes:
-        return x, self._xbar_metrics(x)
+        return x, xbar_metrics(self, x)
     w = self.weights(reports)
     u = np.asarray(weighted_sum(w, [r.echo_update for r in echoes]), np.float64)
     moved = weighted_sum(w, [r.delta for r in echoes])
@@ -65,7 +69,7 @@ def held_aggregate(self, t, x, reports):
         step -= starts
         step /= self.require_num_clients()
         self.xbar = self.xbar + step
-    return new, {**metrics, **self._xbar_metrics(new)}
+    return new, {**metrics, **xbar_metrics(self, new)}
 
 
 class HeldFedAWE(FedAWE):

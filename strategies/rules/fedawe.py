@@ -68,6 +68,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
+import scipy.linalg.blas as blas
 from flwr.app import ArrayRecord
 
 from ..base import AvailabilityStrategy, ClientReport, Layout, ReplyRejected, named_arrays, safe_norm
@@ -308,9 +309,6 @@ class FedAWE(AvailabilityStrategy):
         """Round t as running sums (:class:`EchoFold`); the base's ``aggregate`` folds a held round."""
         return EchoFold(self, t, x)
 
-    def _xbar_metrics(self, x: np.ndarray) -> dict[str, float]:
-        return {} if self.xbar is None else {"xbar-gap": float(np.linalg.norm(self.xbar - x))}
-
     def extra_evaluation_arrays(self, arrays: ArrayRecord) -> dict[str, ArrayRecord]:
         """{"xbar": x̄}: the model the official code scores FedAWE on (empty before round 1)."""
         if self.xbar is None or self.layout is None:
@@ -372,29 +370,31 @@ class EchoFold(Fold):
         for client, _ in self.clients:  # caps the echo factor of this client's next reply
             rule.last_accepted[client] = self.t
         if not m:
-            return x, rule._xbar_metrics(x)
-        scale = self.deltas.weight
-        u, moved = self.updates.total / scale, self.deltas.total / scale  # ū, Σ w_i Δ_i (float64)
-        new = moved + x
-        norm = float(np.linalg.norm(u))
+            return x, {} if rule.xbar is None else {"xbar-gap": float(np.linalg.norm(rule.xbar - x))}
+        u, new = self.updates.total, self.deltas.total  # spent here: ū and x^{t+1} in place, float64
+        if self.deltas.weight != 1.0:
+            u /= self.deltas.weight
+            new /= self.deltas.weight
+        norm, k = float(np.linalg.norm(u)), 1.0  # ‖ū‖; k ū = clip(ū)
         metrics = {"mean-echo-factor": self.factors / m, "echo-update-norm": norm}
         if rule.clip > 0:  # mean x_i^† = mean x_i^{t,0} + η_g ū -> mean x_i^{t,0} + η_g clip(ū) (official code)
-            if norm > rule.clip:
-                new += (rule.server_lr * (rule.clip / norm - 1.0)) * u
+            k = rule.clip / norm if norm > rule.clip else 1.0
             metrics["echo-clipped"] = float(norm > rule.clip)
-        new = new.astype(np.float32)
+        new += x  # x^t + Σ w_i Δ_i
+        if k != 1.0:
+            new = blas.daxpy(u, new, a=rule.server_lr * (k - 1.0))
+        out = new.astype(np.float32)
         if rule.xbar is not None:
             # the clients of A_t move from x_i^{t,0} = x_i^† − η_g u_i to x^{t+1}; the others stay:
-            # Σ (x^{t+1} − x_i^{t,0}) = m (x^{t+1} − x^t) − Σ Δ_i + η_g Σ u_i, in float64
-            step = np.subtract(new, x, dtype=np.float64)
-            if self.plain is None:  # equal weights: Σ Δ_i = m Σ w_i Δ_i / Σ w_i, Σ u_i = m ū
-                step -= moved
-                step += rule.server_lr * u
-                step *= m / rule.require_num_clients()
+            # Σ (x^{t+1} − x_i^{t,0}) = m (x^{t+1} − x^t) − Σ Δ_i + η_g Σ u_i, in float64, in ``new``
+            if self.plain is None:  # equal weights: = m (x^{t+1} − new + η_g k ū), new = x^t + Σ w_i Δ_i + η_g (k − 1) ū
+                np.subtract(out, new, out=new)
+                new, scale = blas.daxpy(u, new, a=rule.server_lr * k), m / rule.require_num_clients()
             else:
-                step *= m
-                step -= self.plain[0].total
-                step += rule.server_lr * self.plain[1].total
-                step /= rule.require_num_clients()
-            rule.xbar += step
-        return new, {**metrics, **rule._xbar_metrics(new)}
+                np.subtract(out, x, out=new, dtype=np.float64)
+                new *= m
+                new -= self.plain[0].total
+                new, scale = blas.daxpy(self.plain[1].total, new, a=rule.server_lr), 1.0 / rule.require_num_clients()
+            rule.xbar = blas.daxpy(new, rule.xbar, a=scale)
+            metrics["xbar-gap"] = float(np.linalg.norm(np.subtract(rule.xbar, out, out=new)))
+        return out, metrics
