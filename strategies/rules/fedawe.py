@@ -372,9 +372,8 @@ class EchoFold(Fold):
         if not m:
             return x, {} if rule.xbar is None else {"xbar-gap": float(np.linalg.norm(rule.xbar - x))}
         u, new = self.updates.total, self.deltas.total  # spent here: ū and x^{t+1} in place, float64
-        if self.deltas.weight != 1.0:
-            u /= self.deltas.weight
-            new /= self.deltas.weight
+        if self.deltas.weight != 1.0:  # normalised
+            u, new = np.divide(u, self.deltas.weight, out=u), np.divide(new, self.deltas.weight, out=new)
         norm, k = float(np.linalg.norm(u)), 1.0  # ‖ū‖; k ū = clip(ū)
         metrics = {"mean-echo-factor": self.factors / m, "echo-update-norm": norm}
         if rule.clip > 0:  # mean x_i^† = mean x_i^{t,0} + η_g ū -> mean x_i^{t,0} + η_g clip(ū) (official code)
@@ -385,9 +384,9 @@ class EchoFold(Fold):
             new = blas.daxpy(u, new, a=rule.server_lr * (k - 1.0))
         out = new.astype(np.float32)
         if rule.xbar is not None:
-            # the clients of A_t move from x_i^{t,0} = x_i^† − η_g u_i to x^{t+1}; the others stay:
-            # Σ (x^{t+1} − x_i^{t,0}) = m (x^{t+1} − x^t) − Σ Δ_i + η_g Σ u_i, in float64, in ``new``
-            if self.plain is None:  # equal weights: = m (x^{t+1} − new + η_g k ū), new = x^t + Σ w_i Δ_i + η_g (k − 1) ū
+            # A_t's clients move from x_i^{t,0} = x_i^† − η_g u_i to x^{t+1}, the others stay (module docstring):
+            # Σ (x^{t+1} − x_i^{t,0}) = m (x^{t+1} − x^t) − Σ Δ_i + η_g Σ u_i, in float64, in ``new``; with equal
+            if self.plain is None:  # weights m (x^{t+1} − new + η_g k ū), new = x^t + Σ w_i Δ_i + η_g (k − 1) ū
                 np.subtract(out, new, out=new)
                 new, scale = blas.daxpy(u, new, a=rule.server_lr * k), m / rule.require_num_clients()
             else:
@@ -395,6 +394,7 @@ class EchoFold(Fold):
                 new *= m
                 new -= self.plain[0].total
                 new, scale = blas.daxpy(self.plain[1].total, new, a=rule.server_lr), 1.0 / rule.require_num_clients()
-            rule.xbar = blas.daxpy(new, rule.xbar, a=scale)
-            metrics["xbar-gap"] = float(np.linalg.norm(np.subtract(rule.xbar, out, out=new)))
+            new *= scale
+            rule.xbar = np.add(new, rule.xbar, out=new)  # a new array (the old one may be someone's)
+            metrics["xbar-gap"] = float(np.linalg.norm(np.subtract(new, out, out=u)))
         return out, metrics
