@@ -20,8 +20,9 @@ import strategies.intake as acceptance
 from tests.replies import build_rule, error, rule_reply, start_round
 
 STREAMING = ["fedavg-active", "fedavg-all", "fedavg-known-p", "fedau", "fednova", "fedexp", "debiased-fedavg",
-             "fedadam", "fedyogi", "fedadagrad", "fedavgm"]
-DATA_WEIGHTED = {"fedavg-active", "fednova", "fedexp", "fedadam", "fedyogi", "fedadagrad", "fedavgm"}
+             "fedadam", "fedyogi", "fedadagrad", "fedavgm", "fedawe", "fedpbc"]
+DATA_WEIGHTED = {"fedavg-active", "fednova", "fedexp", "fedadam", "fedyogi", "fedadagrad", "fedavgm", "fedawe",
+                 "fedpbc"}
 KINDS = ["honest"] * 6 + ["huge", "nan", "second-claim", "other-id", "many-examples", "error", "no-a-norm"]
 D = 7  # model size
 
@@ -107,8 +108,11 @@ def test_streaming_equals_holding_every_reply(name, rounds, seed, window, weight
     for field in ("count", "interval_sum", "interval_num", "seen", "counts"):
         if getattr(s1, field, None) is not None:
             np.testing.assert_array_equal(getattr(s1, field), getattr(s2, field))
-    if getattr(s1, "buffer", None) is not None:
-        np.testing.assert_allclose(s1.buffer, s2.buffer, rtol=0, atol=tol)
+    for field in ("buffer", "xbar"):
+        if getattr(s1, field, None) is not None:
+            np.testing.assert_allclose(getattr(s1, field), getattr(s2, field), rtol=0, atol=tol)
+    if hasattr(s1, "last_accepted"):  # FedAWE, FedPBC: the round's participants, recorded at the round's end
+        assert s1.last_accepted == s2.last_accepted
 
 
 def test_a_weight_cap_holds_every_reply_and_says_why():
@@ -117,19 +121,21 @@ def test_a_weight_cap_holds_every_reply_and_says_why():
     assert "every reply" in build_rule("fedaware").holds_every_reply() or build_rule("fedaware").holds_replies
 
 
-def test_a_streaming_round_holds_only_its_reference_window(monkeypatch):
-    """Past the window, each reply's vector is folded in and its row handed to the next reply:
-    a 40-reply round of fedavg-active uses as many rows as the window (4); holding every reply, 40."""
+@pytest.mark.parametrize(("name", "vectors"), [("fedavg-active", 1), ("fedawe", 2)])
+def test_a_streaming_round_holds_only_its_reference_window(name, vectors, monkeypatch):
+    """Past the window, each reply's vectors are folded in and their rows handed to the next reply:
+    a 40-reply round of fedavg-active uses as many rows as the window (4; FedAWE twice that, Δ_i
+    and u_i); holding every reply, 40 slots (a row each in every vector's pool)."""
     monkeypatch.setattr(acceptance, "REFERENCE_WINDOW", 4)
     rows = {}
     for stream in (True, False):
-        s = build_rule("fedavg-active", n=40, spec=f"fedavg-active:stream={str(stream).lower()}")
+        s = build_rule(name, n=40, spec=f"{name}:stream={str(stream).lower()}")
         x = np.zeros(D, np.float32)
         sent = start_round(s, 1, x, range(100, 140))
-        s.aggregate_train(1, [rule_reply("fedavg-active", sent[n], x + 0.1 * (1 + n % 3), n - 100) for n in sent])
+        s.aggregate_train(1, [rule_reply(name, sent[n], x + 0.1 * (1 + n % 3), n - 100) for n in sent])
         assert len(s.round_log.participants) == 40
         rows[stream] = s.intake.scratch.used  # rows handed out this round (slots, with every reply held)
-    assert rows == {True: 4, False: 40}
+    assert rows == {True: 4 * vectors, False: 40}
 
 
 def test_scale_smoke_10000_clients_stream_in_bounded_memory():

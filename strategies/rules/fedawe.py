@@ -52,8 +52,10 @@ delivers round t's broadcast before round t + 1.)
 A ClientApp that does not run the ``fedawe`` rule replies without ``fedawe.echo-factor``: its
 reply is rejected with that reason (it would otherwise be plain FedAvg from x^0).
 
-Server memory: x^t, x^0 and x̄ (three models) and a few scalars; nothing per client beyond the
-node -> client id map of the base.
+Server memory: x^t, x^0 and x̄ (three models), the round's running sums (:class:`EchoFold`: the
+rule streams, each reply folded in and let go, so a round holds one reply, not the round's; two
+sums, four with num-examples weights) and a few scalars; nothing per client beyond the node ->
+client id map of the base and the last accepted round.
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
+import scipy.linalg.blas as blas
 from flwr.app import ArrayRecord
 
 from ..base import AvailabilityStrategy, ClientReport, Layout, ReplyRejected, named_arrays, safe_norm
@@ -85,20 +88,12 @@ from ..protocol import (  # noqa: F401  (re-exported: FedAWE's wire format)
     SERVER_ROUND,
 )
 from ..rule import Payload
-from ..weighting import weighted_sum
-from .fedawe_sketch import BLOCK, FORM, SKETCH, Projection  # noqa: F401  (BLOCK, SKETCH: the check's sizes)
+from ..streaming import Fold, RunningSum, example_weight
+from .fedawe_sketch import BLOCK, FORM, SKETCH, Projection, restored_sketches  # noqa: F401  (BLOCK, SKETCH: sizes)
 
 DISTANCE_RATIO = 1e3  # x the median of recent ‖x_i^† − x^t‖ (bounds.py: honest up to 157)
 
 log = logging.getLogger(__name__)
-
-
-def clip_norm(v: np.ndarray, threshold: float) -> np.ndarray:
-    """v scaled to norm ``threshold`` when longer (the official code's ``clip``); 0 = off."""
-    norm = float(np.linalg.norm(v))
-    if threshold > 0 and norm > threshold:
-        return v * (threshold / norm)
-    return v
 
 
 @dataclass(kw_only=True)
@@ -177,6 +172,7 @@ class FedAWE(AvailabilityStrategy):
                      missing="the server needs the client's echoed update u_i (config fedawe-send-update) "
                              "for its clip and x̄"))
     robust_clip = False  # its first norm is ‖u_i‖/(t − τ_i), not ‖Δ_i‖ = ‖x_i^† − x^t‖
+    streams = True  # ū, Σ w_i Δ_i and x̄'s terms are sums; the clip acts on ū once (EchoFold)
     needs_num_clients = True  # x̄ is the mean over all N clients' copies
     # ‖u_i‖/(t − τ_i) of a client back from a stale copy: honest up to 12.3 x the reference
     # (benchmarks/honest_variation.py, digits Dirichlet 0.2, 1-5 local epochs), where every other
@@ -273,34 +269,20 @@ class FedAWE(AvailabilityStrategy):
         return self._projection
 
     def set_state(self, state: Any) -> None:
-        """The base's restore, then P anew from the restored seed. Sketches of another P (a
-        checkpoint of the dense P) cannot judge a start: such a checkpoint is refused while the
-        check is on (it does not fail open), and resumes without its sketches with
-        ``check-start=false``."""
+        """The base's restore, then P anew from the restored seed; sketches of another P are
+        refused while the check is on, else dropped (:func:`restored_sketches`)."""
         super().set_state(state)
         self._projection, self._current_norm = None, None
-        if self.sketch_form != FORM:
-            if self.sketches and self.check_start:
-                raise ValueError(f"{self.name}: the checkpoint's consistency sketches are of an older projection "
-                                 f"(form {self.sketch_form}, this version draws form {FORM}), so check-start cannot "
-                                 "judge its replies: resume with check-start=false (the check off for this run) "
-                                 "or start the run again")
-            if self.sketches:
-                log.warning("%s: the checkpoint's consistency sketches (form %s) are dropped: check-start=false",
-                            self.name, self.sketch_form)
-            self.sketches, self.sketch_form = {}, FORM
+        self.sketches, self.sketch_form = restored_sketches(self.name, self.sketches, self.sketch_form, self.check_start)
 
     def _check_start(self, report: ClientReport, update: np.ndarray) -> None:
         """x_i^{t,0} = x_i^† − η_g u_i must be a model the client can hold: x^0, or a broadcast
         x^{s+1} of a round s ≤ its last accepted one, or x^t (a plain reply, as
-        :meth:`EchoReport.of` reads one: it then moves x̄ by at most ‖x^t − its copy‖ / N). Checked on P x (P secret, Gaussian, a few
-        rows): a start off every such model by e gives P e ~ N(0, ‖e‖²) per row, far beyond the
-        float32 rounding of an honest reply: per coordinate at most b_j = 2^-23 (|x^t_j| + |Δ_j| +
-        η_g |u_j|), so per row |P_r b| ≤ ‖P_r‖₂ ‖b‖₂ ≤ ‖P_r‖₂ 2^-23 (‖x^t‖ + ‖Δ_i‖ + η_g ‖u_i‖)
-        (Cauchy-Schwarz, then the triangle inequality; the norms are the intake's). The one
-        model-sized work is P (Δ_i − η_g u_i), in float32 blocks whose own rounding the slack
-        also covers (:meth:`Projection.of_start`, :meth:`Projection.float32_slack`). Without the
-        sketches (a checkpoint from before them): no check."""
+        :meth:`EchoReport.of` reads one: it then moves x̄ by at most ‖x^t − its copy‖ / N).
+        Checked on P x (P secret, Gaussian, a few rows): a start off every such model by e gives
+        P e ~ N(0, ‖e‖²) per row, far beyond the float32 rounding of an honest reply
+        (:meth:`Projection.tolerance`). The one model-sized work is P (Δ_i − η_g u_i)
+        (:meth:`Projection.of_start`). Without the sketches (a checkpoint from before them): no check."""
         assert self.current is not None
         if not self.check_start:
             return
@@ -316,61 +298,16 @@ class FedAWE(AvailabilityStrategy):
         # P x_i^{t,0} = P x^t + P (Δ_i − η_g u_i) (P x^t: this round's sketch)
         sketch, start_norm = p.of_start(report.delta, update, self.server_lr)
         got = self.sketches[self._t] + sketch
-        slack = 1.1 * p.row_norm * (self._current_norm + delta_norm + abs(self.server_lr) * update_norm)
-        tol = np.ldexp(slack, -23) + p.float32_slack(delta_norm, update_norm, self.server_lr, start_norm) + 1e-12
+        tol = p.tolerance(self._current_norm, delta_norm, update_norm, self.server_lr, start_norm)
         if not (np.all(np.isfinite(got)) and math.isfinite(tol)) or not any(np.all(np.abs(got - s) <= tol)
                                                                             for s in known):
             raise ReplyRejected("the returned model and the echoed update u_i disagree: x_i^† − η_g u_i is not x^0 "
                                 "nor a model broadcast to this client since (FedAWE's consistency check)")
 
     # ------------------------------------------------------------------------ the rule
-    def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
-        """x^{t+1} = Σ w_i x_i^† (w equal over A_t), optionally with the server clip; updates x̄.
-
-        ``reports`` are :class:`EchoReport` (parsed replies); a plain :class:`ClientReport` counts as
-        a client that started from x^t with echo factor 1 (:meth:`EchoReport.of`).
-        """
-        echoes = [EchoReport.of(r) for r in reports]
-        self._adopters = (t + 1, [r.node_id for r in echoes])
-        for r in echoes:  # caps the echo factor of this client's next reply
-            self.last_accepted[r.client_id] = t
-        if not echoes:
-            return x, self._xbar_metrics(x)
-        w = self.weights(reports)
-        # float32 BLAS over the reply rows (strategies.weighting.weighted_sum), added in float64
-        u = np.asarray(weighted_sum(w, [r.echo_update for r in echoes]), np.float64)  # ū (its norm, its clip)
-        moved = weighted_sum(w, [r.delta for r in echoes])  # Σ w_i (x_i^† − x^t), float32
-        new = np.add(x, moved, dtype=np.float64)  # x^t + moved in float64, no upcast copies
-        norm = float(np.linalg.norm(u))
-        metrics = {"mean-echo-factor": float(np.mean([r.echo_factor for r in echoes])),
-                   "echo-update-norm": norm}
-        if self.clip > 0:
-            # mean x_i^† = mean x_i^{t,0} + η_g ū  ->  mean x_i^{t,0} + η_g clip(ū)
-            new = new + self.server_lr * (clip_norm(u, self.clip) - u)
-            metrics["echo-clipped"] = float(norm > self.clip)
-        new = new.astype(np.float32)
-        if self.xbar is not None:
-            # the clients of A_t move from x_i^{t,0} = x_i^† − η_g u_i to x^{t+1}; the others stay:
-            # Σ x_i^{t,0} = m x^t + Σ Δ_i − η_g Σ u_i, in float64, in place
-            m = len(reports)
-            starts = np.multiply(x, m, dtype=np.float64)
-            if self.weighting == "equal":  # Σ Δ_i = m Σ w_i Δ_i: the sums above, no second pass
-                starts += np.multiply(moved, m, dtype=np.float64)
-                echoed = u * m
-            else:
-                ones = np.ones(m)
-                starts += weighted_sum(ones, [r.delta for r in echoes])
-                echoed = np.asarray(weighted_sum(ones, [r.echo_update for r in echoes]), np.float64)
-            echoed *= self.server_lr
-            starts -= echoed
-            step = np.multiply(new, m, dtype=np.float64)
-            step -= starts
-            step /= self.require_num_clients()
-            self.xbar = self.xbar + step
-        return new, {**metrics, **self._xbar_metrics(new)}
-
-    def _xbar_metrics(self, x: np.ndarray) -> dict[str, float]:
-        return {} if self.xbar is None else {"xbar-gap": float(np.linalg.norm(self.xbar - x))}
+    def start_fold(self, t: int, x: np.ndarray) -> Fold:
+        """Round t as running sums (:class:`EchoFold`); the base's ``aggregate`` folds a held round."""
+        return EchoFold(self, t, x)
 
     def extra_evaluation_arrays(self, arrays: ArrayRecord) -> dict[str, ArrayRecord]:
         """{"xbar": x̄}: the model the official code scores FedAWE on (empty before round 1)."""
@@ -398,3 +335,66 @@ class FedAWE(AvailabilityStrategy):
     def summary(self) -> None:
         log.info("fedawe: N=%s, server_lr=%s (applied by the clients), clip=%s, run key %s",
                  self.num_clients, self.server_lr, self.clip or "off", self.run_key)
+
+
+class EchoFold(Fold):
+    """FedAWE's round as running sums, O(d) memory: Σ w_i u_i (ū: its norm and clip once, at
+    :meth:`finish`), Σ w_i Δ_i, and for x̄ with num-examples weights Σ Δ_i and Σ u_i; w_i = 1 or n_i
+    (``held_weights`` in a held round), normalised at the end. The participants (the broadcast,
+    ``last_accepted``) are recorded at :meth:`finish`: later replies are capped as in a held round."""
+
+    def __init__(self, rule: FedAWE, t: int, x: np.ndarray) -> None:
+        self.rule, self.t, self.x = rule, t, x
+        self.weight_of = example_weight(rule.weighting)
+        self.updates, self.deltas = RunningSum(x.size), RunningSum(x.size)
+        self.plain = None if rule.weighting == "equal" or rule.xbar is None else (RunningSum(x.size), RunningSum(x.size))
+        self.factors = 0
+        self.clients: list[tuple[int, int]] = []  # (client id, node id)
+
+    def add(self, report: ClientReport) -> None:
+        echo = EchoReport.of(report)
+        weight = self.held_weights[echo.client_id] if self.held_weights else float(self.weight_of(echo))
+        self.updates.add(weight, echo.echo_update)
+        self.deltas.add(weight, echo.delta)
+        if self.plain is not None:
+            self.plain[0].add(1.0, echo.delta)
+            self.plain[1].add(1.0, echo.echo_update)
+        self.factors += echo.echo_factor
+        self.clients.append((echo.client_id, echo.node_id))
+
+    def finish(self) -> tuple[np.ndarray, dict[str, float]]:
+        """x^{t+1} = x^t + Σ w_i Δ_i = Σ w_i x_i^† (clipped: mean x_i^{t,0} + η_g clip(ū)), then x̄'s step."""
+        rule, x, m = self.rule, self.x, len(self.clients)
+        self.clients.sort()
+        rule._adopters = (self.t + 1, [node for _, node in self.clients])
+        for client, _ in self.clients:  # caps the echo factor of this client's next reply
+            rule.last_accepted[client] = self.t
+        if not m:
+            return x, {} if rule.xbar is None else {"xbar-gap": float(np.linalg.norm(rule.xbar - x))}
+        u, new = self.updates.total, self.deltas.total  # spent here: ū and x^{t+1} in place, float64
+        if self.deltas.weight != 1.0:  # normalised
+            u, new = np.divide(u, self.deltas.weight, out=u), np.divide(new, self.deltas.weight, out=new)
+        norm, k = float(np.linalg.norm(u)), 1.0  # ‖ū‖; k ū = clip(ū)
+        metrics = {"mean-echo-factor": self.factors / m, "echo-update-norm": norm}
+        if rule.clip > 0:  # mean x_i^† = mean x_i^{t,0} + η_g ū -> mean x_i^{t,0} + η_g clip(ū) (official code)
+            k = rule.clip / norm if norm > rule.clip else 1.0
+            metrics["echo-clipped"] = float(norm > rule.clip)
+        new += x  # x^t + Σ w_i Δ_i
+        if k != 1.0:
+            new = blas.daxpy(u, new, a=rule.server_lr * (k - 1.0))
+        out = new.astype(np.float32)
+        if rule.xbar is not None:
+            # A_t's clients move from x_i^{t,0} = x_i^† − η_g u_i to x^{t+1}, the others stay (module docstring):
+            # Σ (x^{t+1} − x_i^{t,0}) = m (x^{t+1} − x^t) − Σ Δ_i + η_g Σ u_i, in float64, in ``new``; with equal
+            if self.plain is None:  # weights m (x^{t+1} − new + η_g k ū), new = x^t + Σ w_i Δ_i + η_g (k − 1) ū
+                np.subtract(out, new, out=new)
+                new, scale = blas.daxpy(u, new, a=rule.server_lr * k), m / rule.require_num_clients()
+            else:
+                np.subtract(out, x, out=new, dtype=np.float64)
+                new *= m
+                new -= self.plain[0].total
+                new, scale = blas.daxpy(self.plain[1].total, new, a=rule.server_lr), 1.0 / rule.require_num_clients()
+            new *= scale
+            rule.xbar = np.add(new, rule.xbar, out=new)  # a new array (the old one may be someone's)
+            metrics["xbar-gap"] = float(np.linalg.norm(np.subtract(new, out, out=u)))
+        return out, metrics

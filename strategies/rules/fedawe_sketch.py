@@ -39,6 +39,7 @@ The known sketches P x^s are float64 (:meth:`Projection.of_model`).
 
 from __future__ import annotations
 
+import logging
 import math
 
 import numpy as np
@@ -47,6 +48,8 @@ SKETCH = 4  # rows of P (module docstring: as often caught as with 2 dense rows)
 SPAN = 32  # K: the depth of P's float32 sums (the slack grows with it: (K + 1) 2^-24 ‖ŵ‖)
 BLOCK = 1 << 17  # coordinates per block of P (a multiple of SPAN): 512 KiB of float32, in cache
 FORM = 2  # P's construction from the seed (1: the dense Gaussian P before; checkpoints say which)
+
+log = logging.getLogger(__name__)
 
 
 class Projection:
@@ -101,3 +104,29 @@ class Projection:
         bound ``start_norm`` on ‖ŵ‖ it returned (module docstring)."""
         factor = math.ldexp(SPAN + 1, -24) + math.ldexp(self.cols + SPAN + 4, -52)
         return self.row_norm * (math.ldexp(delta_norm + 3.01 * abs(lr) * update_norm, -24) + factor * start_norm)
+
+    def tolerance(self, current_norm: float, delta_norm: float, update_norm: float, lr: float,
+                  start_norm: float) -> float:
+        """How far P x^t + :meth:`of_start` of an honest reply may lie from the sketch of its true
+        start, any row: the reply's own float32 rounding, per coordinate at most b_j = 2⁻²³ (|x^t_j| +
+        |Δ_j| + |η| |u_j|), so |P_r b| ≤ ‖P_r‖₂ 2⁻²³ (‖x^t‖ + ‖Δ‖ + |η| ‖u‖) (Cauchy-Schwarz, then the
+        triangle inequality; 1.1 x that), plus :meth:`float32_slack` (of_start's own rounding)."""
+        slack = 1.1 * self.row_norm * (current_norm + delta_norm + abs(lr) * update_norm)
+        return math.ldexp(slack, -23) + self.float32_slack(delta_norm, update_norm, lr, start_norm) + 1e-12
+
+
+def restored_sketches(rule: str, sketches: dict[int, np.ndarray], form: int,
+                      check_start: bool) -> tuple[dict[int, np.ndarray], int]:
+    """A checkpoint's (sketches, form) as this version uses them. Sketches of another P (form 1:
+    a checkpoint of the dense P) cannot judge a start: refused while the check is on (it does not
+    fail open), dropped (logged) with ``check-start=false``."""
+    if form == FORM:
+        return sketches, form
+    if sketches and check_start:
+        raise ValueError(f"{rule}: the checkpoint's consistency sketches are of an older projection "
+                         f"(form {form}, this version draws form {FORM}), so check-start cannot "
+                         "judge its replies: resume with check-start=false (the check off for this run) "
+                         "or start the run again")
+    if sketches:
+        log.warning("%s: the checkpoint's consistency sketches (form %s) are dropped: check-start=false", rule, form)
+    return {}, FORM
