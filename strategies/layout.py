@@ -182,18 +182,19 @@ class Scratch:
         self.call = 0  # the vectors it took so far: its next pool
         self.begun = False  # begin() gives the slots; without it, each row() is the next reply's
         self.used = 0  # slots handed out this round (without begin()) or the largest slot + 1
-        self.wanted = 0  # the most slots a round needed: the pools' size from the next round on
+        self.wanted = 0  # the slots this round wants: the replies announced, or as many as last round used
         self.free: list[np.ndarray] = []  # rows handed back this round without begin() (:meth:`release`)
         self.stacks: dict[str, np.ndarray] = {}
 
     def new_round(self, replies: int = 0, size: int | None = None) -> None:
         """Last round's reports are gone: their rows are free. ``replies`` slots of ``size``
-        this round (pools are made or grown here, only when too small; the memory is touched
-        only where written)."""
-        self.wanted = max(self.wanted, self.used, replies)
+        this round, or as many as last round used (pools are made anew here when too small, or
+        more than twice too large: a first streaming round holds its reference window's rows, the
+        next ones a reply's; the memory is touched only where written)."""
+        self.wanted = max(self.used, replies, 1)
         if size is not None and size != self.size:
             self.pools, self.size = [], size
-        self.pools = [p if len(p) >= self.wanted else np.empty((self.wanted, p.shape[1]), np.float32)
+        self.pools = [p if self.wanted <= len(p) <= 2 * self.wanted else np.empty((self.wanted, p.shape[1]), np.float32)
                       for p in self.pools]
         self.extra, self.slot, self.call, self.begun, self.used, self.free = [], 0, 0, False, 0, []
 

@@ -54,7 +54,7 @@ class Payload:
 
 
 def model_part(record: ArrayRecord, layout: Layout, namespace: str, payloads: tuple[Payload, ...],
-               rule: str = "") -> ArrayRecord:
+               rule: str = "") -> dict[str, Array]:
     """The model's arrays of a reply's ``record``: keys with the rule's ``namespace`` prefix are
     payloads, never the model, and one that no declared payload occupies is a rejection."""
     keys = list(record.keys())
@@ -63,7 +63,7 @@ def model_part(record: ArrayRecord, layout: Layout, namespace: str, payloads: tu
     if unknown:
         raise ReplyRejected(f"unknown {rule + ' ' if rule else ''}reply keys {shown(unknown[:5])} (its payloads: "
                             f"{shown(sorted(p.key for p in payloads))})")
-    return ArrayRecord({k: record[k] for k in keys if k not in known and not (namespace and k.startswith(namespace))})
+    return {k: record[k] for k in keys if k not in known and not (namespace and k.startswith(namespace))}
 
 
 def read_payloads(record: ArrayRecord, layout: Layout, payloads: tuple[Payload, ...],

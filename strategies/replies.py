@@ -195,7 +195,7 @@ def decode(array: Array, key: str, shape: tuple[int, ...] | None = None, kinds: 
     return flat.reshape(real_shape[::-1]).T if fortran else flat.reshape(real_shape)
 
 
-def model_delta(arrays: ArrayRecord, layout: Layout, current: np.ndarray,
+def model_delta(arrays: Mapping[str, Array], layout: Layout, current: np.ndarray,
                 out: np.ndarray | None = None) -> tuple[np.ndarray, float, dict[str, np.ndarray]]:
     """(Δ = the reply's floating arrays − x^t as one flat float32 vector, ‖Δ‖₂, the non-floating
     arrays in the model's dtypes), every array decoded and checked (:func:`decode`), the floating
@@ -310,7 +310,7 @@ class ReplyParser:
         _, arrays, metrics = split(content)
         return self.report(arrays, metrics, node, layout, current, out)
 
-    def report(self, arrays: ArrayRecord, metrics: dict[str, Any], node: int, layout: Layout,
+    def report(self, arrays: Mapping[str, Array], metrics: dict[str, Any], node: int, layout: Layout,
                current: np.ndarray, out: np.ndarray | None = None) -> ClientReport:
         """The model ``arrays`` and ``metrics`` of one reply -> ClientReport (or ReplyRejected);
         Δ is written into ``out`` when given."""

@@ -245,6 +245,8 @@ def test_replies_judged_at_once_get_the_verdicts_of_the_reference_window(seed, m
         results.append((held, "bounds", [entries(b) for b in s.state_dict()["bounds"]]))
         if not held and s.streams:  # one reply's rows (Δ_i, SCAFFOLD's Δc_i) once settled (steps too)
             assert max(rows[2:]) <= len(s.reads) + 1 < min(rows[0], 64), rows
+            # and the reply memory shrinks to what a round uses (it kept the first round's window)
+            assert max(len(p) for p in s.intake.scratch.pools) <= 2 * (len(s.reads) + 1) < rows[0], rows
     at_once, window = results[: len(results) // 2], results[len(results) // 2:]
     for a, b in zip(at_once, window, strict=True):  # the models and norms: to float rounding (fold order)
         assert_close(a[2:], b[2:], f"{name}, round {a[1]}")

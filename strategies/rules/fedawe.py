@@ -353,7 +353,7 @@ class EchoFold(Fold):
 
     def add(self, report: ClientReport) -> None:
         echo = EchoReport.of(report)
-        weight = self.held_weights[echo.client_id] if self.held_weights else float(self.weight_of(echo))
+        weight = self.report_weight(echo, self.weight_of)
         self.updates.add(weight, echo.echo_update)
         self.deltas.add(weight, echo.delta)
         if self.plain is not None:
