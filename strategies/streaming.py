@@ -90,7 +90,12 @@ class RunningSum:
             if len(self._held) == BLOCK:
                 self._flush()
             return
-        if w == 1.0:
+        if self._in_partial == 0:  # a block's first term is written, not added to zeros (the same numbers)
+            if w == 1.0:
+                np.copyto(self._partial, v)
+            else:
+                np.multiply(v, np.float32(w), out=self._partial)
+        elif w == 1.0:
             self._partial += v
         elif v.dtype == np.float32 and v.ndim == 1 and v.flags.c_contiguous:
             self._partial = blas.saxpy(v, self._partial, a=w)  # in place: one pass (numpy's multiply, add: two)
@@ -114,7 +119,6 @@ class RunningSum:
             self._total += weighted_sum(weights, vectors)  # float32, one product per run of rows
         if self._in_partial:
             self._total += self._partial
-            self._partial.fill(0.0)
             self._in_partial = 0
 
     @property
