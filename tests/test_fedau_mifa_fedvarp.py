@@ -182,14 +182,25 @@ def test_client_table_running_mean_matches_the_rows_and_disk_equals_ram(tmp_path
     assert not (tmp_path / path).exists()
 
 
-def test_disk_backed_strategies_equal_ram_ones(tmp_path):
-    rng = np.random.default_rng(3)
-    schedule = [{int(c): rng.normal(size=4) for c in np.flatnonzero(rng.random(5) < 0.4)} for _ in range(6)]
-    for cls in (MIFA, FedVARP, ClusterFedVARP):
-        on_disk = cls(num_clients=5, memory_dir=str(tmp_path / cls.name))
-        np.testing.assert_array_equal(rounds(on_disk, np.zeros(4), schedule),
-                                      rounds(cls(num_clients=5), np.zeros(4), schedule))
-        assert on_disk.table.disk_backed
+TABLE_SPECS = ["mifa", "mifa:gradient-units=true", "mifa:wait-for-all=true", "fedvarp", "cluster-fedvarp:clusters=2",
+               "cluster-fedvarp:clusters=3", "fedstale:beta=0.3", "fedstale:weights=paper"]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_disk_backed_strategies_equal_ram_ones(seed, tmp_path):
+    """Over random configs (rule and its options, N, d, rounds, participation, empty rounds,
+    scales), a rule whose client table is on disk (``memory-dir``) gives the RAM table's models,
+    bit for bit."""
+    rng = np.random.default_rng(seed)
+    spec = TABLE_SPECS[seed]
+    n, d, p = int(rng.integers(3, 12)), int(rng.integers(1, 20)), float(rng.uniform(0.1, 0.9))
+    schedule = [{int(c): rng.normal(size=d) * 10 ** rng.uniform(-3, 1) for c in np.flatnonzero(rng.random(n) < p)}
+                for _ in range(int(rng.integers(2, 9)))]
+    lr = {"lr": 0.1} if "gradient-units" in spec else {}
+    on_disk = build_strategy(f"{spec}{',' if ':' in spec else ':'}memory-dir={tmp_path / 'table'}", num_clients=n)
+    in_ram = build_strategy(spec, num_clients=n)
+    np.testing.assert_array_equal(rounds(on_disk, np.zeros(d), schedule, **lr), rounds(in_ram, np.zeros(d), schedule, **lr))
+    assert on_disk.table.disk_backed and not in_ram.table.disk_backed
 
 
 # ------------------------------------------------------------------------------- checkpoints
