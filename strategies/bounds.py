@@ -86,7 +86,6 @@ class RatioBound:
     fixed: float | None = field(default=None, compare=False, repr=False)  # this round's reference
     fix: bool = field(default=False, compare=False, repr=False)  # the round's first call fixes it
 
-
     @property
     def settled(self) -> bool:
         """The reference comes from the entries alone (does not depend on this round's replies)."""

@@ -99,6 +99,7 @@ class RoundIntake:
     examples_clipped: int = 0  # num-examples cut to the data-size bound
     norms_clipped: int = 0  # updates scaled down to the ratio bound (robust=clip)
     model_norm: float | None = None  # ‖current‖ (max-model-ratio), once computed
+    stateful: bool = False  # the clients run a client rule (:func:`keeps_client_state`), set by stream()
     scratch: Scratch | None = field(default=None, repr=False)
     open_rows: list[np.ndarray] = field(default_factory=list, repr=False)  # rows of the reply being read
 
@@ -251,6 +252,7 @@ class ReplyIntake:
             slot = reply_slots(replies, nodes)
         else:
             self.scratch.new_round()
+        rnd.stateful = keeps_client_state(rnd.sent)
         round_bounds = self.round_bounds()
         for bounds in round_bounds:
             bounds.new_round(fix=True)
@@ -337,8 +339,9 @@ class ReplyIntake:
         checks = self.rule.norm_checks()
         scale = 0.0  # ‖x^τ‖, for max-model-ratio (a bound without a median): once a round, where it is on
         if rnd.current is not None and any(bounds.max_model_ratio for bounds, _ in checks):
-            scale = rnd.model_norm = safe_norm(rnd.current) if rnd.model_norm is None else rnd.model_norm
-        stateful = keeps_client_state(rnd.sent)
+            if rnd.model_norm is None:
+                rnd.model_norm = safe_norm(rnd.current)
+            scale = rnd.model_norm
         for i, (bounds, norm_of) in enumerate(checks):
             clip = None
             if i == 0 and self.rule.robust.clips:  # robust=clip: ‖Δ_i‖ only
@@ -347,7 +350,7 @@ class ReplyIntake:
                     report.norm = limit
                     rnd.norms_clipped += 1
             reports = bounds.check(reports, norm_of, lambda r: r.node_id, rnd.reject, scale, clip,
-                                   steps_of=lambda r: r.num_steps, stateful=stateful)
+                                   steps_of=lambda r: r.num_steps, stateful=rnd.stateful)
         return reports
 
     def release(self, report: ClientReport | None) -> None:

@@ -21,10 +21,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
-import scipy.linalg.blas as blas
 
 from .replies import ClientReport
-from .weighting import weighted_sum
+from .weighting import add_scaled, weighted_sum
 
 
 class Fold:
@@ -76,7 +75,6 @@ class RunningSum:
     def __init__(self, size: int) -> None:
         self._total = np.zeros(size, np.float64)
         self._partial = np.zeros(size, np.float32)
-        self._term = np.empty(size, np.float32)
         self._in_partial = 0
         self._held: list[tuple[float, np.ndarray]] = []  # a held round's terms not yet added
         self.weight = 0.0
@@ -97,11 +95,8 @@ class RunningSum:
                 np.multiply(v, np.float32(w), out=self._partial)
         elif w == 1.0:
             self._partial += v
-        elif v.dtype == np.float32 and v.ndim == 1 and v.flags.c_contiguous:
-            self._partial = blas.saxpy(v, self._partial, a=w)  # in place: one pass (numpy's multiply, add: two)
         else:
-            np.multiply(v, np.float32(w), out=self._term)
-            self._partial += self._term
+            self._partial = add_scaled(self._partial, w, v)
         self._in_partial += 1
         if self._in_partial == BLOCK:
             self._flush()

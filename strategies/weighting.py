@@ -118,6 +118,16 @@ def matrix_runs(vectors: Sequence[np.ndarray]) -> list[tuple[np.ndarray, list[in
     return runs
 
 
+def add_scaled(out: np.ndarray, w: float, v: np.ndarray) -> np.ndarray:
+    """``out += w v`` in place, returned: one BLAS ``saxpy`` pass for contiguous float32 vectors,
+    else the product rounded to ``out``'s dtype, then added."""
+    if (out.dtype == v.dtype == np.float32 and out.ndim == v.ndim == 1 and out.flags.c_contiguous
+            and v.flags.c_contiguous):
+        return blas.saxpy(v, out, a=w)
+    out += np.multiply(v, np.float32(w)).astype(out.dtype, copy=False)
+    return out
+
+
 def weighted_sum(weights: Iterable[Any], vectors: Iterable[np.ndarray]) -> np.ndarray | int:
     """Σ_i w_i v_i (0 when there is no term). Float32 vectors give a float32 sum, the weights taken
     in float32 (as ``float(w_i) * v_i`` does); vectors that are rows of one matrix (the reply
@@ -137,8 +147,8 @@ def weighted_sum(weights: Iterable[Any], vectors: Iterable[np.ndarray]) -> np.nd
     for rows, positions in matrix_runs(vs):
         if len(positions) > 1:
             part = w32[positions] @ rows
-        elif out is not None and out.ndim == 1 and rows[0].flags.c_contiguous:
-            out = blas.saxpy(rows[0], out, a=w32[positions[0]])  # one vector alone: added in place, one pass
+        elif out is not None:  # one vector alone: added in place, one pass
+            out = add_scaled(out, w32[positions[0]], rows[0])
             continue
         else:
             part = w32[positions[0]] * rows[0]

@@ -22,9 +22,9 @@ the records count δ as here either way.
 from __future__ import annotations
 
 import numpy as np
-import scipy.linalg.blas as blas
 
 from ..asynchronous import Arrival, AsyncRule, check_staleness_params, staleness_weight
+from ..weighting import add_scaled
 
 
 class FedAsync(AsyncRule):
@@ -66,6 +66,6 @@ class FedAsync(AsyncRule):
             alpha_t = self.mixing(a.staleness)
             np.subtract(a.start, x, out=moved)
             moved += a.report.delta  # x_new − x
-            x = blas.saxpy(moved, x, a=alpha_t)  # (1 − α_t) x + α_t x_new = x + α_t (x_new − x), in place
+            x = add_scaled(x, alpha_t, moved)  # (1 − α_t) x + α_t x_new = x + α_t (x_new − x), in place
             alphas.append(alpha_t)
         return x, {"mixing": float(np.mean(alphas))}
