@@ -52,7 +52,6 @@ LABEL_HOST = "flchurn/host"
 NODE_LABEL = "kubernetes.io/hostname"  # where a host's SuperNodes are placed (its k8s-node, else its name)
 CONTAINER = "supernode"
 RUNTIME_PORT = 9094  # the SuperNode's runtime API (--port), on 0.0.0.0 for the probes
-FLEET_PORT = 9092  # Flower's Fleet API port: the SuperLink's when the hosts file gives none (port = 0)
 GRACE_S = 10  # terminationGracePeriodSeconds: compose's stop_grace_period
 APP_UID = 1000  # the image's user `app` (docker/Dockerfile)
 CA_CONFIGMAP = "flchurn-ca"
@@ -134,8 +133,8 @@ class CertDir:
 
 
 def superlink_target(plan: HostsPlan) -> str:
-    """ADDRESS:PORT the SuperNodes dial: the hosts file's ``[superlink]`` (port 0: Flower's 9092)."""
-    address, port = plan.superlink.address, plan.superlink.port or FLEET_PORT
+    """ADDRESS:PORT the SuperNodes dial: the hosts file's ``[superlink]``."""
+    address, port = plan.superlink.address, plan.superlink.port
     return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
 
 
@@ -290,6 +289,9 @@ def check_options(plan: HostsPlan, opts: K8sOptions) -> None:
     if _loopback(plan.superlink.address):
         raise HostsError(f"{plan.source} [superlink] address {plan.superlink.address!r} is a loopback address: the "
                          "cluster's pods cannot reach it; give the driver machine's address they can reach")
+    if plan.superlink.port == 0:
+        raise HostsError(f"{plan.source} [superlink] port: missing or 0 (a free port, chosen at launch): the manifests "
+                         "carry the port the pods dial; give the SuperLink's --port (Flower's default: 8000)")
     if not HOST_NAME_RE.match(opts.namespace):
         raise DeployError(f"--namespace {opts.namespace!r}: must be a DNS label (lower-case letters, digits and '-')")
     if opts.replicas not in (0, 1):

@@ -51,6 +51,15 @@ def load_api_client(kubeconfig: str | None = None, context: str | None = None) -
     return config.new_client_from_config(config_file=kubeconfig, context=context)
 
 
+def _link_error(err: BaseException) -> bool:
+    """A connection refused, reset or timed out (no answer), as against an answer."""
+    try:
+        from urllib3.exceptions import HTTPError
+    except ImportError:  # pragma: no cover (the client depends on urllib3)
+        return isinstance(err, OSError | TimeoutError)
+    return isinstance(err, OSError | TimeoutError | HTTPError)
+
+
 class KubernetesEngine:
     """The SuperNodes of ``host``'s clients, one Deployment each in ``namespace``.
 
@@ -96,8 +105,10 @@ class KubernetesEngine:
                 if status < 500:
                     raise DeployError(f"{what}: the API server answered {status} {getattr(err, 'reason', '')}") \
                         from None
-            raise HostUnreachable(self.host.name, f"the Kubernetes API server did not answer {what} "
-                                                  f"({type(err).__name__}: {err})") from None
+            if (isinstance(status, int) and status >= 500) or _link_error(err):
+                raise HostUnreachable(self.host.name, f"the Kubernetes API server did not answer {what} "
+                                                      f"({type(err).__name__}: {err})") from None
+            raise DeployError(f"{what}: an answer the client could not read ({type(err).__name__}: {err})") from None
 
     def _scale(self, client: int, replicas: int) -> None:
         self._call(f"scaling deployment {deployment_name(client)} to {replicas}",

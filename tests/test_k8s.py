@@ -206,6 +206,7 @@ BAD_HOSTS = [
     (HOSTS.replace("clients = [2, 3]", "clients = [3]"), ["client(s) [2]"]),
     (HOSTS.replace("192.168.1.10", "127.0.0.1"), ["[superlink] address", "loopback"]),
     (HOSTS.replace("[hosts.lab]", "[hosts.Lab]"), ["[hosts.Lab]", "DNS label"]),
+    (HOSTS.replace("port = 9092\n", ""), ["[superlink] port", "missing or 0"]),
 ]
 
 
@@ -420,3 +421,130 @@ def test_engine_names_its_failures() -> None:
     with pytest.raises(HostUnreachable, match="host pi unreachable"):
         engine.running()
     assert "did not answer" in (engine.reachable() or "")
+
+
+class _FakeServer:
+    """A FakeCluster behind HTTP, as an API server answers it: the real client's requests reach it
+    (paths, verbs, query strings, the watch's event stream), and each one is recorded."""
+
+    def __init__(self, fake: FakeCluster) -> None:
+        import json
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        from urllib.parse import parse_qs, urlparse
+
+        api = k8s.ApiClient()
+        requests: list[tuple[str, str]] = []
+        self.requests = requests
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _send(self, code: int, body: Any, text: bool = False) -> None:
+                data = (body if text else json.dumps(api.sanitize_for_serialization(body))).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "text/plain" if text else "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _route(self, method: str) -> None:
+                url = urlparse(self.path)
+                query = {k: v[0] for k, v in parse_qs(url.query).items()}
+                requests.append((method, url.path + ("?watch" if query.get("watch") == "true" else "")))
+                if self.headers.get("Content-Length"):
+                    body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                parts = url.path.strip("/").split("/")
+                try:
+                    if parts[:2] == ["apis", "apps"] and parts[-1] == "scale":
+                        name, ns = parts[-2], parts[4]
+                        if method == "PATCH":
+                            return self._send(200, fake.patch_namespaced_deployment_scale(name, ns, body))
+                        return self._send(200, fake.read_namespaced_deployment_scale(name, ns))
+                    if parts[-1] == "pods" and query.get("watch") == "true":
+                        self.send_response(200)
+                        self.send_header("Content-Type", "application/json")
+                        self.end_headers()
+                        for event in fake.stream(None):
+                            line = {"type": event["type"], "object": api.sanitize_for_serialization(event["object"])}
+                            self.wfile.write((json.dumps(line) + "\n").encode())
+                        return None
+                    if parts[-1] == "pods":
+                        return self._send(200, fake.list_namespaced_pod(parts[3], query.get("labelSelector", "")))
+                    if parts[-1] == "log":
+                        return self._send(200, fake.read_namespaced_pod_log(parts[-2], parts[3]), text=True)
+                    if method == "DELETE":
+                        fake.delete_namespaced_pod(parts[-1], parts[3], int(query.get("gracePeriodSeconds", -1)))
+                        return self._send(200, _pod(0, "pi", 0, "terminated"))
+                except k8s.ApiException as err:
+                    return self._send(err.status, k8s.V1Status(code=err.status, reason=err.reason))
+                return self._send(404, k8s.V1Status(code=404, reason="NotFound"))
+
+            def do_GET(self) -> None:
+                self._route("GET")
+
+            def do_PATCH(self) -> None:
+                self._route("PATCH")
+
+            def do_DELETE(self) -> None:
+                self._route("DELETE")
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        config = k8s.Configuration(host=f"http://127.0.0.1:{self.server.server_address[1]}")
+        self.api_client = k8s.ApiClient(config)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _granted(role: dict[str, Any]) -> set[tuple[str, str]]:
+    return {(resource, verb) for rule in role["rules"] for resource in rule["resources"] for verb in rule["verbs"]}
+
+
+def _needed(method: str, path: str) -> tuple[str, str]:
+    parts = path.split("?")[0].strip("/").split("/")
+    if parts[-1] == "scale":
+        return "deployments/scale", {"GET": "get", "PATCH": "patch"}[method]
+    if parts[-1] == "log":
+        return "pods/log", "get"
+    if parts[-1] == "pods":
+        return "pods", "watch" if path.endswith("?watch") else "list"
+    return "pods", {"GET": "get", "DELETE": "delete"}[method]
+
+
+@pytest.mark.parametrize("allow_kill", [False, True])
+def test_engine_over_http_asks_only_what_the_role_grants(allow_kill: bool, tmp_path: Path, hosts: Path,
+                                                         certs: Path) -> None:
+    flags = ["--allow-kill"] if allow_kill else []
+    assert main(["k8s", "--hosts", str(hosts), "--out", str(tmp_path / "o"), "--certs", str(certs), *flags]) == 0
+    (role,) = _of(tmp_path / "o", "Role")
+    fake = FakeCluster("pi", (0, 1))
+    server = _FakeServer(fake)
+    try:
+        host = HostSpec(name="pi", engine="process", clients=(0, 1), k8s_node="raspberrypi-4")
+        engine = KubernetesEngine(host, "flchurn", api_client=server.api_client, allow_kill=allow_kill, poll=0.01)
+        assert engine.reachable() is None
+        engine.start(_launch(0))
+        engine.start(_launch(1))
+        assert engine.running() == {0, 1} and engine.state(0) == "running"
+        assert engine.started_at(0) == "2026-12-01T10:00:01+00:00"
+        assert engine.logs(0) == "log of flchurn-node-0-abc1"
+        fake.exit_code = 0
+        assert engine.stop(0, grace=10) == 0
+        assert engine.state(0) == "exited" and engine.state(9) == "absent"
+        if allow_kill:
+            fake.exit_code = 137
+            assert engine.kill(1) == 137
+            assert ("delete", ("flchurn-node-1-abc2", 0)) in fake.calls
+        engine.close()
+        assert fake.replicas == {0: 0, 1: 0}
+    finally:
+        server.close()
+    used = {_needed(m, p) for m, p in server.requests}
+    assert used <= _granted(role), used - _granted(role)
+    assert all(p.startswith(("/api/v1/namespaces/flchurn/", "/apis/apps/v1/namespaces/flchurn/"))
+               for _, p in server.requests)
