@@ -385,6 +385,9 @@ def k8s_main(args: argparse.Namespace) -> int:
     except DeployError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except OSError as err:  # a key or certificate that cannot be read, a folder that cannot be written
+        print(f"error: {err.filename or ''}: {err.strerror or err}", file=sys.stderr)
+        return 2
     print(f"wrote {len(written)} manifests to {out} ({plan.num_clients} clients on {len(plan.hosts)} hosts, "
           f"namespace {args.namespace}); SuperNodes dial {superlink_target(plan)}")
     if not args.certs:

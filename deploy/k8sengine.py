@@ -18,10 +18,10 @@ from __future__ import annotations
 import signal as signals
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import DeployError
-from .hostengine import HostUnreachable, NodeLaunch
+from .hostengine import HostEngine, HostUnreachable, NodeLaunch
 from .hosts import HostSpec
 from .k8s import (
     APP,
@@ -319,3 +319,8 @@ class KubernetesEngine:
         for client in self.host.clients:
             self._call(f"scaling deployment {deployment_name(client)} to 0", self.apps.patch_namespaced_deployment_scale,
                        deployment_name(client), self.namespace, {"spec": {"replicas": 0}}, missing_ok=True)
+
+
+if TYPE_CHECKING:
+    def _is_a_host_engine(engine: KubernetesEngine) -> HostEngine:  # mypy checks the protocol
+        return engine
