@@ -132,6 +132,36 @@ class CertDir:
                                   "them made)")
 
 
+def check_server_names(certs: Path, plan: HostsPlan) -> None:
+    """The SuperLink's certificate in ``certs`` (``server.pem``, when there) names the address the
+    pods dial: otherwise every SuperNode fails its TLS handshake, seen only in the pods' logs."""
+    import ipaddress
+
+    from cryptography import x509
+
+    path = certs / "server.pem"
+    if not path.is_file():
+        return
+    try:
+        cert = x509.load_pem_x509_certificate(path.read_bytes())
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except (ValueError, x509.ExtensionNotFound) as err:
+        raise DeployError(f"--certs {certs}: server.pem is not a certificate with subject alternative names ({err})") \
+            from None
+    address = plan.superlink.address
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        kind, found = "DNS", address.lower() in {n.lower() for n in san.get_values_for_type(x509.DNSName)}
+    else:
+        kind, found = "IP", ip in san.get_values_for_type(x509.IPAddress)
+    if not found:
+        names = ", ".join(str(n.value) for n in san)
+        raise DeployError(f"--certs {certs}: server.pem is for {names}, not for the [superlink] address {address!r} "
+                          "the pods dial (their TLS handshake would fail); make it again with "
+                          f"SAN_EXTRA=\"{kind}:{address}\" docker/gen-certs.sh {certs} {plan.num_clients}")
+
+
 def superlink_target(plan: HostsPlan) -> str:
     """ADDRESS:PORT the SuperNodes dial: the hosts file's ``[superlink]``."""
     address, port = plan.superlink.address, plan.superlink.port
@@ -347,6 +377,7 @@ def write_manifests(out: Path, plan: HostsPlan, opts: K8sOptions, certs: Path | 
     if certs is not None:
         cert_dir = CertDir(certs)
         cert_dir.check(plan.num_clients)
+        check_server_names(certs, plan)
         keys = cert_dir
     made = not out.exists()
     out.mkdir(parents=True, exist_ok=True)

@@ -229,6 +229,42 @@ def test_a_missing_key_exits_2_and_writes_nothing(hosts: Path, tmp_path: Path,
     assert not (tmp_path / "out").exists()
 
 
+def _server_pem(names: list[str]) -> bytes:
+    """A self-signed server certificate for ``names`` (gen-certs.sh's server.pem stands in)."""
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "superlink")])
+    entries: list[x509.GeneralName] = []
+    for n in names:
+        try:
+            entries.append(x509.IPAddress(ipaddress.ip_address(n)))
+        except ValueError:
+            entries.append(x509.DNSName(n))
+    now = dt.datetime.now(dt.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(1).not_valid_before(now).not_valid_after(now + dt.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName(entries), critical=False).sign(key, hashes.SHA256()))
+    return cert.public_bytes(serialization.Encoding.PEM)
+
+
+def test_a_server_certificate_without_the_superlink_address_exits_2(hosts: Path, tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    certs = _make_certs(tmp_path / "certs", 4)
+    (certs / "server.pem").write_bytes(_server_pem(["superlink", "localhost", "127.0.0.1"]))  # no SAN_EXTRA
+    assert main(["k8s", "--hosts", str(hosts), "--out", str(tmp_path / "out"), "--certs", str(certs)]) == 2
+    err = capsys.readouterr().err
+    assert "'192.168.1.10'" in err and 'SAN_EXTRA="IP:192.168.1.10"' in err
+    assert not (tmp_path / "out").exists()
+    (certs / "server.pem").write_bytes(_server_pem(["superlink", "192.168.1.10"]))
+    assert main(["k8s", "--hosts", str(hosts), "--out", str(tmp_path / "out"), "--certs", str(certs)]) == 0
+
+
 def test_out_is_never_a_tracked_folder_nor_a_full_one(hosts: Path, certs: Path, tmp_path: Path,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     repo = tmp_path / "repo"
