@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import base64
 import shutil
-import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -43,6 +42,7 @@ from .errors import DeployError
 from .flwr_cli import toml_value
 from .hostengine import NodeLaunch
 from .hosts import HostSpec, HostsPlan, load_hosts
+from .identity import make_identities, outside_checkout
 from .tuning import ENV as TUNING_ENV, NODE_CONFIG as TUNING_NODE_CONFIG
 
 APP = "flchurn-supernode"  # app.kubernetes.io/name of every SuperNode object
@@ -328,25 +328,6 @@ def check_options(plan: HostsPlan, opts: K8sOptions) -> None:
         raise DeployError(f"--replicas {opts.replicas}: a client's Deployment has 0 or 1 replicas")
 
 
-def outside_checkout(folder: Path) -> None:
-    """Refuse a folder of a git checkout that git does not ignore: it receives private keys."""
-    probe = folder.resolve()
-    while not probe.exists():
-        probe = probe.parent
-    try:
-        top = subprocess.run(["git", "-C", str(probe), "rev-parse", "--show-toplevel"], capture_output=True,
-                             text=True, timeout=10)
-        if top.returncode != 0:
-            return
-        ignored = subprocess.run(["git", "-C", top.stdout.strip(), "check-ignore", "-q",
-                                  str(folder.resolve() / "node-0.yaml")], capture_output=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return  # no git: nothing to commit them to
-    if ignored.returncode != 0:
-        raise DeployError(f"--out {folder} is inside the git checkout {top.stdout.strip()} and not ignored: the "
-                          "Secrets there hold private keys one `git add` away from a commit; choose a folder outside it")
-
-
 class _Dumper(yaml.SafeDumper):
     """Plain YAML: no ``&id001`` anchors for a mapping used twice."""
 
@@ -356,13 +337,6 @@ class _Dumper(yaml.SafeDumper):
 
 def _dump(docs: Sequence[Mapping[str, Any]]) -> str:
     return yaml.dump_all(list(docs), Dumper=_Dumper, sort_keys=False, default_flow_style=False)
-
-
-def make_identities(folder: Path, cert_names: Sequence[str], num_clients: int) -> Keys:
-    """New keys and certificates in ``folder``: :func:`deploy.identity.make_identities`."""
-    from .identity import make_identities as make
-
-    return make(folder, cert_names, num_clients)
 
 
 def write_manifests(out: Path, plan: HostsPlan, opts: K8sOptions, certs: Path | None,

@@ -282,7 +282,6 @@ def test_out_is_never_a_tracked_folder_nor_a_full_one(hosts: Path, certs: Path, 
 
 
 def test_without_certs_the_keys_are_made_beside_the_manifests(hosts: Path, tmp_path: Path) -> None:
-    pytest.importorskip("deploy.identity")
     out = tmp_path / "out"
     assert main(["k8s", "--hosts", str(hosts), "--out", str(out)]) == 0
     ident = out / "identity"
