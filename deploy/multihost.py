@@ -68,6 +68,10 @@ def make_engine(host: HostSpec, spawner: Spawner, work_dir: Path, tag: str, log:
         from .dockerengine import DockerEngine  # type: ignore[import-not-found, unused-ignore]
 
         return DockerEngine(host, tag, log)
+    if host.engine == "kubernetes":
+        from .k8sengine import KubernetesEngine, load_api_client
+
+        return KubernetesEngine(host, host.namespace, api_client=load_api_client(host.kubeconfig, host.context))
     raise DeployError(f"host {host.name}: no engine {host.engine!r}")
 
 
