@@ -56,19 +56,20 @@ class RayCluster:
         self.started_s = 0.0
 
     def env(self, name: str) -> dict[str, str]:
-        env = {**os.environ, **QUIET, NODE_VAR: f"{self.tag}-{name}"}
+        patience = max(1.0, 2.0 * host_slowdown())
+        # the raylet's own waits (RayConfig): for its agents' port files (30 s; it aborted at load 47
+        # with "Timed out waiting for file .../dashboard_agent_listen_port_<node>") and to register
+        waits = {"RAY_agent_register_timeout_ms": str(int(30_000 * patience)),
+                 "RAY_raylet_start_wait_time_s": str(int(30 * patience))}
+        env = {**os.environ, **QUIET, **waits, NODE_VAR: f"{self.tag}-{name}"}
         env.pop("RAY_ADDRESS", None)
         return env
 
     def _start(self, name: str, *args: str) -> subprocess.Popen:
         log = (self.temp / f"{name}.out").open("wb")  # each attempt anew
         code = RAY_START.format(patience=max(1.0, 2.0 * host_slowdown()))
-        # fixed agent ports: with port 0 the raylet waits for the agent's port file and, at load 47,
-        # aborted ("Timed out waiting for file .../metrics_agent_port_<node>")
-        ports = [f"--{flag}={free_port()}" for flag in ("dashboard-agent-grpc-port", "dashboard-agent-listen-port",
-                                                         "metrics-export-port", "runtime-env-agent-port")]
         return subprocess.Popen([sys.executable, "-c", code, "start", f"--num-cpus={self.cpus}", "--disable-usage-stats",
-                                 *ports, *args],
+                                 *args],
                                 env=self.env(name), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
 
