@@ -193,6 +193,7 @@ def connect(address: str, timeout: float = 5.0) -> Any:
     except OSError as err:
         raise ClusterError(f"--ray-address {address}: the Ray cluster does not answer ({err.strerror or err}); start "
                            f"its head with `ray start --head --port {port}` on {host}, or check the address") from None
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # Ray's FutureWarning (deploy.flwr_cli)
     import ray
 
     pythonpath = os.pathsep.join(p for p in sys.path if p)  # as Flower's RayBackend gives its actors
