@@ -164,7 +164,7 @@ def test_a_cluster_run_equals_the_single_node_run_places_actors_on_several_nodes
     ref = {k: finish(tmp_path, f"local-{k}", p) for k, p in local.items()}
     t_local = time.monotonic() - t0
     ids = {n["id"] for n in cluster.nodes()}
-    for rows, config, log in ref.values():
+    for _rows, config, log in ref.values():
         assert f"pass --ray-address {cluster.address} to run on that cluster" in log
         assert len(config["ray"]["nodes"]) == 1 and config["ray"]["nodes"][0]["node-id"] not in ids
 
