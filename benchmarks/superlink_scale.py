@@ -121,15 +121,32 @@ def cpu_of(pids: list[int], marker: str | None = None) -> float:
     return sum(proc_cpu(p) for p in pids if marker is None or marker in cmdline(p))
 
 
-def idle_cpu(site: ProcessSite, n: int, window: float) -> tuple[float, float]:
-    """CPU seconds per second (cores) the SuperLink side and the ``n`` idle nodes spend over ``window`` s."""
-    def now() -> tuple[float, float]:
-        return (cpu_of(group(site, "superlink")),
-                sum(cpu_of(group(site, node_name(site, i))) for i in range(n)))
-    (l0, n0), t0 = now(), time.monotonic()
-    time.sleep(window)
-    (l1, n1), dt = now(), time.monotonic() - t0
-    return (l1 - l0) / dt, (n1 - n0) / dt
+def idle_cpu(site: ProcessSite, n: int, window: float) -> tuple[float, float, float]:
+    """CPU seconds per second (cores) the SuperLink side, the ``n`` idle nodes and their SuperExecs
+    spend: the lowest of two ``window``-second windows (a SuperExec still importing inflates the first)."""
+    def now() -> tuple[float, float, float]:
+        nodes = [p for i in range(n) for p in group(site, node_name(site, i))]
+        return cpu_of(group(site, "superlink")), cpu_of(nodes), cpu_of(nodes, "flower-superexec")
+    rates = []
+    for _ in range(2):
+        c0, t0 = now(), time.monotonic()
+        time.sleep(window)
+        c1, dt = now(), time.monotonic() - t0
+        rates.append(tuple((b - a) / dt for a, b in zip(c0, c1, strict=True)))
+    return min(r[0] for r in rates), min(r[1] for r in rates), min(r[2] for r in rates)
+
+
+def settle(site: ProcessSite, n: int, timeout: float = 300.0) -> None:
+    """Wait until each of the ``n`` registered nodes runs its SuperExec (started after registering),
+    then 3 s more: the nodes are in their idle pull loop."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(any("flower-superexec" in cmdline(p) for p in group(site, node_name(site, i))) for i in range(n)):
+            break
+        time.sleep(1.0)
+    else:
+        print(f"  (not every node's SuperExec runs {timeout:.0f} s after registering: measuring anyway)", flush=True)
+    time.sleep(3.0)
 
 
 def load() -> float:
@@ -177,7 +194,7 @@ def idle_part(steps: list[int], repeats: int, tmp: Path, idle_window: float = 10
         time.sleep(2.0)
         base = memory_of(group(site, "superlink"))
         ls0, _, ls0_cpu, _ = supernode_ls(site, repeats)
-        cores0, _ = idle_cpu(site, 0, idle_window)
+        cores0, _, _ = idle_cpu(site, 0, idle_window)
         out.append({"nodes": 0, "superlink": base, "ls": ls0, "ls-cli-cpu": ls0_cpu, "link-idle-cores": cores0,
                     "load": load()})
         print(f"  0 nodes: SuperLink {base['rss']:.0f} MiB RSS / {base['pss']:.0f} MiB PSS "
@@ -194,10 +211,10 @@ def idle_part(steps: list[int], repeats: int, tmp: Path, idle_window: float = 10
             reg = time.perf_counter() - t0
             batch = n - started
             started = n
-            time.sleep(3.0)  # registered: let the nodes reach their idle pull loop
+            settle(site, n)
             link = memory_of(group(site, "superlink"))
             nodes = [memory_of(group(site, node_name(site, i))) for i in range(n)]
-            link_cores, node_cores = idle_cpu(site, n, idle_window)
+            link_cores, node_cores, exec_cores = idle_cpu(site, n, idle_window)
             ls, online, ls_cpu, ls_link = supernode_ls(site, repeats)
             # one node's restart -> registered, with the others registered (what a returning node waits)
             site.stop_node(0, "term")
@@ -210,7 +227,7 @@ def idle_part(steps: list[int], repeats: int, tmp: Path, idle_window: float = 10
                    "node-procs": statistics.median(x["procs"] for x in nodes),
                    "register-batch": batch, "register-s": reg, "rejoin-s": rejoin, "ls": ls, "online": online,
                    "ls-cli-cpu": ls_cpu, "ls-link-cpu": ls_link,
-                   "link-idle-cores": link_cores, "node-idle-cores": node_cores,
+                   "link-idle-cores": link_cores, "node-idle-cores": node_cores, "superexec-idle-cores": exec_cores,
                    "load": load(), "mem-available-mib": mem_available()}
             out.append(row)
             grow, prev = (link["rss"] - prev) / batch, link["rss"]  # the first step has the SuperLink's warm-up too
@@ -220,7 +237,8 @@ def idle_part(steps: list[int], repeats: int, tmp: Path, idle_window: float = 10
                   f"{reg:.1f} s ({reg / batch:.2f} s/node); one restart -> registered {rejoin:.1f} s; "
                   f"`flwr supernode ls` {ls:.2f} s ({online} online listed; CPU-s: the CLI {ls_cpu:.2f}, the SuperLink "
                   f"{ls_link:.3f}); idle CPU: SuperLink side "
-                  f"{link_cores * 1000:.0f} ms/s, a node {node_cores / n * 1000:.0f} ms/s (load {row['load']:.1f})",
+                  f"{link_cores * 1000:.0f} ms/s, a node {node_cores / n * 1000:.0f} ms/s (its SuperExec "
+                  f"{exec_cores / n * 1000:.0f}) (load {row['load']:.1f})",
                   flush=True)
     return out
 
