@@ -224,7 +224,7 @@ class FakeFlower:
     outcomes: list[tuple[str, str]] = []
     submitted = 0
 
-    def __init__(self, flwr_home):
+    def __init__(self, flwr_home, ray_address="local"):
         from deploy.waits import Waits
 
         self.waits = Waits()
