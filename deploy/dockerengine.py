@@ -65,8 +65,9 @@ def supernode_command(launch: NodeLaunch) -> list[str]:
             "--host", "0.0.0.0", "--port", str(launch.runtime_port), "--node-config", config]
 
 
-def secrets_tar(launch: NodeLaunch) -> bytes:
-    """The tar extracted at ``/`` of a new container: the CA (0444) and the node key (0400)."""
+def secrets_tar(launch: NodeLaunch, uid: int = 0, gid: int = 0) -> bytes:
+    """The tar extracted at ``/`` of a new container: the CA (0444) and the node key (0400),
+    owned by ``uid:gid`` (the image's user: the SuperNode must read its key)."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         for path, data, mode in ((CA_PATH, launch.ca_cert, 0o444), (KEY_PATH, launch.private_key, 0o400)):
@@ -74,9 +75,25 @@ def secrets_tar(launch: NodeLaunch) -> bytes:
             d.type, d.mode = tarfile.DIRTYPE, 0o755
             tar.addfile(d)
             f = tarfile.TarInfo(path.lstrip("/"))
-            f.size, f.mode = len(data), mode
+            f.size, f.mode, f.uid, f.gid = len(data), mode, uid, gid
             tar.addfile(f, io.BytesIO(data))
     return buf.getvalue()
+
+
+def user_ids(user: str, passwd: str) -> tuple[int, int]:
+    """``uid:gid`` of an image's ``User`` (``name``, ``uid``, ``name:group`` or ``uid:gid``) from the
+    image's ``/etc/passwd`` text; root when it is empty."""
+    name, _, group = (user or "").partition(":")
+    if not name:
+        return 0, 0
+    entries = {f[0]: f for f in (line.split(":") for line in passwd.splitlines()) if len(f) >= 4}
+    by_uid = {f[2]: f for f in entries.values()}
+    entry = entries.get(name) or by_uid.get(name)
+    if entry is None and not name.isdigit():
+        raise DeployError(f"the image's user {name!r} is not in its /etc/passwd")
+    uid = int(entry[2]) if entry else int(name)
+    gid = int(group) if group.isdigit() else int(entry[3]) if entry else uid
+    return uid, gid
 
 
 def engine_seconds(stamp: str) -> str:
@@ -226,12 +243,28 @@ class DockerEngine:
                               f"docker/push-images.sh {self.host.image} {self.host.docker}; docs/multihost.md)")
         if status != 201:
             raise DockerError(self.api.url, "POST", "/containers/create", status, body)
+        uid, gid = self._image_user(name)
         with self._engine():
-            status, body = self.api.request("PUT", f"/containers/{name}/archive?path=/&copyUIDGID=1",
-                                            secrets_tar(launch), headers={"Content-Type": "application/x-tar"})
+            status, body = self.api.request("PUT", f"/containers/{name}/archive?path=/",
+                                            secrets_tar(launch, uid, gid), headers={"Content-Type": "application/x-tar"})
         if status != 200:
             self._call("DELETE", f"/containers/{name}?force=1", ok=(204, 404))
             raise DockerError(self.api.url, "PUT", f"/containers/{name}/archive", status, body)
+
+    def _image_user(self, name: str) -> tuple[int, int]:
+        """The numeric user of container ``name`` (its ``User``, looked up in its own /etc/passwd:
+        ``copyUIDGID`` would look a name up on the engine's host, dockerd 20.10)."""
+        user = (self._call("GET", f"/containers/{name}/json")["Config"].get("User") or "")
+        if not user or user.replace(":", "").isdigit():
+            return user_ids(user, "")
+        with self._engine():
+            status, body = self.api.request("GET", f"/containers/{name}/archive?path=/etc/passwd")
+        passwd = ""
+        if status == 200:
+            with tarfile.open(fileobj=io.BytesIO(body)) as tar:
+                member = tar.extractfile("passwd")
+                passwd = member.read().decode(errors="replace") if member else ""
+        return user_ids(user, passwd)
 
     def signal(self, client: int, sig: int) -> None:
         name = self._name(client)

@@ -245,7 +245,8 @@ class DockerHosts:
                 for sub in sorted(d.glob("*/"), reverse=True):
                     _rmdir(sub)
                 _rmdir(d)
-            subprocess.run(["umount", "-R", str(h.run_dir)], capture_output=True, check=False)
+            for m in _mounts(h.run_dir):  # dockerd's bind of its namespace (exec-root/netns/default)
+                subprocess.run(["umount", "-l", m], capture_output=True, check=False)
             shutil.rmtree(h.run_dir, ignore_errors=True)
         shutil.rmtree(f"/run/{PREFIX}", ignore_errors=True)
         if not self.keep_data:
@@ -266,6 +267,7 @@ class DockerHosts:
         for h in self.hosts.values():
             left += [f"process {p} of {h.name}'s engine" for p in _engine_pids(h)]
             left += [f"cgroup {d}" for d in _cgroups(h.cgroup_parent)]
+        left += [f"mount {m}" for m in _mounts(Path(f"/run/{PREFIX}"))]
         if Path(f"/run/{PREFIX}").exists():
             left.append(f"/run/{PREFIX}")
         return left
@@ -297,10 +299,14 @@ def _rmdir(d: Path) -> None:
         pass
 
 
+def _mounts(root: Path) -> list[str]:
+    """Mount points under ``root``, deepest first."""
+    return sorted((line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()
+                   if line.split()[1].startswith(f"{root}/") or line.split()[1] == str(root)), reverse=True)
+
+
 def _rm_data(root: Path) -> None:
     """A data root: its overlay mounts first (none once dockerd stopped cleanly)."""
-    mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()
-              if line.split()[1].startswith(str(root))]
-    for m in sorted(mounts, reverse=True):
+    for m in _mounts(root):
         subprocess.run(["umount", "-l", m], capture_output=True, check=False)
     shutil.rmtree(root, ignore_errors=True)
