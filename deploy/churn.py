@@ -151,6 +151,7 @@ class RoundChurn:
         self.up_at_start: dict[int, dict[int, int]] = {}
         self.up_at_end: dict[int, dict[int, int]] = {}
         self.crashed: dict[int, list[int]] = {}
+        self.cut_off: dict[int, dict[int, str]] = {}  # round -> client the schedule has on -> its host's outage
         self.events: list[dict[str, Any]] = []
         self.started_at: float | None = None  # the server's start (RunStarted)
         self.done = False
@@ -198,7 +199,18 @@ class RoundChurn:
             if e["action"] in ("crash", "term"):
                 how = "SIGKILL" if e["action"] == "crash" else "SIGTERM"
                 out[e["round"], e["client"]] = f"taken down mid-round ({how}, asked for)"
+        out.update({(r, c): why for r, cs in self.cut_off.items() for c, why in cs.items()})
         return out
+
+    def _note_cut_off(self, r: int) -> None:
+        """Round r's clients whose host did not answer now or since the last look (a named cause)."""
+        if not 1 <= r <= self.num_rounds:
+            return
+        want = self.on(r)
+        for c, why in self.nodes.unreachable().items():
+            if c in want and c not in self.cut_off.setdefault(r, {}):
+                self.cut_off[r][c] = why
+                self.log(f"round {r}: client {c} lost: {why}")
 
     def prepare(self, timeout: float = 90.0) -> None:
         """Stop the nodes that are off in the first round, start its nodes and wait until they are
@@ -221,6 +233,7 @@ class RoundChurn:
             self.started_at = event.t
             self._begin(self.start_round, event.t)
         elif isinstance(event, RoundFinished):
+            self._note_cut_off(event.round)
             self.up_at_end[event.round] = self._up()
             if event.round >= self.num_rounds:
                 self.done = True
@@ -228,6 +241,7 @@ class RoundChurn:
                 return
             self._begin(event.round + 1, event.t)
         elif isinstance(event, Tick):
+            self._note_cut_off(self.round)
             self._fire(event.t)
         elif isinstance(event, RunDone):
             self.done = True
@@ -269,6 +283,7 @@ class RoundChurn:
         while time.monotonic() < deadline and any(self.nodes.registered_id(i) is None for i in want):
             time.sleep(0.05)
         late = sorted(i for i in want if self.nodes.registered_id(i) is None)
+        self._note_cut_off(r)
         self.up_at_start[r] = {i: n for i, n in self._up().items() if i in want and i not in late}
         if late:
             self.late[r] = late

@@ -12,7 +12,14 @@ from .nodes import MODES
 
 
 def add_launch_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--num-nodes", type=int, required=True, help="number of SuperNodes = num-clients")
+    p.add_argument("--num-nodes", type=int, default=None,
+                   help="number of SuperNodes = num-clients (required without --hosts; with it, the hosts' clients)")
+    p.add_argument("--hosts", default=None,
+                   help="hosts file (TOML): the SuperLink here, each client's SuperNode on the host it names, "
+                        "through that host's engine, with TLS and one key per client (docs/multihost.md)")
+    p.add_argument("--certs", default=None,
+                   help="with --hosts: a folder of keys and certificates in docker/gen-certs.sh's layout (default: "
+                        "made in the work dir, outside the repository)")
     p.add_argument("--run-config", default="", help="run config overrides, as for flwr run: \"k=v k2='s'\"")
     p.add_argument("--churn", action="store_true", help="stop/start SuperNodes to follow the availability schedule")
     p.add_argument("--churn-mode", choices=MODES, default="term",

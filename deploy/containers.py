@@ -136,6 +136,9 @@ class DockerNodes:
     def client_of_node(self) -> dict[int, int]:
         return {nid: i for i, ids in self.node_ids.items() for nid in ids}
 
+    def unreachable(self) -> dict[int, str]:
+        return {}  # one engine, which this driver reaches over its socket
+
 
 class ComposeSite(DockerNodes):
     """The compose stack from its ``churn`` service: node containers, and the ``superlink``

@@ -25,8 +25,9 @@ from .run import Outcome, run_deployment
 from .submission import latest_checkpoint, parse_run_config
 from .waits import Waits, for_host, scale_run_waits, slowest_cap
 
-if TYPE_CHECKING:  # edge emulation is imported only with device classes
+if TYPE_CHECKING:  # edge emulation is imported only with device classes, hosts only with --hosts
     from .edge.devices import DevicePlan
+    from .multihost import MultiHostSite
 
 
 def launch_main(args: argparse.Namespace) -> int:
@@ -34,6 +35,14 @@ def launch_main(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     exit_on_signals()
     user = parse_run_config(args.run_config)
+    if args.hosts:
+        return launch_hosts(args, user, console)
+    if args.num_nodes is None:
+        console.print("[red]error:[/] --num-nodes N is required (or --hosts FILE, whose hosts hold the clients)")
+        return 2
+    if args.certs:
+        console.print("[red]error:[/] --certs goes with --hosts (a deployment on this machine runs without TLS)")
+        return 2
     if args.app:
         return launch_app(args, user, console)
     try:
@@ -111,7 +120,7 @@ class ProgressBar:
             self.console.print(status, soft_wrap=True)
 
 
-def print_outcome(console: Console, dep: ProcessSite, out: Outcome, counts: dict[str, dict[str, int]],
+def print_outcome(console: Console, dep: ProcessSite | MultiHostSite, out: Outcome, counts: dict[str, dict[str, int]],
                   devices: bool = False) -> int:
     """Print the run's outcome, participation report, per-class counts and 401s; the exit status
     (0 only when the run completed and its participation followed the schedule)."""
@@ -189,4 +198,52 @@ def launch_app(args: argparse.Namespace, user: dict[str, Any], console: Console)
         code = 130
     finally:
         dep.close()
+    return code
+
+
+def launch_hosts(args: argparse.Namespace, user: dict[str, Any], console: Console) -> int:
+    """``--hosts FILE``: the SuperLink here, the SuperNodes on the hosts (:mod:`deploy.multihost`),
+    one run; a hosts-file mistake exits 2 naming the key and the host, before anything starts."""
+    from .hosts import load_hosts
+    from .multihost import MultiHostSite
+
+    try:
+        if args.devices or args.app or args.wall_clock:
+            raise DeployError("--hosts runs the project's app under round churn: no --devices (each host is its own "
+                              "device), --app or --wall-clock yet")
+        if args.churn_mode == "kill":
+            raise DeployError("--churn-mode kill with --hosts: under SuperNode authentication a SIGKILLed node keeps its "
+                              "session until its heartbeat expires (~60 s) and the SuperLink refuses its return until "
+                              "then; use --churn-mode term (crashes on purpose still SIGKILL)")
+        plan = load_hosts(args.hosts, args.num_nodes)
+        waits = launch_waits(args)
+    except DeployError as err:
+        console.print(f"[red]error:[/] {escape(str(err))}")
+        return 2
+    merged = {**default_run_config(), **user}
+    for line in scale_run_waits(user, merged, waits.round_factor):
+        console.print(escape(line))
+    bar = ProgressBar(console, merged)
+    site = MultiHostSite(plan, Path(args.work_dir).resolve() if args.work_dir else None, certs=args.certs,
+                         data_dir=args.data_dir, keep_workdir=args.keep_workdir, waits=waits, log=bar.log)
+    code = 1
+    try:
+        console.print(f"work dir: {site.work_dir}; {len(plan.hosts)} hosts: " + ", ".join(
+            f"{h.name} ({h.engine}, clients {list(h.clients)})" for h in plan.hosts))
+        resume = resume_point(args)
+        site.start_superlink()
+        with bar.progress:
+            out = run_deployment(site, user, churn="rounds" if args.churn else None, churn_mode=args.churn_mode,
+                                 grace=args.grace, lookahead=not args.no_lookahead, timeout=args.timeout,
+                                 on_row=bar.on_row, resume_from=resume,
+                                 round_start_signal=False if args.fixed_grace else None)
+        code = print_outcome(console, site, out, {})
+        console.print("switch latency per host (engine calls):\n" + escape(site.switch_summary()), soft_wrap=True)
+    except DeployError as err:
+        console.print(f"[red]error:[/] {escape(str(err))}; logs in {site.logs} (--keep-workdir keeps them)")
+    except KeyboardInterrupt:
+        console.print("interrupted: stopping everything on every host")
+        code = 130
+    finally:
+        site.close()
     return code

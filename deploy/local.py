@@ -279,6 +279,9 @@ class ProcessSite:
             self.registered_id(i)  # record the current incarnation's node id
         return {nid: i for i, node in self.nodes.items() for nid in node.node_ids}
 
+    def unreachable(self) -> dict[int, str]:
+        return {}  # one host: a node is reached or down, never cut off
+
     def stop_node(self, i: int, mode: str = "term", timeout: float = 10.0) -> None:
         """``term``: SIGTERM to the SuperNode (it deactivates; the SuperLink answers its pending
         messages with NODE_UNAVAILABLE), then the rest of its tree; ``kill``: SIGKILL the tree

@@ -53,6 +53,10 @@ class Nodes(Protocol):
     def client_of_node(self) -> dict[int, int]:
         """Flower node id -> client, for every incarnation seen so far."""
 
+    def unreachable(self) -> dict[int, str]:
+        """Client -> why it cannot be reached now or could not since the last call (its host did
+        not answer: ``"host h unreachable: ..."``); empty where every node is on this machine."""
+
 
 @runtime_checkable
 class Site(Nodes, Protocol):

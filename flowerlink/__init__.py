@@ -10,6 +10,7 @@ in ``docs/flower-versions.md``. Imports nothing of ours.
 from .internals import (
     TOUCHES,
     cap_supernode_sleeps,
+    control_client,
     is_http_grid,
     recorddict_from_bytes,
     recorddict_to_bytes,
@@ -23,6 +24,6 @@ from .internals import (
     wrap_http_grid_object_pulls,
 )
 
-__all__ = ["TOUCHES", "cap_supernode_sleeps", "is_http_grid", "recorddict_from_bytes", "recorddict_to_bytes",
+__all__ = ["TOUCHES", "cap_supernode_sleeps", "control_client", "is_http_grid", "recorddict_from_bytes", "recorddict_to_bytes",
            "run_flower_superlink", "run_flower_supernode", "set_message_id", "set_task_heartbeat_window",
            "set_task_identity", "task_identity", "unavailable_node_reply", "wrap_http_grid_object_pulls"]

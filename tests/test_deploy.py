@@ -414,6 +414,9 @@ class FakeNodes:
     def client_of_node(self):
         return {100 * i + k: i for i in range(self.num_nodes) for k in range(1, self.starts[i] + 1)}
 
+    def unreachable(self):
+        return {}
+
 
 def test_the_process_and_container_nodes_and_the_fake_are_all_nodes(tmp_path):
     from deploy.containers import ComposeSite, DockerNodes

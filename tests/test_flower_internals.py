@@ -156,3 +156,23 @@ def test_recorddict_to_bytes(kind):
 def test_recorddict_from_bytes():
     with pytest.raises(Exception):  # noqa: B017 (protobuf's own error: what matters is that junk raises)
         internals.recorddict_from_bytes(b"\xff\xff\xff not a protobuf")
+
+
+def test_control_client():
+    """What ControlClient reaches: the CLI's connection and HTTP client, ListNodes / RegisterNode
+    with the fields it reads (the real calls run in tests/test_multihost.py against a SuperLink)."""
+    import inspect
+
+    from flwr.cli.typing import SuperLinkConnection
+    from flwr.cli.utils import init_http_client_from_connection
+    from flwr.proto.control_pb2 import ListNodesResponse, RegisterNodeRequest, RegisterNodeResponse
+    from flwr.proto.node_pb2 import NodeInfo
+    from flwr.supercore.control import ControlHttpClient
+
+    assert list(inspect.signature(init_http_client_from_connection).parameters)[0] == "connection"
+    assert {"name", "address", "root_certificates", "insecure"} <= set(inspect.signature(SuperLinkConnection).parameters)
+    assert callable(ControlHttpClient.ListNodes) and callable(ControlHttpClient.RegisterNode)
+    assert "public_key" in RegisterNodeRequest.DESCRIPTOR.fields_by_name
+    assert "node_id" in RegisterNodeResponse.DESCRIPTOR.fields_by_name
+    assert "nodes_info" in ListNodesResponse.DESCRIPTOR.fields_by_name
+    assert {"node_id", "status", "public_key", "online_until", "last_activated_at"} <= set(NodeInfo.DESCRIPTOR.fields_by_name)

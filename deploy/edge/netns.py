@@ -27,6 +27,17 @@ NETNS_DIR = Path("/run/netns")
 PREFIX = "flc"
 
 
+def enter_namespace(ns: str) -> None:
+    """Move the calling process into network namespace ``ns`` (``ip netns add``'s; in a child,
+    before exec)."""
+    fd = os.open(NETNS_DIR / ns, os.O_RDONLY)
+    try:
+        if ctypes.CDLL(None, use_errno=True).setns(fd, CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), f"setns {ns}")
+    finally:
+        os.close(fd)
+
+
 def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     res = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
     if check and res.returncode != 0:
@@ -107,12 +118,7 @@ class NodeNet:
 
     def enter(self) -> None:
         """Move the calling process into the namespace (runs in the child, before exec)."""
-        fd = os.open(NETNS_DIR / self.ns, os.O_RDONLY)
-        try:
-            if ctypes.CDLL(None, use_errno=True).setns(fd, CLONE_NEWNET) != 0:
-                raise OSError(ctypes.get_errno(), f"setns {self.ns}")
-        finally:
-            os.close(fd)
+        enter_namespace(self.ns)
 
     def bytes(self) -> tuple[int, int]:
         """(bytes received by the node, bytes it sent) so far, counted at the host end."""
