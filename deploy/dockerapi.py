@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import socket
 import ssl
 import subprocess
@@ -112,14 +113,21 @@ def tls_context(tls_dir: Path | str) -> ssl.SSLContext:
     return ctx
 
 
+SSH_CONFIG_VAR = "FLCHURN_SSH_CONFIG"  # an ssh_config file for ssh:// engines (else ~/.ssh/config)
+
+
 def ssh_argv(url: str, timeout: float, control_dir: str | None = None) -> list[str]:
     """``ssh`` arguments that run ``docker system dial-stdio`` on the host of ``ssh://[USER@]HOST[:PORT]``
-    (key-based, never a password prompt; one master connection per host when ``control_dir``)."""
+    (key-based, never a password prompt; one master connection per host when ``control_dir``;
+    ``$FLCHURN_SSH_CONFIG``: the ssh_config file to use)."""
     parts = urllib.parse.urlsplit(url)
     if not parts.hostname:
         raise DeployError(f"Docker engine {url}: no host in the ssh:// address (ssh://USER@HOST[:PORT])")
-    argv = ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={max(1, int(timeout))}",
-            "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=2"]
+    argv = ["ssh"]
+    if os.environ.get(SSH_CONFIG_VAR):
+        argv += ["-F", os.environ[SSH_CONFIG_VAR]]
+    argv += ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={max(1, int(timeout))}",
+             "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=2"]
     if control_dir:
         argv += ["-o", "ControlMaster=auto", "-o", f"ControlPath={control_dir}/%C", "-o", "ControlPersist=60"]
     if parts.port:
@@ -193,6 +201,13 @@ class DockerAPI:
         if status not in ok:
             raise DockerError(self.url, method, path, status, data)
         return json.loads(data) if data.strip() else None
+
+    def close(self) -> None:
+        """An ssh:// engine: end its master connection (the others hold nothing between requests)."""
+        if self.scheme == "ssh" and self.ssh_control_dir:
+            argv = ssh_argv(self.url, 5, self.ssh_control_dir)
+            subprocess.run([*argv[:argv.index("--")], "-O", "exit", "--", argv[argv.index("--") + 1]],
+                           capture_output=True, timeout=15, check=False, stdin=subprocess.DEVNULL)
 
     def ping(self, timeout: float = 2.0) -> str | None:
         """None when ``GET /_ping`` answers OK within ``timeout``, else why not (one line)."""

@@ -32,8 +32,10 @@ import io
 import json
 import math
 import re
+import shutil
 import signal as signals
 import tarfile
+import tempfile
 import threading
 import time
 import urllib.parse
@@ -119,7 +121,9 @@ class DockerEngine:
         self.tag = tag
         self.log = log or print
         self.timeout = timeout
-        self.api = DockerAPI(host.docker, host.tls_dir, timeout=timeout)
+        # ssh://: one master connection to the host, reused by every request (ssh's ControlMaster)
+        self.ssh_dir = tempfile.mkdtemp(prefix="flchurn-ssh-") if host.docker_scheme == "ssh" else None
+        self.api = DockerAPI(host.docker, host.tls_dir, timeout=timeout, ssh_control_dir=self.ssh_dir)
         self.names: dict[int, str] = {}  # client -> container name (those started by this engine)
         self.ports: dict[int, int] = {}  # client -> runtime port on the host
         self.term_sent: set[int] = set()  # SIGTERM sent by signal(), not yet stopped
@@ -368,3 +372,6 @@ class DockerEngine:
             self.term_sent.clear()
             if removed:
                 self.log(f"{self._where()}: removed {removed} container(s) of deployment {self.tag}")
+            self.api.close()
+            if self.ssh_dir:
+                shutil.rmtree(self.ssh_dir, ignore_errors=True)

@@ -1,5 +1,6 @@
-"""Test hosts with real Docker engines on this machine (root): network namespaces on a bridge of a
-private subnet, each running its own ``dockerd`` (own data root, exec root, pidfile, cgroup parent,
+"""Test hosts with real Docker engines on this machine (root): the namespace hosts of
+``tests/multihost_hosts.py`` (network namespaces on a bridge of a private /24), each running its own
+``dockerd`` (own data root, exec root, pidfile, cgroup parent,
 a unix socket and ``tcp://ADDR:2376`` with mutual TLS from certificates made here).
 
 ``DockerHosts(["h1", "h2"])`` as a context manager makes them; its exit (a finalizer that runs on
@@ -32,9 +33,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from deploy.dockerapi import DockerAPI
+from tests.multihost_hosts import NamespaceHosts
 
-PREFIX = "flcd"  # every namespace, interface and cgroup made here starts with it
-SUBNET = "10.213.7"  # bridge .1, hosts .11, .12, ...
+PREFIX = "flcd"  # every engine folder (/run/flcd) and cgroup parent made here starts with it
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
@@ -124,23 +125,23 @@ class DockerHost:
 
 
 class DockerHosts:
-    """Namespaced Docker engines ``names`` on bridge ``flcd0`` (``SUBNET.1``)."""
+    """Namespaced Docker engines ``names`` (host ``j`` of a :class:`NamespaceHosts`), this machine at
+    ``bridge_ip`` on their bridge."""
 
-    def __init__(self, names: list[str], subnet: str = SUBNET, log=print,
-                 insecure_registry: str | None = None) -> None:
-        self.subnet = subnet
-        self.bridge = f"{PREFIX}0"
-        self.bridge_ip = f"{subnet}.1"
+    def __init__(self, names: list[str], log=print, registry_port: int | None = None) -> None:
+        self.net = NamespaceHosts(len(names))
+        self.subnet = self.net.superlink_address.rsplit(".", 1)[0]
+        self.bridge_ip = self.net.superlink_address
         self.log = log
         self.work = Path(tempfile.mkdtemp(prefix="flchurn-dockerhosts-"))
         keep = os.environ.get("FLCHURN_DOCKER_DATA")  # keep the engines' images between runs
         self.data_base = Path(keep) if keep else self.work / "data"
         self.keep_data = bool(keep)
-        self.insecure_registry = insecure_registry
-        self.hosts = {n: DockerHost(n, f"{PREFIX}-{n}", f"{PREFIX}v{i}", f"{subnet}.{11 + i}",
+        self.insecure_registry = f"{self.bridge_ip}:{registry_port}" if registry_port else None
+        self.hosts = {n: DockerHost(n, self.net.ns(j), self.net.link(j), self.net.address(j),
                                     Path(f"/run/{PREFIX}/{n}"), self.data_base / n, self.work / "tls" / "client")
-                      for i, n in enumerate(names)}
-        self.made: list[tuple[str, str]] = []
+                      for j, n in enumerate(names)}
+        self.made = False
 
     # -- make
     def __enter__(self) -> DockerHosts:
@@ -155,24 +156,9 @@ class DockerHosts:
         self.close()
 
     def up(self) -> None:
-        if f"{self.subnet}." in sh("ip", "-4", "route", check=False).stdout:
-            raise RuntimeError(f"subnet {self.subnet}.0/24 is in use here (a leftover? ip route)")
         engine_certs(self.work / "tls", {n: h.address for n, h in self.hosts.items()})
-        sh("ip", "link", "add", self.bridge, "type", "bridge")
-        self.made.append(("link", self.bridge))
-        sh("ip", "addr", "add", f"{self.bridge_ip}/24", "dev", self.bridge)
-        sh("ip", "link", "set", self.bridge, "up")
-        for h in self.hosts.values():
-            sh("ip", "netns", "add", h.ns)
-            self.made.append(("netns", h.ns))
-            sh("ip", "link", "add", h.veth, "type", "veth", "peer", "name", f"{h.veth}p")
-            self.made.append(("link", h.veth))
-            sh("ip", "link", "set", f"{h.veth}p", "netns", h.ns)
-            sh("ip", "link", "set", h.veth, "master", self.bridge, "up")
-            sh("ip", "-n", h.ns, "link", "set", f"{h.veth}p", "name", "eth0")
-            sh("ip", "-n", h.ns, "addr", "add", f"{h.address}/24", "dev", "eth0")
-            sh("ip", "-n", h.ns, "link", "set", "eth0", "up")
-            sh("ip", "-n", h.ns, "link", "set", "lo", "up")
+        self.made = True
+        self.net.create()
         for h in self.hosts.values():
             self._start_engine(h)
         for h in self.hosts.values():
@@ -234,12 +220,6 @@ class DockerHosts:
                     h.proc.wait(timeout=10)
             for p in _engine_pids(h):
                 os.kill(p, signal.SIGKILL)
-        for kind, name in reversed(self.made):
-            if kind == "netns":
-                sh("ip", "netns", "del", name, check=False)
-            else:
-                sh("ip", "link", "del", name, check=False)
-        self.made.clear()
         for h in self.hosts.values():
             for d in _cgroups(h.cgroup_parent):
                 for sub in sorted(d.glob("*/"), reverse=True):
@@ -253,14 +233,13 @@ class DockerHosts:
             for h in self.hosts.values():
                 _rm_data(h.data_root)
         shutil.rmtree(self.work, ignore_errors=True)
+        left = self.net.remove() if self.made else []
+        if left:
+            self.log(f"could not remove {left}")
 
     def leftovers(self) -> list[str]:
         """What of these hosts still exists (empty after :meth:`close`)."""
-        left = [f"netns {n}" for n in sh("ip", "netns", "list", check=False).stdout.split() if n.startswith(PREFIX)]
-        for line in sh("ip", "-o", "link", check=False).stdout.splitlines():
-            name = line.split(":")[1].strip().split("@")[0]
-            if name.startswith(PREFIX):
-                left.append(f"link {name}")
+        left = [f"namespace or link {n}" for n in self.net.leftovers()]
         left += [f"iptables: {r}" for r in sh("iptables", "-S", check=False).stdout.splitlines() if self.subnet in r]
         left += [f"iptables nat: {r}" for r in sh("iptables", "-t", "nat", "-S", check=False).stdout.splitlines()
                  if self.subnet in r]

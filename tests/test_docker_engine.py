@@ -24,6 +24,7 @@ import time
 import uuid
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from deploy.dockerapi import DockerAPI
@@ -258,5 +259,197 @@ def test_an_engine_without_the_right_client_certificate_is_refused(hosts, tmp_pa
     assert "TLS" in (api.ping(5) or "") or "reset" in (api.ping(5) or "")
 
 
+
+@pytest.fixture
+def sshd(hosts, tmp_path, monkeypatch):
+    """sshd in host h1's namespace (key login as root; the session's DOCKER_HOST is h1's engine)
+    and an ssh_config for it (FLCHURN_SSH_CONFIG)."""
+    if shutil.which("sshd") is None and not Path("/usr/sbin/sshd").exists():
+        pytest.skip("no sshd (apt-get install openssh-server)")
+    h = hosts.hosts["h1"]
+    for key in ("host", "id"):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / key)], check=True)
+    (tmp_path / "authorized_keys").write_text((tmp_path / "id.pub").read_text())
+    (tmp_path / "sshd_config").write_text(
+        f"ListenAddress {h.address}\nPort 22\nHostKey {tmp_path / 'host'}\nPidFile {tmp_path / 'sshd.pid'}\n"
+        f"AuthorizedKeysFile {tmp_path / 'authorized_keys'}\nPermitRootLogin prohibit-password\n"
+        f"PasswordAuthentication no\nKbdInteractiveAuthentication no\nStrictModes no\nUsePAM no\n"
+        f"SetEnv DOCKER_HOST={h.socket}\n")
+    (tmp_path / "ssh_config").write_text(
+        f"Host {h.address}\n  IdentityFile {tmp_path / 'id'}\n  IdentitiesOnly yes\n"
+        f"  UserKnownHostsFile {tmp_path / 'known_hosts'}\n  StrictHostKeyChecking accept-new\n")
+    Path("/run/sshd").mkdir(exist_ok=True)
+    proc = subprocess.Popen(["nsenter", f"--net=/var/run/netns/{h.ns}", "/usr/sbin/sshd", "-D", "-e", "-f",
+                             str(tmp_path / "sshd_config")], stderr=open(tmp_path / "sshd.log", "wb"),  # noqa: SIM115
+                            start_new_session=True)
+    monkeypatch.setenv("FLCHURN_SSH_CONFIG", str(tmp_path / "ssh_config"))
+    try:
+        time.sleep(1)
+        yield f"ssh://root@{h.address}"
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=10)
+
+
+def test_an_engine_over_ssh_dial_stdio(hosts, superlink, sshd):
+    eng = engine(hosts, "h1", url=sshd, timeout=15.0)
+    try:
+        assert eng.reachable(10.0) is None
+        t0 = time.monotonic()
+        eng.start(launch(superlink, 0))
+        start = time.monotonic() - t0
+        assert node_id(eng, 0) == superlink["ids"][0]
+        t0 = time.monotonic()
+        assert eng.stop(0, grace=30) == 0
+        say(f"h1 over ssh: start {start:.2f} s, stop {time.monotonic() - t0:.2f} s")
+        t0 = time.monotonic()
+        for _ in range(5):
+            eng.running()
+        say(f"h1 over ssh: a request {(time.monotonic() - t0) / 5 * 1000:.0f} ms (one master connection)")
+    finally:
+        eng.close()
+    from deploy.dockerengine import DockerEngine
+
+    bad = DockerEngine(HostSpec(name="h9", engine="docker", clients=(0,), docker="ssh://root@127.0.0.9:1"), "t",
+                       log=say, timeout=3.0)
+    why = bad.reachable(3.0) or ""
+    assert "ssh exited 255" in why, why  # ssh's own word, in the reason
+    bad.close()
+
 def _fig(xs: list[float]) -> str:
     return f"median {statistics.median(xs):.2f} s (n={len(xs)}, {min(xs):.2f}-{max(xs):.2f})" if xs else "-"
+
+
+# ---------------------------------------------------------------------------- the full run (MultiHostSite)
+N, R, CUT_HOST, CUT_ROUND, SLOW_HOST, RTT_MS = 6, 5, "h2", 3, "h3", 1500.0
+SPEC = "group-cyclic:groups=2,window=1"  # clients 0-2 on in odd rounds, 3-5 in even ones
+PLACEMENT = {"h1": [0, 3], "h2": [1, 4], "h3": [2, 5]}  # every host has a client on in every round
+
+
+def _rounds(run_dir: Path) -> int:
+    metrics = run_dir / "metrics.jsonl"
+    return sum(1 for line in metrics.read_text().splitlines() if '"round"' in line) if metrics.exists() else 0
+
+
+def _cut_one_round(hosts, run_dir: Path, lines: list[str], done) -> None:
+    """Host CUT_HOST's veth down as round CUT_ROUND starts, up when its line appears."""
+    cut = False
+    while not done.is_set():
+        n = _rounds(run_dir)
+        if not cut and n >= CUT_ROUND - 1:
+            hosts.link(CUT_HOST, False)
+            lines.append(f"TEST: cut host {CUT_HOST} after {n} rounds")
+            cut = True
+        if cut and n >= CUT_ROUND:
+            hosts.link(CUT_HOST, True)
+            lines.append(f"TEST: mended host {CUT_HOST} after {n} rounds")
+            return
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def docker_run(hosts, tmp_path_factory):
+    """6 clients on the 3 namespaced engines under group-cyclic, through deploy.multihost."""
+    import threading
+
+    from deploy.edge.relay import Impairment, argv as relay_argv
+    from deploy.hosts import parse_hosts
+    from deploy.multihost import MultiHostSite
+    from deploy.procs import free_port
+    from deploy.run import run_deployment
+    from deploy.waits import host_slowdown
+
+    tmp = tmp_path_factory.mktemp("dockerrun")
+    port, relay_port = free_port(), free_port()
+    doc = {"superlink": {"address": hosts.bridge_ip, "port": port},
+           "hosts": {name: {"engine": "docker", "docker": hosts.hosts[name].tcp,
+                            "tls-dir": str(hosts.hosts[name].tls_dir), "image": IMAGE, "state-dir": "/state",
+                            "clients": cs} for name, cs in PLACEMENT.items()}}
+    plan = parse_hosts(doc, num_clients=N)
+    # the slow host: its SuperNodes' connections to the SuperLink go through the edge relay (added
+    # RTT), by a DNAT rule inside its own namespace (gone with it)
+    relay = subprocess.Popen(relay_argv((hosts.bridge_ip, relay_port), (hosts.bridge_ip, port),
+                                        Impairment(RTT_MS, 0.0, 0)), cwd=ROOT, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.STDOUT, start_new_session=True)
+    hosts.nsexec(SLOW_HOST, "iptables", "-t", "nat", "-A", "OUTPUT", "-p", "tcp", "-d", hosts.bridge_ip,
+                 "--dport", str(port), "-j", "DNAT", "--to-destination", f"{hosts.bridge_ip}:{relay_port}")
+    slow = host_slowdown()
+    config = {"num-server-rounds": R, "strategy": "fedavg-active", "availability": SPEC, "schedule-seed": 0,
+              "dataset": "digits", "model": "logreg", "local-steps": "steps:n=2", "partition": "iid",
+              "round-timeout": round(90.0 * slow), "wait-for-nodes": round(180.0 * slow), "checkpoint-every": 0,
+              "device": "cpu", "results-dir": str(tmp / "results"), "run-name": "docker-hosts", "progress": False}
+    lines: list[str] = []
+    done = threading.Event()
+    site = MultiHostSite(plan, tmp / "work", log=lambda line: (lines.append(line), say(line)))
+    result: dict = {"log": lines, "site": site}
+    try:
+        site.start_superlink()
+        cutter = threading.Thread(target=_cut_one_round, args=(hosts, tmp / "results" / "docker-hosts", lines, done),
+                                  daemon=True)
+        cutter.start()
+        t0 = time.monotonic()
+        out = run_deployment(site, config, churn="rounds", churn_mode="term", timeout=2400)
+        result.update(out=out, wall=time.monotonic() - t0, incarnations=dict(site.incarnations),
+                      switch=site.switch_summary(), node_ids={i: list(v) for i, v in site.node_ids.items()})
+        # before the engines are closed: the containers of the last round's off clients, on their own engine
+        result["states"] = {i: (site.engines[plan.host_of_client[i]].state(i),  # type: ignore[attr-defined]
+                                site.engines[plan.host_of_client[i]].exit_code(i)) for i in range(N)}  # type: ignore[attr-defined]
+    finally:
+        done.set()
+        site.close()
+        relay.terminate()
+        relay.wait(timeout=30)
+        hosts.nsexec(SLOW_HOST, "iptables", "-t", "nat", "-F", "OUTPUT", check=False)
+    result["containers_after_close"] = {n: DockerAPI(h.socket).json("GET", "/containers/json?all=1")
+                                        for n, h in hosts.hosts.items()}
+    out = result["out"]
+    say(out.report.summary() if out.report else "no report")
+    say(f"run {result['wall']:.1f} s; participants per round {[row['participants'] for row in out.rows]}")
+    say("reply times " + str([row.get("client-reply-time") for row in out.rows]))
+    say("\n".join(line for line in lines if "unreachable" in line or "reachable again" in line or "TEST" in line))
+    say(result["switch"])
+    return result
+
+
+def test_the_docker_run_follows_the_schedule_with_the_cut_round_explained(docker_run):
+    from availability import build_schedule
+
+    out = docker_run["out"]
+    assert out.ok, f"status {out.status}; report {out.report and out.report.failure_text()}"
+    want = build_schedule(SPEC, N, 0).matrix(R).astype(bool)
+    explained = out.driver.explained()
+    for t, row in enumerate(out.rows):
+        r, got = t + 1, set(row["participants"])
+        on = set(np.flatnonzero(want[t]).tolist())
+        assert got <= on, (r, got, on)
+        assert {c for c in on if (r, c) not in explained} <= got, (r, got, on, explained)
+    assert any(f"host {CUT_HOST} unreachable" in line for line in docker_run["log"])
+    cut_clients = {c for c in PLACEMENT[CUT_HOST] if want[CUT_ROUND - 1, c]}
+    missed = cut_clients - set(out.rows[CUT_ROUND - 1]["participants"])
+    assert missed, f"{cut_clients} took part in the cut round: the link was not cut in time"
+    for c in missed:
+        assert f"host {CUT_HOST} unreachable" in explained[CUT_ROUND, c], explained
+    later = {c for row in out.rows[CUT_ROUND:] for c in row["participants"]}
+    assert set(PLACEMENT[CUT_HOST]) & later, out.rows
+
+
+def test_the_off_containers_exited_on_their_engines_and_ids_are_the_keys(docker_run):
+    from availability import build_schedule
+
+    want = build_schedule(SPEC, N, 0).matrix(R).astype(bool)
+    for i, (state, code) in docker_run["states"].items():
+        if not want[R - 1, i]:  # off in the last round: stopped by its engine, a clean exit
+            assert (state, code) == ("exited", 0), (i, state, code)
+    assert all(n >= 2 for n in docker_run["incarnations"].values()), docker_run["incarnations"]
+    assert all(len(ids) == 1 for ids in docker_run["node_ids"].values()), docker_run["node_ids"]
+    assert all(cs == [] for cs in docker_run["containers_after_close"].values())
+
+
+def test_the_relayed_host_replies_later(docker_run):
+    slow, fast = [], []
+    for row in docker_run["out"].rows:
+        for c, s in (row.get("client-reply-time") or {}).items():
+            (slow if int(c) in PLACEMENT[SLOW_HOST] else fast).append(s)
+    assert slow and fast
+    say(f"reply time median: relayed host {statistics.median(slow):.2f} s, others {statistics.median(fast):.2f} s")
+    assert statistics.median(slow) > statistics.median(fast) + RTT_MS / 1000
