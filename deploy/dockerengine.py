@@ -295,8 +295,10 @@ class DockerEngine:
     def stop(self, client: int, grace: float) -> int | None:
         info = self._inspect(client)
         if info is None or not info["State"]["Running"]:
+            signalled = client in self.term_sent
             self.term_sent.discard(client)
-            return None
+            # signal() sent SIGTERM and it is already down: that exit is this stop's
+            return int(info["State"]["ExitCode"]) if info is not None and signalled else None
         name = info["Name"].lstrip("/")
         t0 = time.monotonic()
         if client in self.term_sent:

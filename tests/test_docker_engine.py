@@ -187,6 +187,15 @@ def test_an_engine_starts_stops_kills_and_removes_supernode_containers(hosts, su
     assert node_id(eng, 1) == superlink["ids"][1]
     eng.signal(1, signal.SIGTERM)  # every leaving node at once, then stop waits (no second SIGTERM)
     assert eng.stop(1, grace=30) == 0
+    eng.start(launch(superlink, 1, port=9095))
+    node_id(eng, 1)
+    eng.signal(1, signal.SIGTERM)
+    deadline = time.monotonic() + 120
+    while eng.state(1) == "running":  # it is down before the driver's stop comes
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    assert eng.stop(1, grace=30) == 0  # that exit is the stop's
+    assert eng.stop(1, grace=30) is None  # and nothing more to stop
     say(f"h1 (tcp, TLS): start {_fig(starts)}, stop {_fig(stops)}, kill {_fig(kills)}")
     eng.close()
     assert eng.state(0) == "absent" and eng.state(1) == "absent"
