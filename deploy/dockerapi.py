@@ -60,6 +60,7 @@ class _SshConnection(http.client.HTTPConnection):
         super().__init__("localhost", timeout=timeout)
         self.argv = argv
         self.proc: subprocess.Popen[bytes] | None = None
+        self.said = ""  # ssh's last words when it exited non-zero
 
     def connect(self) -> None:
         mine, theirs = socket.socketpair()
@@ -75,30 +76,33 @@ class _SshConnection(http.client.HTTPConnection):
         self.sock = mine
 
     def ssh_error(self) -> str:
-        """What ssh said on stderr (after it exited), one line."""
-        if self.proc is None:
-            return ""
-        try:
-            self.proc.wait(timeout=2)
-        except subprocess.TimeoutExpired:
-            return ""
-        err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
-        lines = [line.strip() for line in err.splitlines() if line.strip()]
-        return f"ssh exited {self.proc.returncode}" + (f": {lines[-1]}" if lines else "")
+        """What ssh said when it exited on its own (after the connection closed), one line."""
+        self.close()
+        return self.said
 
     def close(self) -> None:
         super().close()
-        if self.proc is not None:
-            if self.proc.poll() is None:
-                self.proc.terminate()
-                try:
-                    self.proc.wait(timeout=2)
-                except subprocess.TimeoutExpired:
-                    self.proc.kill()
-                    self.proc.wait()
-            if self.proc.stderr:
-                self.proc.stderr.close()
-            self.proc = None
+        if self.proc is None:
+            return
+        proc, self.proc = self.proc, None
+        try:
+            proc.wait(timeout=0.5)  # ssh that failed has exited already
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+            try:
+                proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            if proc.stderr:
+                proc.stderr.close()
+            return
+        err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+        if proc.stderr:
+            proc.stderr.close()
+        lines = [line.strip() for line in err.splitlines() if line.strip()]
+        if proc.returncode:
+            self.said = f"ssh exited {proc.returncode}" + (f": {lines[-1]}" if lines else "")
 
 
 def tls_context(tls_dir: Path | str) -> ssl.SSLContext:
