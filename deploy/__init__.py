@@ -14,6 +14,13 @@ the availability schedule. One job per module; arrows point down the list, never
   :class:`nodes.Site` (nodes + their SuperLink);
 - ``local`` (processes: :class:`local.ProcessSite`) and ``containers`` (Docker: ``DockerNodes``,
   ``ComposeSite``): the two implementations;
+- across hosts: ``hosts`` (the hosts file, parsed and checked), ``identity`` (the CA, the SuperLink's
+  certificate, one key per client, never in the checkout), ``hostengine`` (the :class:`hostengine.HostEngine`
+  protocol one host's engine implements), its engines ``processengine`` (processes in a host's network
+  namespace), ``dockerengine`` (a host's Docker engine, over ``dockerapi``) and ``k8sengine`` (a
+  Kubernetes cluster's Deployments), and ``multihost`` (:class:`multihost.MultiHostSite`: the SuperLink
+  here, TLS and authentication, a worker and a probe a host); ``k8s`` (``python -m deploy k8s``: the
+  manifests);
 - ``churn``: :class:`churn.RoundChurn` / :class:`churn.WallClockChurn`, typed against ``Nodes``;
   ``async_churn``: :class:`async_churn.AggregationChurn`, round churn for asynchronous rules (aggregations);
 - ``participation``: the participation report (pure); ``realised``: per-client statuses and
@@ -37,7 +44,7 @@ The package imports nothing itself: every SuperNode starts as ``python -m deploy
 imports this package first, and must stay light (no torch). Import the modules:
 ``from deploy.local import ProcessSite``, ``from deploy.run import run_deployment``.
 
-CLI: ``python -m deploy launch --num-nodes 4 --run-config "..." [--churn] [--churn-mode term|kill]
-[--resume-from CKPT|RUN_DIR] [--keep-workdir]``; after the run it compares participation with the
+CLI: ``python -m deploy launch --num-nodes 4 | --hosts hosts.toml --run-config "..." [--churn]
+[--churn-mode term|kill] [--resume-from CKPT|RUN_DIR] [--keep-workdir]``; after the run it compares participation with the
 schedule and exits 1 when it departs beyond the timing slack.
 """

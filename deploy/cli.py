@@ -102,6 +102,32 @@ def add_compose_devices_args(p: argparse.ArgumentParser) -> None:
                    help="skip the caps-exceed-this-host check (the stack runs on another Docker host)")
 
 
+def add_k8s_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--hosts", required=True,
+                   help="the hosts file (TOML): [superlink] address (outside the cluster), each host's clients and "
+                        "k8s-node (default: the host's name), as kubernetes.io/hostname")
+    p.add_argument("--out", required=True,
+                   help="an absent or empty folder for the manifests (and the keys made when --certs is not given): "
+                        "outside the git checkout, or git-ignored")
+    p.add_argument("--image", default=None, help="the SuperNode image of every client (default: each host's image)")
+    p.add_argument("--namespace", default="flchurn", help="the namespace of every object (default: flchurn)")
+    p.add_argument("--certs", default=None,
+                   help="a docker/gen-certs.sh folder: ca.crt, keys/node-<i>, keys/node-<i>.pub (default: make new "
+                        "ones in OUT/identity)")
+    p.add_argument("--replicas", type=int, choices=(0, 1), default=1,
+                   help="each Deployment's replicas as applied (the driver scales 0 <-> 1 from there)")
+    p.add_argument("--storage-class", default=None,
+                   help="storageClassName of each client's state claim (default: the cluster's default class)")
+    p.add_argument("--allow-kill", action="store_true",
+                   help="let the driver delete pods (churn-mode kill: a crash); otherwise it only scales")
+
+
+def k8s(args: argparse.Namespace) -> int:
+    from .k8s import k8s_main
+
+    return k8s_main(args)
+
+
 def devices_main(args: argparse.Namespace) -> int:
     """``python -m deploy devices``: a devices file from a FedScale-style trace."""
     from .edge.devices import classes_from_trace, emit_text, parse_devices, read_trace
@@ -138,6 +164,8 @@ COMMANDS = {  # name -> (help, its arguments, what runs it)
     "devices": ("a devices file (TOML) from a FedScale-style device trace", add_devices_args, devices_main),
     "compose-devices": ("a compose override that applies a devices file to the stack's nodes",
                         add_compose_devices_args, compose_devices),
+    "k8s": ("Kubernetes manifests: a Deployment, a key Secret and a state claim per client, the driver's RBAC",
+            add_k8s_args, k8s),
 }
 
 

@@ -20,6 +20,11 @@ a host (:mod:`deploy.multihost` does).
     tls-dir = "~/.docker/pi"           # docker's own layout: ca.pem, cert.pem, key.pem
     clients = [0, 1]                   # the client (partition) ids whose SuperNodes run there
 
+    [hosts.rack]
+    engine = "kubernetes"              # Deployments made by `python -m deploy k8s`, scaled 0 <-> 1
+    namespace = "flchurn"              # optional; kubeconfig, context: optional
+    clients = [4, 5]
+
     [hosts.lab]
     engine = "process"                 # SuperNode processes started from this machine
     netns = "lab"                      # optional: in this network namespace (test hosts, docs/multihost.md)
@@ -44,12 +49,14 @@ from runconfig.fields import closest
 
 from .errors import DeployError
 
-ENGINES = ("docker", "process")
+ENGINES = ("docker", "process", "kubernetes")
 DOCKER_SCHEMES = ("tcp", "ssh", "unix")
 TLS_FILES = ("ca.pem", "cert.pem", "key.pem")  # docker's --tlsverify layout (DOCKER_CERT_PATH)
 SUPERLINK_KEYS = ("address", "port", "names")
 HOST_KEYS = ("engine", "clients", "address", "docker", "tls-dir", "image", "netns", "data-dir", "state-dir",
-             "k8s-node")
+             "k8s-node", "namespace", "kubeconfig", "context")
+ENGINE_KEYS = {"docker": ("docker", "tls-dir", "image"), "process": ("netns",),
+               "kubernetes": ("namespace", "kubeconfig", "context")}  # the keys only that engine has
 TOP_KEYS = ("superlink", "defaults", "hosts")
 HOST_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")  # a DNS label: container, k8s names
 DEFAULT_IMAGE = "flchurn-supernode:latest"
@@ -83,6 +90,9 @@ class HostSpec:
     data_dir: str | None = None  # node config data-dir on that host
     state_dir: str | None = None  # node config state-dir on that host
     k8s_node: str | None = None  # `python -m deploy k8s`: the node it is placed on (kubernetes.io/hostname)
+    namespace: str = "flchurn"  # engine "kubernetes": where `deploy k8s`'s Deployments are
+    kubeconfig: str | None = None  # engine "kubernetes": the cluster's kubeconfig (default: the usual lookup)
+    context: str | None = None  # engine "kubernetes": its context
 
     @property
     def docker_scheme(self) -> str | None:
@@ -183,8 +193,11 @@ def _host(name: str, raw: Any, defaults: Mapping[str, Any], source: str) -> Host
     if "clients" not in raw:
         raise HostsError(f"{where}: 'clients' is missing: the client ids whose SuperNodes run on this host")
     clients = _clients(raw["clients"], f"{where} clients")
-    strings = {k: doc[k] for k in ("address", "docker", "tls-dir", "image", "netns", "data-dir", "state-dir",
-                                   "k8s-node") if k in doc}
+    for other, keys in ENGINE_KEYS.items():
+        for key in keys:
+            if other != engine and key in raw and key not in ENGINE_KEYS[str(engine)]:
+                raise HostsError(f"{where} {key}: only engine {other!r} has it (this host's engine is {engine!r})")
+    strings = {k: doc[k] for k in HOST_KEYS if k not in ("engine", "clients") and k in doc}
     for key, value in strings.items():
         if not isinstance(value, str) or not value:
             raise HostsError(f"{where} {key}: must be a non-empty string, not {value!r}")
@@ -201,19 +214,14 @@ def _host(name: str, raw: Any, defaults: Mapping[str, Any], source: str) -> Host
         if scheme == "tcp" and tls_dir is None:
             raise HostsError(f"{where} docker: {docker!r} over tcp:// needs 'tls-dir' ({', '.join(TLS_FILES)}): an "
                              "engine reachable without mutual TLS is root on that host for anyone on the network")
-        if "netns" in raw:
-            raise HostsError(f"{where} netns: only engine 'process' runs in a network namespace of this machine")
-    else:
-        for key in ("docker", "tls-dir", "image"):
-            if key in raw:
-                raise HostsError(f"{where} {key}: only engine 'docker' has it (this host's engine is 'process')")
     path = Path(tls_dir).expanduser() if tls_dir else None
     if address is None and docker is not None and docker.startswith(("tcp://", "ssh://")):
         address = docker.split("://", 1)[1].rsplit("@", 1)[-1].split(":")[0].split("/")[0] or None
     return HostSpec(name=name, engine=str(engine), clients=clients, address=address, docker=docker,
                     tls_dir=path, image=strings.get("image", DEFAULT_IMAGE) if engine == "docker" else DEFAULT_IMAGE,
                     netns=strings.get("netns"), data_dir=strings.get("data-dir"), state_dir=strings.get("state-dir"),
-                    k8s_node=strings.get("k8s-node"))
+                    k8s_node=strings.get("k8s-node"), namespace=strings.get("namespace", "flchurn"),
+                    kubeconfig=strings.get("kubeconfig"), context=strings.get("context"))
 
 
 def parse_hosts(doc: Mapping[str, Any], source: str = "hosts file", num_clients: int | None = None) -> HostsPlan:
@@ -241,7 +249,8 @@ def parse_hosts(doc: Mapping[str, Any], source: str = "hosts file", num_clients:
     if num_clients is not None and num_clients != n:
         raise HostsError(f"{source}: the hosts hold {n} clients but the run has {num_clients} (--num-nodes / "
                          "num-clients): list every client once")
-    remote = any(h.engine == "docker" and h.docker_scheme != "unix" or h.netns for h in hosts)
+    remote = any(h.engine == "kubernetes" or h.engine == "docker" and h.docker_scheme != "unix" or h.netns
+                 for h in hosts)
     link = _superlink(doc.get("superlink"), source, remote)
     return HostsPlan(link, hosts, source, owner)
 

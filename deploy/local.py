@@ -22,14 +22,12 @@ helper thread ended.
 
 from __future__ import annotations
 
-import atexit
 import json
 import shutil
 import signal
 import subprocess
 import tempfile
 import uuid
-import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +40,7 @@ from .auth import new_auth_failures
 from .errors import DeployError
 from .flwr_cli import FLOWER_ENV, FlwrCli, toml_value
 from .nodes import MODES, NODE_ID_RE
-from .procs import PortReservation, Proc, Spawner, hold_signals, port_open, release_signals
+from .procs import PortReservation, Proc, SiteLifetime, Spawner, hold_signals, port_open, release_signals
 from .tuning import (  # round-latency settings: env, node config, the SuperNode and SuperLink commands
     ENV as TUNING_ENV,
     NODE_CONFIG as TUNING_NODE_CONFIG,
@@ -58,7 +56,6 @@ if TYPE_CHECKING:  # edge emulation is imported only when a site has device clas
     from .edge.devices import DevicePlan
     from .edge.limits import EdgeLimits
 
-_LIVE: weakref.WeakSet[ProcessSite] = weakref.WeakSet()
 BASE_ENV = {**TUNING_ENV, **FLOWER_ENV}
 
 
@@ -81,7 +78,7 @@ class Node:
         self.port = self.reservation.port
 
 
-class ProcessSite:
+class ProcessSite(SiteLifetime):
     """SuperLink + N SuperNodes on loopback. Use as a context manager; always closes."""
 
     local_files = True  # the ServerApp runs here: it sees the churn driver's round-start signal
@@ -140,7 +137,7 @@ class ProcessSite:
             self.edge = EdgeLimits(devices, self.tag, self.log)
         self.spawner = Spawner(self.tag, self.logs, {**BASE_ENV, **self.waits.env()})
         self.cli: FlwrCli | None = None  # once the SuperLink listens
-        _LIVE.add(self)
+        self.close_at_exit()
 
     @property
     def closed(self) -> bool:
@@ -380,20 +377,3 @@ class ProcessSite:
 
     def leftovers(self) -> list[int]:
         return self.spawner.leftovers()
-
-    def __enter__(self) -> ProcessSite:
-        try:
-            self.start_superlink()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-
-@atexit.register
-def _close_all() -> None:
-    for dep in list(_LIVE):
-        dep.close()

@@ -27,14 +27,12 @@ processes in its network namespace, :mod:`deploy.processengine`).
 
 from __future__ import annotations
 
-import atexit
 import shutil
 import signal
 import tempfile
 import threading
 import time
 import uuid
-import weakref
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -51,11 +49,10 @@ from .hostengine import HostEngine, HostUnreachable, NodeLaunch
 from .hosts import HostSpec, HostsPlan
 from .identity import Identities, load_identities, make_identities
 from .nodes import MODES
-from .procs import Proc, Spawner, free_port, hold_signals, port_open, release_signals
+from .procs import Proc, SiteLifetime, Spawner, free_port, hold_signals, port_open, release_signals
 from .tuning import ENV as TUNING_ENV, NODE_CONFIG as TUNING_NODE_CONFIG, SUPERLINK as TUNING_SUPERLINK
 from .waits import Waits, for_host, wait_for
 
-_LIVE: weakref.WeakSet[MultiHostSite] = weakref.WeakSet()
 RUNTIME_PORT = 9094  # a node's runtime API in its own host's port space (+ its index on the host)
 POLL = 0.5  # seconds between two reads of the SuperLink's node list
 PROBE = 1.0  # seconds between two probes of a host
@@ -71,10 +68,14 @@ def make_engine(host: HostSpec, spawner: Spawner, work_dir: Path, tag: str, log:
         from .dockerengine import DockerEngine  # type: ignore[import-not-found, unused-ignore]
 
         return DockerEngine(host, tag, log)
+    if host.engine == "kubernetes":
+        from .k8sengine import KubernetesEngine, load_api_client
+
+        return KubernetesEngine(host, host.namespace, api_client=load_api_client(host.kubeconfig, host.context))
     raise DeployError(f"host {host.name}: no engine {host.engine!r}")
 
 
-class MultiHostSite:
+class MultiHostSite(SiteLifetime):
     """SuperLink here, SuperNodes on the hosts of ``plan``. Always closes (context manager, atexit)."""
 
     local_files = True  # the ServerApp runs on this machine: it sees the round-start signal folder
@@ -124,7 +125,7 @@ class MultiHostSite:
         self.auth_seen: dict[str, int] = {}
         self.stopping = threading.Event()
         self.threads: list[threading.Thread] = []
-        _LIVE.add(self)
+        self.close_at_exit()
 
     # ------------------------------------------------------------------ the SuperLink
     @property
@@ -441,20 +442,3 @@ class MultiHostSite:
 
     def leftovers(self) -> list[int]:
         return self.spawner.leftovers()
-
-    def __enter__(self) -> MultiHostSite:
-        try:
-            self.start_superlink()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-
-@atexit.register
-def _close_all() -> None:
-    for site in list(_LIVE):
-        site.close()

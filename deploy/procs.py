@@ -12,6 +12,7 @@ reap. Nothing here knows Flower.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import os
 import shutil
@@ -21,9 +22,11 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Self
 
 from .errors import DeployError
 
@@ -348,3 +351,38 @@ class Spawner:
 
     def leftovers(self) -> list[int]:
         return tagged_pids(self.tag)
+
+
+_OPEN_SITES: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+class SiteLifetime:
+    """What every site of ours does with its life: ``with site:`` starts its SuperLink (and closes
+    everything if that fails), leaving the block closes it, and so does the interpreter's exit
+    (:func:`close_open_sites`). A subclass defines ``start_superlink()`` and an idempotent ``close()``."""
+
+    def start_superlink(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def close_at_exit(self) -> None:
+        _OPEN_SITES.add(self)
+
+    def __enter__(self) -> Self:
+        try:
+            self.start_superlink()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@atexit.register
+def close_open_sites() -> None:
+    for site in list(_OPEN_SITES):
+        site.close()

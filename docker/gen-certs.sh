@@ -7,6 +7,8 @@
 #                                        registered with `flwr supernode register OUT/keys/node-I.pub`
 # Usage: docker/gen-certs.sh [OUT=docker/certs] [N=4]
 #        SAN_EXTRA="DNS:link.example.org,IP:192.168.1.10" docker/gen-certs.sh
+# The default OUT, docker/certs, is git-ignored (.gitignore). An OUT inside a git work tree that
+# git would track is refused: private keys never go into a repository's tracked tree.
 set -euo pipefail
 OUT="${1:-$(dirname "$0")/certs}"
 N="${2:-4}"
@@ -15,6 +17,25 @@ SAN="DNS:superlink,DNS:localhost,IP:127.0.0.1${SAN_EXTRA:+,$SAN_EXTRA}"
 
 command -v openssl >/dev/null || { echo "openssl is required" >&2; exit 1; }
 command -v ssh-keygen >/dev/null || { echo "ssh-keygen (openssh-client) is required" >&2; exit 1; }
+
+# Is OUT in a git work tree (its nearest existing folder's), and would git track what we write?
+case "$OUT" in /*) abs="$OUT" ;; *) abs="$PWD/$OUT" ;; esac
+near="$abs"
+while [ ! -d "$near" ]; do near="$(dirname "$near")"; done
+if command -v git >/dev/null && top="$(git -C "$near" rev-parse --show-toplevel 2>/dev/null)"; then
+  for f in ca.key server.key keys/node-0; do
+    rc=0; git -C "$near" check-ignore -q "$abs/$f" || rc=$?
+    if [ "$rc" -gt 1 ]; then
+      echo "gen-certs.sh: git check-ignore could not tell whether $OUT/$f would be tracked (exit $rc)" >&2
+      exit 2
+    elif [ "$rc" -eq 1 ]; then
+      echo "gen-certs.sh: $OUT is inside the git work tree $top and not git-ignored: its private keys" \
+           "($f) would be tracked. Write them outside the repository (docker/gen-certs.sh ~/flchurn-certs)" \
+           "or into the git-ignored default, docker/certs." >&2
+      exit 2
+    fi
+  done
+fi
 mkdir -p "$OUT/keys"
 cd "$OUT"
 

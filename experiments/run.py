@@ -1,6 +1,7 @@
 """One command for a run on Flower's simulation engine through ``flwr run``, honest about the outcome.
 
     python -m experiments.run [--run-config "k=v k2='s' ..."] [--num-supernodes N] [--num-gpus 0.25]
+    python -m experiments.run --ray-address HEAD:6379 --run-config "data-dir='/shared/data' ..."
 
 What ``flwr run . --stream`` does not do, this does:
 
@@ -26,6 +27,11 @@ What ``flwr run . --stream`` does not do, this does:
 - streams the run's log, then reads the run's real status (``flwr ls --run-id``): it prints the
   results folder and exits 0 when the run is ``finished:completed``, otherwise prints the
   ServerApp's one-paragraph error and exits 1 (``flwr run --stream`` exits 0 either way);
+- runs on an existing Ray cluster with ``--ray-address HOST:PORT`` (``RAY_ADDRESS`` in the
+  SuperLink's environment, after the checks of :mod:`experiments.raycluster`: the cluster answers,
+  a client actor fits a node, every node imports this ClientApp at this version, the clients'
+  paths are there on every node); without it ``RAY_ADDRESS=local``: a Ray cluster already running
+  on the machine is never joined silently;
 - stops the detached local SuperLink that ``flwr run`` started (and its ServerApp/Ray children),
   found by a tag in their environment, on success, failure, ``--timeout`` and Ctrl-C.
 
@@ -51,11 +57,19 @@ from pathlib import Path
 from typing import Any
 
 from deploy.errors import DeployError
-from deploy.flwr_cli import COMPLETED, FINISHED, FLOWER_ENV, FlwrCli
+from deploy.flwr_cli import COMPLETED, FINISHED, FLOWER_ENV, FlwrCli, toml_value
 from deploy.procs import PortReservation, child_setup, find_exe, kill_pids, tagged_pids, venv_path
 from deploy.submission import parse_run_config
 from deploy.tuning import SUPERLINK
 from deploy.waits import CHECK_EVERY, for_host, host_slowdown
+from experiments.raycluster import (
+    RAY_ADDRESS_VAR,
+    ClusterError,
+    check_cluster,
+    parse_federation,
+    ray_address_env,
+    refuse_settings,
+)
 from runconfig import ConfigError
 from runconfig.defaults import ROOT, default_run_config
 from server_app.config import RunConfig
@@ -155,7 +169,7 @@ class FlowerRun:
     """``flwr`` commands (:class:`deploy.flwr_cli.FlwrCli`, the app's default federation) against
     one private local SuperLink (its own FLWR_HOME, reserved ports and tag), started here."""
 
-    def __init__(self, flwr_home: Path) -> None:
+    def __init__(self, flwr_home: Path, ray_address: str = "local") -> None:
         self.flwr_home = flwr_home
         self.tag = uuid.uuid4().hex
         # held until the SuperLink stops: no other process can take them in between (deploy.procs)
@@ -163,7 +177,8 @@ class FlowerRun:
         self.waits = for_host()
         env = {**os.environ, **FLOWER_ENV, **self.waits.env(), TAG_VAR: self.tag,
                "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(self.http.port),
-               "FLWR_LOCAL_CONTROL_API_PORT": str(self.control.port)}
+               "FLWR_LOCAL_CONTROL_API_PORT": str(self.control.port),
+               RAY_ADDRESS_VAR: ray_address}  # flwr-simulation's ray.init() reads it (experiments.raycluster)
         env["PATH"] = venv_path(env)  # flwr, flower-superlink and their helpers: this venv's
         try:
             find_exe("flwr")
@@ -276,6 +291,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-supernodes", type=int, default=None, help="default: the run config's num-clients")
     p.add_argument("--num-cpus", type=int, default=1, help="client-resources-num-cpus (integer >= 1)")
     p.add_argument("--num-gpus", type=float, default=0.0, help="client-resources-num-gpus (e.g. 0.25)")
+    p.add_argument("--ray-address", default=None, metavar="HOST:PORT",
+                   help="run on this existing Ray cluster (its head's GCS address); default: a private local Ray")
+    p.add_argument("--federation-config", default="", help="more of Flower's simulation keys, \"k=v ...\" "
+                   "(e.g. init-args-num-cpus=2 for the local Ray)")
     p.add_argument("--flwr-home", default=None, help="FLWR_HOME for the CLI and its local SuperLink "
                    "(default: a temporary folder, removed afterwards)")
     p.add_argument("--skip-checks", action="store_true",
@@ -286,7 +305,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     try:
-        run_config = resolve_run_config(parse_overrides(args.run_config))
+        user = parse_overrides(args.run_config)
+        extra = parse_federation(args.federation_config)
+        if args.ray_address:
+            refuse_settings(user, extra)
+        run_config = resolve_run_config(user)
         if args.skip_checks:
             nodes = args.num_supernodes or int(run_config["num-clients"])
         else:
@@ -296,7 +319,9 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"--num-cpus {args.num_cpus}: client-resources-num-cpus must be an integer >= 1")
         if args.superlink_timeout is not None and not args.superlink_timeout > 0:
             raise ConfigError(f"--superlink-timeout {args.superlink_timeout:g}: must be a positive number of seconds")
-    except (ValueError, RunnerError) as err:  # ConfigError, SpecError, DatasetError, a TOML mistake
+        if args.ray_address:
+            check_cluster(args.ray_address, run_config, args.num_cpus, args.num_gpus, host_slowdown())
+    except (ValueError, RunnerError, ClusterError) as err:  # ConfigError, SpecError, DatasetError, a TOML mistake
         print(f"error: {err}", file=sys.stderr)
         return 2
     if args.num_supernodes is None:
@@ -304,18 +329,23 @@ def main(argv: list[str] | None = None) -> int:
     federation = f"num-supernodes={nodes} client-resources-num-cpus={args.num_cpus}"
     if args.num_gpus:
         federation += f" client-resources-num-gpus={args.num_gpus}"
+    federation += "".join(f" {k}={toml_value(v)}" for k, v in extra.items())
+    ray_address, note = ray_address_env(args.ray_address)
+    if note:
+        print(note, flush=True)
 
     home = Path(args.flwr_home).resolve() if args.flwr_home else Path(tempfile.mkdtemp(prefix="flchurn-flwr-"))
     home.mkdir(parents=True, exist_ok=True)
     flower = None
     try:
-        flower = FlowerRun(home)
+        flower = FlowerRun(home, ray_address)
         took = flower.start_superlink(args.superlink_timeout or flower.waits.superlink)
         print(f"local SuperLink up in {took:.1f} s", flush=True)
         for attempt in (1, 2):
             run_id = flower.submit(run_config, federation)
             print(f"run {run_id}: {run_config['strategy']} on {run_config['dataset']}, {nodes} SuperNodes, "
-                  f"{run_config['num-server-rounds']} rounds (FLWR_HOME={home})", flush=True)
+                  f"{run_config['num-server-rounds']} rounds (FLWR_HOME={home}, {RAY_ADDRESS_VAR}={ray_address})",
+                  flush=True)
             log_text = flower.stream(run_id, args.timeout)
             status, details = flower.status(run_id)
             if status == COMPLETED or attempt == 2 or not ray_did_not_start(log_text + details):

@@ -8,6 +8,7 @@ each function, so that importing this module costs nothing.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -53,6 +54,16 @@ TOUCHES: dict[str, tuple[str, str]] = {
         "a deployment across hosts registers each client's public key and reads every node's status at the "
         "SuperLink about every second while a round waits for its nodes (deploy.multihost): `flwr supernode "
         "ls` costs a process start (~1 s of CPU) a call, the Control API 10-15 ms"),
+    "guard_ray_actor_pool": (
+        "flwr.simulation.ray_transport.ray_actor.BasicActorPool, "
+        "flwr.server.superlink.fleet.vce.backend.raybackend.RayBackend.process_message",
+        "Flower 1.42 puts an actor whose Ray node died back into its pool, and every later message handed "
+        "to it fails at once (RayActorError): after one lost worker most clients' replies became errors, "
+        "which read as offline clients (server_app.raylost)"),
+    "ray_actor_node": (
+        "ray._private.state.actors (Ray's actor table)",
+        "a lost worker is named by its Ray node and address (server_app.raylost); Ray's public state API "
+        "needs the dashboard, which a cluster need not run"),
 }
 
 
@@ -191,3 +202,95 @@ def control_client(address: str, root_certificates: str | None) -> ControlClient
     """A :class:`ControlClient` for the SuperLink's Control API at ``address`` (TLS with
     ``root_certificates``, else insecure)."""
     return ControlClient(address, root_certificates)
+def guard_ray_actor_pool(on_loss: Callable[[str, BaseException], None]) -> bool:
+    """Make Flower's Ray simulation survive a lost actor (its node died, its raylet or process was
+    killed): the actor leaves the pool instead of going back to it, ``submit`` waits for a live
+    actor (Flower's pops an empty list when a pool holds fewer actors than worker threads), and
+    the message the actor was running is run again on a live one (Flower did not update the
+    node's context for it: the same job), at most once per actor the pool started with;
+    ``on_loss(actor id, error)`` is called for each loss. When no actor is left, the error is
+    raised (Flower turns it into the message's error reply). Idempotent (a second call only
+    replaces ``on_loss``); False where Flower's Ray backend cannot be imported."""
+    try:
+        import ray
+        from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
+        from flwr.simulation.ray_transport.ray_actor import BasicActorPool
+    except ImportError:
+        return False
+    guard = getattr(BasicActorPool, "_flchurn_guard", None)
+    if guard is not None:
+        guard[0] = on_loss
+        return True
+    hooks: list[Callable[[str, BaseException], None]] = [on_loss]
+    cond = threading.Condition()
+    lost_error = ray.exceptions.RayActorError
+
+    def key(actor: Any) -> str:
+        return str(actor._actor_id.hex())
+
+    def lost(pool: Any) -> set[str]:
+        if not hasattr(pool, "_flchurn_lost"):
+            pool._flchurn_lost = set()
+        return pool._flchurn_lost
+
+    def submit(self: Any, actor_fn: Any, job: Any) -> Any:
+        with cond:
+            while not self.pool:
+                if self.num_actors - len(lost(self)) <= 0:
+                    raise RuntimeError(f"every one of the simulation's {self.num_actors} Ray actors was lost")
+                cond.wait(timeout=1.0)
+            actor = self.pool.pop()
+        app_fn, mssg, cid, context = job
+        future = actor_fn(actor, app_fn, mssg, cid, context)
+        with cond:
+            self._future_to_actor[future] = actor
+        return future
+
+    def add_actor_back_to_pool(self: Any, future: Any) -> None:
+        with cond:
+            actor = self._future_to_actor.pop(future)
+            if key(actor) not in lost(self):
+                self.pool.append(actor)
+                cond.notify()
+
+    def fetch_result_and_return_actor_to_pool(self: Any, future: Any) -> tuple[Any, Any]:
+        try:
+            _, out_mssg, updated_context = ray.get(future)
+        except lost_error:
+            with cond:
+                lost(self).add(key(self._future_to_actor[future]))
+            raise
+        self.add_actor_back_to_pool(future)
+        return out_mssg, updated_context
+
+    flower_process_message = RayBackend.process_message
+
+    def process_message(self: Any, message: Any, context: Any) -> Any:
+        for attempt in range(self.pool.num_actors + 1 if self.pool else 1):
+            try:
+                return flower_process_message(self, message, context)
+            except lost_error as err:
+                hooks[0](str(getattr(err, "actor_id", "") or "unknown"), err)
+                if attempt >= (self.pool.num_actors if self.pool else 0):
+                    raise
+        raise AssertionError("unreachable")
+
+    BasicActorPool.submit = submit  # type: ignore[method-assign]
+    BasicActorPool.add_actor_back_to_pool = add_actor_back_to_pool  # type: ignore[method-assign]
+    BasicActorPool.fetch_result_and_return_actor_to_pool = fetch_result_and_return_actor_to_pool  # type: ignore[method-assign]
+    RayBackend.process_message = process_message  # type: ignore[method-assign]
+    BasicActorPool._flchurn_guard = hooks  # type: ignore[attr-defined]
+    return True
+
+
+def ray_actor_node(actor_id: str) -> dict[str, str]:
+    """``{"ray-node": <node id>, "address": <its IP>}`` of a Ray actor, from Ray's actor table
+    (``ray._private.state.actors``: no dashboard needed); {} when Ray does not know it."""
+    try:
+        import ray._private.state as ray_state
+
+        info = ray_state.actors(actor_id=actor_id) or {}
+        address = info.get("Address") or {}
+        return {"ray-node": str(address.get("NodeID", "")), "address": str(address.get("IPAddress", ""))}
+    except Exception:  # noqa: BLE001 - a record; Ray's internal table may change
+        return {}

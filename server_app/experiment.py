@@ -32,6 +32,7 @@ from .clockgrid import VirtualClockGrid, busy_after, last_virtual_time
 from .config import RunConfig, ServerConfig
 from .identity import discover_clients
 from .network import AvailabilityGrid, fast_pull, reply_seconds, wait_for_nodes
+from .raylost import LOST
 from .results import METRICS, RunRecorder
 from .setup import Setup, config_record, evaluate_models, prepare, save_checkpoint
 
@@ -229,6 +230,7 @@ def _run_rounds(grid: Grid, setup: Setup, client_of_node: dict[int, int], consol
                 **times.record(rlog.participants, strategy.node_of_client),
                 **times.steps_record(rlog.participants, strategy.node_of_client),
                 **client_reply_times(arrived, sent, rlog.participants, strategy.node_of_client),
+                **LOST.take(),  # Ray workers lost in this round (their messages ran again: server_app.raylost)
                 **(net.round_record(rnd) if isinstance(net, VirtualClockGrid) else {}),
             }
             if s.federated_evaluation:

@@ -10,6 +10,7 @@ results folder, start round, model, virtual clock), evaluate the same way
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,7 @@ from . import checkpoint
 from .clockgrid import VirtualClock, build_clock
 from .config import RunConfig, ServerConfig, known_names
 from .results import default_run_name
+from .versions import project_fingerprint, ray_record
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +169,7 @@ def config_record(grid: Grid, setup: Setup) -> dict[str, Any]:
     why = setup.strategy.holds_every_reply()
     return {**cfg.to_dict(), "weighting-used": setup.strategy.weighting,
             "aggregation": f"holds every reply: {why}" if why else "streaming", "seeds": cfg.seeds,
-            "schedule": setup.schedule.describe(), **engine_record(grid, cfg), "versions": _versions(),
+            "schedule": setup.schedule.describe(), **engine_record(grid, cfg), "versions": _versions(), **ray_record(),
             **({"devices-used": setup.clock.plan.record()} if setup.clock else {})}
 
 
@@ -187,4 +189,6 @@ def engine_record(grid: Grid, cfg: RunConfig) -> dict[str, str]:
 def _versions() -> dict[str, str]:
     import flwr
 
-    return {"flwr": flwr.__version__, "torch": torch.__version__, "numpy": np.__version__}
+    ray = sys.modules.get("ray")  # Flower's simulation imported it: record it (nothing imports it here)
+    return {"flwr": flwr.__version__, "torch": torch.__version__, "numpy": np.__version__,
+            **({"ray": ray.__version__} if ray is not None else {}), "flchurn": project_fingerprint()}

@@ -176,3 +176,45 @@ def test_control_client():
     assert "node_id" in RegisterNodeResponse.DESCRIPTOR.fields_by_name
     assert "nodes_info" in ListNodesResponse.DESCRIPTOR.fields_by_name
     assert {"node_id", "status", "public_key", "online_until", "last_activated_at"} <= set(NodeInfo.DESCRIPTOR.fields_by_name)
+
+
+class _FakeActor:
+    """A Ray actor handle as Flower's pool uses it: ``_actor_id.hex()`` and ``run.remote``."""
+
+    def __init__(self, name: str, dies: bool) -> None:
+        self.name, self.dies = name, dies
+        self._actor_id = type("Id", (), {"hex": lambda _self: name})()
+        self.run = type("Run", (), {"remote": lambda _self, *args: (self, args)})()
+
+
+def test_guard_ray_actor_pool(monkeypatch):
+    import ray
+    from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
+    from flwr.simulation.ray_transport.ray_actor import BasicActorPool
+
+    lost: list[str] = []
+    assert internals.guard_ray_actor_pool(lambda actor, err: lost.append(actor))
+
+    def fake_get(future):
+        actor, _ = future
+        if actor.dies:
+            raise ray.exceptions.ActorUnavailableError("node died", bytes(16))
+        return None, f"reply from {actor.name}", "context"
+
+    monkeypatch.setattr(ray, "get", fake_get)
+    pool = BasicActorPool.__new__(BasicActorPool)
+    pool.pool, pool.num_actors, pool._future_to_actor = [_FakeActor("b", False), _FakeActor("a", True)], 2, {}
+    backend = RayBackend.__new__(RayBackend)
+    backend.pool, backend.app_fn = pool, lambda: None
+    context = type("Ctx", (), {"node_config": {"partition-id": 0}})()
+    # Flower pops "a" (the pool's last), which is lost: the message runs again on "b"
+    assert RayBackend.process_message(backend, "message", context) == ("reply from b", "context")
+    assert len(lost) == 1 and [x.name for x in pool.pool] == ["b"] and pool._future_to_actor == {}
+    assert RayBackend.process_message(backend, "message", context) == ("reply from b", "context")  # not "a" again
+
+
+def test_ray_actor_node():
+    assert internals.ray_actor_node("ffffffffffffffffffffffff01000000") == {}  # Ray not running here: nothing known
+    import ray._private.state as ray_state
+
+    assert callable(ray_state.actors), "ray._private.state.actors is gone (server_app.raylost names lost nodes by it)"

@@ -64,6 +64,8 @@ def test_a_good_hosts_file_places_every_client_on_its_host():
     (("hosts", "pi", "docker"), "http://10.9.0.2:2375", ["[hosts.pi] docker", "no known scheme", "tcp://"]),
     (("hosts", "lab", "image"), "x:1", ["[hosts.lab] image", "only engine 'docker'"]),
     (("hosts", "lab", "clients"), [], ["[hosts.lab] clients", "non-empty list"]),
+    (("hosts", "lab", "namespace"), "ns", ["[hosts.lab] namespace", "only engine 'kubernetes'"]),
+    (("hosts", "pi", "netns"), "ns", ["[hosts.pi] netns", "only engine 'process'"]),
     (("superlink", "address"), "127.0.0.1", ["[superlink] address", "loopback"]),
     (("superlink", "address"), None, ["[superlink]", "'address' is missing"]),
     (("superlink", "prot"), 9092, ["[superlink]", "'prot'", "did you mean 'port'"]),
@@ -74,6 +76,12 @@ def test_each_hosts_file_mistake_names_the_key_and_the_host(path, value, words):
         parse_hosts(variant(path, value))
     for word in words:
         assert word in str(err.value), (word, str(err.value))
+
+
+def test_a_kubernetes_host_names_its_namespace_and_cluster():
+    doc = variant(("hosts", "lab"), {"engine": "kubernetes", "namespace": "fl", "context": "lab", "clients": [1]})
+    host = parse_hosts(doc).host("lab")
+    assert (host.engine, host.namespace, host.context, host.kubeconfig) == ("kubernetes", "fl", "lab", None)
 
 
 def test_the_run_size_must_match_the_hosts():

@@ -8,6 +8,7 @@ lower modules (``errors``, ``procs``, ``tuning``), never to the deployed round:
   the host check;
 - ``cgroups``, ``netns``: one node's CPU/memory cgroup, its network namespace + veth + tbf;
 - ``relay``: a TCP relay that adds RTT and loss where netem is missing;
+- ``sysctls``: the host's IP forwarding, read at setup and restored at close;
 - ``limits``: :class:`limits.EdgeLimits`, all nodes' limits (made, entered before exec, removed);
 - ``calibrate``: seconds per local step, run under a class's limits;
 - ``figures``: :class:`figures.DeviceFigures`, calibration, per-round cgroup samples, ``devices.csv``;

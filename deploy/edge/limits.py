@@ -6,7 +6,8 @@ by ``netem`` where the kernel has it, otherwise through a user-space relay per n
 host end; started with the SuperLink, stopped with the deployment). :class:`EdgeLimits` makes them
 from a :class:`deploy.edge.devices.DevicePlan`, hands the launcher what a node's process must do
 before exec (:meth:`EdgeLimits.preexec`) and the SuperLink address it must use, and removes
-everything it made at :meth:`EdgeLimits.close` (the launcher's exit, failure, Ctrl-C).
+everything it made at :meth:`EdgeLimits.close` (the launcher's exit, failure, Ctrl-C), and puts back the
+host's IP forwarding as it found it at setup (:mod:`deploy.edge.sysctls`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from .cgroups import NodeCgroup, cgroup_version, leftover_cgroups, remove_group
 from .devices import DevicePlan, check_host
 from .netns import NodeNet, leftover_net, netem_available, subnet_free
 from .relay import Impairment, argv as relay_argv
+from .sysctls import HostSysctls
 
 
 def requirements(plan: DevicePlan) -> str | None:
@@ -43,7 +45,8 @@ def requirements(plan: DevicePlan) -> str | None:
 class EdgeLimits:
     """The cgroups and network paths of one deployment's nodes."""
 
-    def __init__(self, plan: DevicePlan, group: str, log: Callable[[str], None] | None = None) -> None:
+    def __init__(self, plan: DevicePlan, group: str, log: Callable[[str], None] | None = None,
+                 sysctls: HostSysctls | None = None) -> None:
         self.plan = plan
         self.group = group[:8]
         self.log = log or (lambda line: None)
@@ -51,6 +54,7 @@ class EdgeLimits:
         self.nets: dict[int, NodeNet] = {}
         self.relayed: dict[int, Impairment] = {}  # nodes whose rtt_ms/loss go through a relay
         self.relays: dict[int, tuple[Proc, str]] = {}  # node -> (relay process, "host:port")
+        self.sysctls = sysctls or HostSysctls(log=self.log)  # the host's settings, as found at setup
         self.closed = False
 
     @property
@@ -63,6 +67,7 @@ class EdgeLimits:
         if why:
             raise DeployError(why)
         check_host(self.plan)
+        self.sysctls.record()
         octet = self._octet()
         delayed = [i for i in range(self.plan.num_nodes) if self.plan.of(i).rtt_ms or self.plan.of(i).loss]
         if delayed and not netem_available():
@@ -163,8 +168,9 @@ class EdgeLimits:
         return out
 
     def close(self) -> list[str]:
-        """Remove every namespace, interface and cgroup made (the nodes' processes must be gone);
-        returns what could not be removed (also logged)."""
+        """Remove every namespace, interface and cgroup made (the nodes' processes must be gone) and
+        restore the host settings found at setup; returns what could not be removed or restored
+        (also logged)."""
         if self.closed:
             return []
         self.closed = True
@@ -175,9 +181,10 @@ class EdgeLimits:
             left += cg.remove()
         left += remove_group(self.group)
         left += [n for n in leftover_net(self.group) if n not in left]
+        left += self.sysctls.restore()
         if left:
             self.log(f"device limits: could not remove {left}")
         return left
 
     def leftovers(self) -> list[str]:
-        return leftover_cgroups(self.group) + leftover_net(self.group)
+        return leftover_cgroups(self.group) + leftover_net(self.group) + self.sysctls.changed()

@@ -1,0 +1,197 @@
+"""``python -m experiments.run --ray-address``: the refusals (no cluster needed), then a real Ray
+cluster on this machine (a head and two workers, ``tests/ray_cluster.py``): the same numbers as a
+single-node run, actors on several nodes, a lost worker named and never an offline client."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+from deploy.procs import free_port
+from deploy.waits import host_slowdown
+from experiments.raycluster import (
+    LOCAL,
+    ClusterError,
+    NodeAnswer,
+    answers_differ,
+    fitting,
+    parse_address,
+    paths_unseen,
+    ray_address_env,
+)
+from experiments.run import main
+from server_app.results import read_metrics
+from server_app.versions import project_fingerprint
+
+TIMES = {"round-time", "wall-time"}
+LOST_KEY = "ray-workers-lost"
+
+
+def refused(capsys, *argv: str) -> str:
+    """Run the wrapper, which must exit 2 before submitting; its error."""
+    assert main(list(argv)) == 2
+    return capsys.readouterr().err
+
+
+def test_flowers_init_args_for_ray_resources_are_refused_on_a_cluster(capsys):
+    for key in ("init-args-num-cpus", "init-args-num-gpus"):
+        err = refused(capsys, "--ray-address", "127.0.0.1:1", "--federation-config", f"{key}=2")
+        assert f"--federation-config {key}=2" in err and "joining an existing cluster" in err
+
+
+def test_a_relative_data_dir_and_another_backend_are_refused_on_a_cluster(capsys):
+    err = refused(capsys, "--ray-address", "127.0.0.1:1", "--run-config", "data-dir='data'")
+    assert "'data-dir' = 'data' is relative" in err
+    err = refused(capsys, "--ray-address", "127.0.0.1:1", "--federation-config", "backend='other'")
+    assert "backend=other" in err
+
+
+def test_federation_keys_are_flowers_and_ours_stay_with_our_flags(capsys):
+    err = refused(capsys, "--federation-config", "init-args-num-cpu=2")
+    assert "init-args-num-cpu" in err and "did you mean 'init-args-num-cpus'?" in err
+    err = refused(capsys, "--federation-config", "client-resources-num-cpus=2")
+    assert "set it with --num-cpus" in err
+
+
+def test_an_address_that_is_not_host_port_or_does_not_answer_is_named(capsys):
+    with pytest.raises(ClusterError, match="ray://"):
+        parse_address("ray://head:10001")
+    assert parse_address("10.0.0.5:6379") == ("10.0.0.5", 6379)
+    port = free_port()  # nothing listens there
+    err = refused(capsys, "--skip-checks", "--ray-address", f"127.0.0.1:{port}", "--run-config", "num-clients=2")
+    assert f"--ray-address 127.0.0.1:{port}: the Ray cluster does not answer" in err
+
+
+def test_without_the_flag_ray_starts_locally_even_where_ray_address_is_set():
+    assert ray_address_env(None, {}) == (LOCAL, None)
+    address, note = ray_address_env(None, {"RAY_ADDRESS": "10.0.0.5:6379"})
+    assert address == LOCAL and note is not None and "--ray-address 10.0.0.5:6379" in note
+    assert ray_address_env("10.0.0.5:6379", {"RAY_ADDRESS": "other:1"}) == ("10.0.0.5:6379", None)
+
+
+def node(i: int, cpus: float = 1.0, gpus: float = 0.0, alive: bool = True) -> dict:
+    return {"node-id": f"n{i}", "address": f"10.0.0.{i}", "cpus": cpus, "gpus": gpus, "alive": alive, "head": i == 0}
+
+
+def test_one_actor_must_fit_a_live_node_and_every_node_must_run_this_clientapp():
+    nodes = [node(0, 2), node(1, 8, alive=False), node(2, 4, gpus=1)]
+    assert [n["node-id"] for n in fitting(nodes, 4, 0)] == ["n2"]
+    assert fitting(nodes, 8, 0) == [] and fitting(nodes, 1, 0.5) == [node(2, 4, gpus=1)]
+    here = {"flchurn": {"version": "0.1.0", "sources": "aa"}, "torch": "2.15.0"}
+    answers = [NodeAnswer(node(0), here, "", {"/s/m": True}),
+               NodeAnswer(node(1), {**here, "flchurn": {"version": "0.1.0", "sources": "bb"}}, "", {"/s/m": True}),
+               NodeAnswer(node(2), {}, "ModuleNotFoundError: No module named 'client_app'", {"/s/m": False})]
+    lines = answers_differ(here, answers)
+    assert len(lines) == 2 and lines[0].startswith("node n1 (10.0.0.1): flchurn") and "'bb'" in lines[0]
+    assert lines[1] == "node n2 (10.0.0.2): the ClientApp does not import: ModuleNotFoundError: No module named 'client_app'"
+    assert paths_unseen({"state-dir": ("/s", "/s/m")}, answers) == [
+        "run config 'state-dir' = '/s' is not there on node n2 (10.0.0.2)"]
+
+
+def test_the_fingerprint_changes_with_any_source_file(tmp_path, monkeypatch):
+    pkg = tmp_path / "fppkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "a.py").write_text("x = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    first = project_fingerprint(("fppkg",))
+    assert project_fingerprint(("fppkg",)) == first
+    (pkg / "sub" / "a.py").write_text("x = 2\n")
+    assert project_fingerprint(("fppkg",))["sources"] != first["sources"]
+    assert project_fingerprint(("fppkg", "no_such_package_here"))["sources"] != first["sources"]
+    assert project_fingerprint()["version"] != ""
+
+
+# --- a real cluster -------------------------------------------------------------------------------
+
+CONFIGS = {  # tiny, different rule / seeds / schedule; every round has someone online
+    "a": "num-clients=3 num-server-rounds=3 local-steps='steps:n=2' checkpoint-every=0 model='logreg' "
+         "strategy='fedavg-active' availability='always' train-seed=1 data-seed=2",
+    "b": "num-clients=3 num-server-rounds=3 local-steps='steps:n=3' checkpoint-every=0 model='logreg' "
+         "strategy='fedau' availability='bernoulli:p=0.7' schedule-seed=3 train-seed=4",
+}
+
+
+def wrapper(tmp_path: Path, name: str, config: str, *extra: str, env: dict | None = None) -> subprocess.Popen:
+    out = (tmp_path / f"{name}.log").open("w")
+    return subprocess.Popen([sys.executable, "-m", "experiments.run", "--flwr-home", str(tmp_path / f"home-{name}"),
+                             "--run-config", f"{config} results-dir='{tmp_path / 'results'}' run-name='{name}'",
+                             *extra], cwd=ROOT, env=env or os.environ.copy(), stdout=out, stderr=subprocess.STDOUT,
+                            text=True)
+
+
+def finish(tmp_path: Path, name: str, proc: subprocess.Popen) -> tuple[list[dict], dict, str]:
+    proc.wait(timeout=900 * host_slowdown())
+    log = (tmp_path / f"{name}.log").read_text()
+    assert proc.returncode == 0, log[-4000:]
+    run_dir = tmp_path / "results" / name
+    return read_metrics(run_dir), json.loads((run_dir / "config.json").read_text()), log
+
+
+def numbers(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if k not in TIMES and k != LOST_KEY} for r in rows]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    sys.path.insert(0, str(Path(__file__).parent))
+    from ray_cluster import RayCluster
+
+    c = RayCluster(workers=2)
+    try:
+        yield c.start()
+    finally:
+        c.stop()
+        assert c.leftovers() == []
+
+
+@pytest.mark.slow
+def test_a_cluster_run_equals_the_single_node_run_places_actors_on_several_nodes_and_survives_a_lost_worker(
+        tmp_path, cluster):
+    t0 = time.monotonic()
+    # the single-node runs, with RAY_ADDRESS pointing at the cluster: they must not join it
+    stray = {**os.environ, "RAY_ADDRESS": cluster.address}
+    local = {k: wrapper(tmp_path, f"local-{k}", cfg, env=stray) for k, cfg in CONFIGS.items()}
+    ref = {k: finish(tmp_path, f"local-{k}", p) for k, p in local.items()}
+    t_local = time.monotonic() - t0
+    ids = {n["id"] for n in cluster.nodes()}
+    for _rows, config, log in ref.values():
+        assert f"pass --ray-address {cluster.address} to run on that cluster" in log
+        assert len(config["ray"]["nodes"]) == 1 and config["ray"]["nodes"][0]["node-id"] not in ids
+
+    # config a on the cluster: the same numbers, the cluster recorded
+    t1 = time.monotonic()
+    rows, config, log = finish(tmp_path, "cluster-a", wrapper(tmp_path, "cluster-a", CONFIGS["a"],
+                                                              "--ray-address", cluster.address))
+    t_cluster = time.monotonic() - t1
+    assert numbers(rows) == numbers(ref["a"][0])
+    assert {n["node-id"] for n in config["ray"]["nodes"] if n["alive"]} == ids
+    assert config["versions"]["flchurn"] == project_fingerprint() and config["versions"]["ray"]
+    placed = {a["node"] for a in cluster.actors("ClientAppActor")}
+    assert len(placed & ids) >= 2, placed
+
+    # config b on the cluster, a worker killed (every process of it) once round 1 is recorded
+    victim = cluster.node_id("w2")
+    proc = wrapper(tmp_path, "cluster-b", CONFIGS["b"], "--ray-address", cluster.address)
+    metrics = tmp_path / "results" / "cluster-b" / "metrics.jsonl"
+    deadline = time.monotonic() + 600 * host_slowdown()
+    while not (metrics.exists() and metrics.read_text().strip()) and proc.poll() is None:
+        assert time.monotonic() < deadline, "round 1 never recorded"
+        time.sleep(0.2)
+    assert cluster.kill("w2")
+    rows, config, log = finish(tmp_path, "cluster-b", proc)
+    assert numbers(rows) == numbers(ref["b"][0])  # the lost worker cost no client its round
+    lost = [e for r in rows for e in r.get(LOST_KEY, [])]
+    assert lost and {e["ray-node"] for e in lost} == {victim}, rows
+    assert f"Ray worker lost: node {victim}" in log
+    print(f"\ncluster start {cluster.started_s:.0f} s, two single-node runs {t_local:.0f} s, a cluster run "
+          f"{t_cluster:.0f} s, actors on {len(placed & ids)} nodes, lost: {lost}")
