@@ -41,12 +41,18 @@ PY="${PYTHON:-python3}"
 declare -A IMG_OF=()
 if [[ -n "$HOSTS" ]]; then
   # one line a docker host: ENGINE=TLS_DIR IMAGE (deploy.hosts reads the file: its errors name the key)
-  mapfile -t lines < <("$PY" -c '
+  listing=$("$PY" -c '
 import sys
-from deploy.hosts import load_hosts
-for h in load_hosts(sys.argv[1]).hosts:
+from deploy.hosts import HostsError, load_hosts
+try:
+    plan = load_hosts(sys.argv[1])
+except HostsError as err:
+    sys.exit(str(err))
+for h in plan.hosts:
     if h.engine == "docker":
-        print(f"{h.docker}={h.tls_dir or str()} {h.image}")' "$HOSTS") || fail "cannot read $HOSTS"
+        print(f"{h.docker}={h.tls_dir or str()} {h.image}")' "$HOSTS") || exit 2
+  mapfile -t lines <<< "$listing"
+  [[ -n "$listing" ]] || lines=()
   for l in "${lines[@]}"; do TARGETS+=("${l%% *}"); IMG_OF["${l%% *}"]="${IMAGE:-${l##* }}"; done
 fi
 [[ ${#TARGETS[@]} -gt 0 ]] || fail "no target engine (TARGET... or --hosts FILE)"
@@ -65,6 +71,8 @@ engine_args() {
   fi
 }
 SRC=$(engine_args "$FROM")
+# shellcheck disable=SC2086
+docker $SRC version >/dev/null 2>&1 || fail "no Docker engine answers at $FROM (--from, or DOCKER_HOST)"
 # shellcheck disable=SC2086
 docker $SRC image inspect "$IMAGE" >/dev/null 2>&1 || fail "$FROM has no image $IMAGE (build it: TARGET=client docker/build-local.sh)"
 now() { date +%s.%N; }
