@@ -1,33 +1,22 @@
 """SuperNodes as Docker containers (:class:`DockerNodes`, a :class:`deploy.nodes.Nodes`) and the
 compose stack's SuperLink as seen from its ``churn`` service (:class:`ComposeSite`, a
 :class:`deploy.nodes.Site`): the same churn driver and the same :func:`deploy.run.run_deployment`
-as the processes of :mod:`deploy.local`, over the Docker Engine API on a unix socket."""
+as the processes of :mod:`deploy.local`, over the Docker Engine API on a unix socket
+(:class:`deploy.dockerapi.DockerAPI`, the project's one Docker API client)."""
 
 from __future__ import annotations
 
-import http.client
 import json
 import signal
-import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from .dockerapi import DockerAPI
 from .errors import DeployError
 from .flwr_cli import FlwrCli
 from .nodes import NODE_ID_RE
 from .waits import Waits, host_slowdown
-
-
-class _UnixConnection(http.client.HTTPConnection):
-    def __init__(self, socket_path: str, timeout: float) -> None:
-        super().__init__("localhost", timeout=timeout)
-        self.socket_path = socket_path
-
-    def connect(self) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(self.timeout)
-        self.sock.connect(self.socket_path)
 
 
 class DockerNodes:
@@ -45,6 +34,7 @@ class DockerNodes:
         self.num_nodes = num_nodes
         self.container = container
         self.socket_path = socket_path
+        self.api = DockerAPI(f"unix://{socket_path}", timeout=30.0)
         self.log = log or print
         self.node_ids: dict[int, list[int]] = {i: [] for i in range(num_nodes)}
         self.incarnations = dict.fromkeys(range(num_nodes), 0)
@@ -52,13 +42,7 @@ class DockerNodes:
         self.term_sent: set[int] = set()  # nodes sent SIGTERM by signal_node, not yet stopped
 
     def _api(self, method: str, path: str, timeout: float = 30.0) -> tuple[int, bytes]:
-        c = _UnixConnection(self.socket_path, timeout)
-        try:
-            c.request(method, path)
-            res = c.getresponse()
-            return res.status, res.read()
-        finally:
-            c.close()
+        return self.api.request(method, path, timeout=timeout)
 
     def _name(self, i: int) -> str:
         return self.container.format(i=i)
