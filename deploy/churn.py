@@ -209,8 +209,8 @@ class RoundChurn:
         want = self.on(r)
         for c, why in self.nodes.unreachable().items():
             if c in want and c not in self.cut_off.setdefault(r, {}):
-                self.cut_off[r][c] = why
-                self.log(f"round {r}: client {c} lost: {why}")
+                self.cut_off[r][c] = why  # a cause for its miss, if it misses
+                self.log(f"round {r}: client {c}'s reply may be lost: {why}")
 
     def prepare(self, timeout: float = 90.0) -> None:
         """Stop the nodes that are off in the first round, start its nodes and wait until they are

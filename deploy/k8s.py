@@ -1,9 +1,8 @@
 """``python -m deploy k8s --hosts FILE --out DIR``: the Kubernetes manifests of a deployment across
-machines (docs/deployment.md, "Kubernetes"). The SuperLink, the ServerApp and the churn driver stay
-outside the cluster, on the machine of the hosts file's ``[superlink] address``; every client's
-SuperNode is one Deployment in the cluster, pinned to the node its host names, that the driver
-scales between 0 and 1 replicas through the ``deployments/scale`` subresource
-(:class:`deploy.k8sengine.KubernetesEngine`).
+machines (docs/deployment.md, "Kubernetes"). The SuperLink, ServerApp and churn driver stay outside
+the cluster, on the machine of the hosts file's ``[superlink] address``; every client's SuperNode
+is one Deployment, pinned to the node its host names, that the driver scales between 0 and 1
+replicas through the ``deployments/scale`` subresource (:class:`deploy.k8sengine.KubernetesEngine`).
 
 What ``DIR`` holds (``kubectl apply -f DIR`` applies them in this order):
 
@@ -18,9 +17,8 @@ What ``DIR`` holds (``kubectl apply -f DIR`` applies them in this order):
 - ``identity/`` (only when no ``--certs`` is given): the CA, the SuperLink's certificate and key and
   every node's key pair, made by :mod:`deploy.identity` (gen-certs.sh's layout).
 
-Every object is built from the same :class:`deploy.hostengine.NodeLaunch` a Docker or process host
-gets, so what starts a SuperNode is the same on every engine. Nothing is written on an error, and
-``DIR`` is never a folder of the git checkout that git does not ignore (it receives private keys).
+Every object is built from the :class:`deploy.hostengine.NodeLaunch` every engine gets. Nothing is
+written on an error; ``DIR`` is never a folder of the checkout that git does not ignore (keys).
 """
 
 from __future__ import annotations

@@ -14,13 +14,9 @@ processes in its network namespace, :mod:`deploy.processengine`).
 - **Switches go to every host at once.** Each host has its own worker thread; a start returns at
   once and a round's stops are signalled together, so a round pays the slowest host, not the sum.
   The time of every engine operation is kept per host (:attr:`MultiHostSite.switch_seconds`).
-- **An unreachable host is a named cause.** A thread per host asks its engine (a container
-  engine's ``/_ping``, a process host's runtime API) every second; a host that does not answer is
-  logged ("host h unreachable: ...") and reported once back; the churn driver asks
-  :meth:`MultiHostSite.unreachable` during every round, so its clients' misses in that round are
-  explained by the host, not counted as departures from the schedule. A node whose host came back
-  but which the SuperLink no longer lists online is restarted by the driver's next round
-  (:meth:`running_nodes` leaves it out).
+- **An unreachable host is a named cause** (:mod:`deploy.hostprobe`): its clients' misses in the
+  rounds it is away are explained by the host, not counted as departures from the schedule; a
+  node that exited meanwhile is started again by the driver's next round (:meth:`running_nodes`).
 - **No clock but the engines'.** Start times come from each engine (``started_at``); the driver's
   own clock only orders its own actions.
 """
@@ -46,6 +42,7 @@ from .auth import new_auth_failures
 from .errors import DeployError
 from .flwr_cli import FLOWER_ENV, FlwrCli
 from .hostengine import HostEngine, HostUnreachable, NodeLaunch
+from .hostprobe import HostProbes
 from .hosts import HostSpec, HostsPlan
 from .identity import Identities, load_identities, make_identities
 from .nodes import MODES
@@ -55,7 +52,6 @@ from .waits import Waits, for_host, wait_for
 
 RUNTIME_PORT = 9094  # a node's runtime API in its own host's port space (+ its index on the host)
 POLL = 0.5  # seconds between two reads of the SuperLink's node list
-PROBE = 1.0  # seconds between two probes of a host
 
 
 def make_engine(host: HostSpec, spawner: Spawner, work_dir: Path, tag: str, log: Callable[[str], None]) -> HostEngine:
@@ -65,7 +61,7 @@ def make_engine(host: HostSpec, spawner: Spawner, work_dir: Path, tag: str, log:
 
         return ProcessEngine(host, spawner, work_dir, log)
     if host.engine == "docker":
-        from .dockerengine import DockerEngine  # type: ignore[import-not-found, unused-ignore]
+        from .dockerengine import DockerEngine
 
         return DockerEngine(host, tag, log)
     if host.engine == "kubernetes":
@@ -117,13 +113,10 @@ class MultiHostSite(SiteLifetime):
         self.failed: dict[int, str] = {}  # client -> why its last start failed
         self.incarnations = dict.fromkeys(range(self.num_nodes), 0)
         self.term_sent: set[int] = set()
-        self.host_running: dict[str, tuple[float, set[int]]] = {}  # host -> (read at, running clients)
-        self.down: dict[str, str] = {}  # host -> why it is unreachable now
-        self.down_since_read: dict[str, str] = {}  # host -> why, for every host down since unreachable() last ran
-        self.outages: list[dict[str, Any]] = []  # {"host", "why", "from", "to"} on the driver's clock
         self.switch_seconds: dict[str, list[tuple[str, float]]] = {h.name: [] for h in plan.hosts}
         self.auth_seen: dict[str, int] = {}
         self.stopping = threading.Event()
+        self.probes = HostProbes(plan, self.engines, self.log, self.stopping)
         self.threads: list[threading.Thread] = []
         self.close_at_exit()
 
@@ -160,8 +153,7 @@ class MultiHostSite(SiteLifetime):
         self.register_keys()
         if not self.threads:
             self.threads = [threading.Thread(target=self._watch_superlink, name="superlink-nodes", daemon=True)]
-            self.threads += [threading.Thread(target=self._watch_host, args=(h,), name=f"probe-{h.name}", daemon=True)
-                             for h in self.plan.hosts]
+            self.threads += self.probes.threads()
             for t in self.threads:
                 t.start()
         self.log(f"SuperLink on {self.address} (TLS, SuperNode authentication; log {link.log}); "
@@ -200,39 +192,6 @@ class MultiHostSite(SiteLifetime):
                 control = None
             self.stopping.wait(POLL)
 
-    def _watch_host(self, host: HostSpec) -> None:
-        """Probe ``host`` every PROBE s: its reachability (logged on every change) and which of
-        its clients run."""
-        engine = self.engines[host.name]
-        while not self.stopping.is_set():
-            try:
-                why = engine.reachable(2.0)
-                running = engine.running() if why is None else None
-            except HostUnreachable as err:
-                why, running = err.why, None
-            except Exception as err:  # noqa: BLE001  (an engine error is the host's, never the run's end)
-                why, running = f"its engine failed: {err}", None
-            now = time.monotonic()
-            with self.lock:
-                if why is not None:
-                    if host.name not in self.down:
-                        self.log(f"host {host.name} unreachable: {why}")
-                        self.outages.append({"host": host.name, "why": why, "from": now, "to": None})
-                    self.down[host.name] = why
-                    self.down_since_read[host.name] = why
-                else:
-                    if host.name in self.down:
-                        out = self.outages[-1] if self.outages else None
-                        for o in reversed(self.outages):
-                            if o["host"] == host.name and o["to"] is None:
-                                o["to"], out = now, o
-                                break
-                        took = f" after {now - out['from']:.1f} s" if out else ""
-                        self.log(f"host {host.name} reachable again{took}")
-                    self.down.pop(host.name, None)
-                    self.host_running[host.name] = (now, running or set())
-            self.stopping.wait(PROBE)
-
     def superlink_alive(self) -> bool:
         return self.superlink is not None and self.superlink.alive
 
@@ -266,7 +225,8 @@ class MultiHostSite(SiteLifetime):
         data_dir = host.data_dir or self.data_dir
         if data_dir:
             cfg["data-dir"] = data_dir
-        cfg["state-dir"] = host.state_dir or str(self.work_dir / "hosts" / host.name / "state")
+        local = str(self.work_dir / "hosts" / host.name / "state")  # a process host's disk is this machine's
+        cfg["state-dir"] = host.state_dir or (local if host.engine == "process" else "/state")  # in the container
         return cfg
 
     def launch(self, i: int) -> NodeLaunch:
@@ -318,15 +278,14 @@ class MultiHostSite(SiteLifetime):
     def _dead(self) -> set[int]:
         """Clients we started whose SuperNode is not running, by a host read newer than the start."""
         out = set(self.failed)
-        with self.lock:
-            for host in self.plan.hosts:
-                read = self.host_running.get(host.name)
-                if read is None:
-                    continue
-                at, running = read
-                for i in host.clients:
-                    if i in self.up and i not in running and at > self.start_finished.get(i, float("inf")):
-                        out.add(i)
+        for host in self.plan.hosts:
+            read = self.probes.running_read(host.name)
+            if read is None:
+                continue
+            at, running = read
+            for i in host.clients:
+                if i in self.up and i not in running and at > self.start_finished.get(i, float("inf")):
+                    out.add(i)
         return out & self.up
 
     def signal_node(self, i: int, sig: int = signal.SIGTERM) -> None:
@@ -393,12 +352,8 @@ class MultiHostSite(SiteLifetime):
         return {nid: i for i, ids in self.node_ids.items() for nid in ids}
 
     def unreachable(self) -> dict[int, str]:
-        """Client -> "host h unreachable: why", for every host that did not answer since the last
-        call (the churn driver asks during each round)."""
-        with self.lock:
-            down, self.down_since_read = dict(self.down_since_read), {}
-        down.update(self.down)
-        return {c: f"host {h} unreachable: {why}" for h, why in down.items() for c in self.plan.host(h).clients}
+        """Client -> "host h unreachable: why" (:meth:`deploy.hostprobe.HostProbes.unreachable`)."""
+        return self.probes.unreachable()
 
     def switch_summary(self) -> str:
         """Per host: how long its engine took to start / stop a node (median, max)."""
