@@ -207,9 +207,9 @@ def across_hosts(tmp_path_factory):
         config = {"num-server-rounds": R, "strategy": "fedavg-active", "availability": SPEC, "schedule-seed": 0,
                   "dataset": "digits", "model": "logreg", "local-steps": "steps:n=2", "partition": "iid",
                   # the cut round waits this long for its lost client, and an honest reply may take as long:
-                  # 60 s on an idle machine (a reply takes 2-10 s there), scaled to the load (at load 50 on 2
+                  # 40 s on an idle machine (a reply takes 2-10 s there), scaled to the load (at load 50 on 2
                   # cores honest replies took 170 s)
-                  "round-timeout": round(60.0 * slow), "wait-for-nodes": round(120.0 * slow), "checkpoint-every": 0,
+                  "round-timeout": round(40.0 * slow), "wait-for-nodes": round(120.0 * slow), "checkpoint-every": 0,
                   "device": "cpu", "results-dir": str(tmp / "results"), "run-name": "across-hosts", "progress": False}
         run_dir = [tmp / "results" / "across-hosts"]
         cutter = threading.Thread(target=cut_one_round, args=(hosts, run_dir, lines, done), daemon=True)
