@@ -94,10 +94,10 @@ def test_launch_with_a_bad_hosts_file_exits_2_naming_it_and_starts_nothing(tmp_p
     hosts.write_text('[superlink]\naddress = "10.9.0.1"\n[hosts.lab]\nengine = "process"\nclients = [0]\nnetns = 3\n')
     work = tmp_path / "work"
     res = subprocess.run([sys.executable, "-m", "deploy", "launch", "--hosts", str(hosts), "--work-dir", str(work)],
-                         capture_output=True, text=True, cwd=ROOT, timeout=120)
+                         capture_output=True, text=True, cwd=ROOT, timeout=120, env={**os.environ, "COLUMNS": "400"})
     assert res.returncode == 2, res.stdout + res.stderr
-    said = " ".join(res.stderr.split())  # rich wraps long lines
-    assert "[hosts.lab] netns" in said and "hosts.toml" in said, said
+    said = "".join(res.stderr.split())  # rich may still wrap a line, inside a word too
+    assert "[hosts.lab]netns" in said and "hosts.toml" in said, said
     assert not work.exists()
 
 
@@ -160,7 +160,11 @@ def test_the_driver_names_a_cut_off_host_as_the_cause_of_its_clients_misses(tmp_
 
 
 # ---------------------------------------------------------------------------- real hosts (root)
-N, R, CUT_HOST, CUT_ROUND = 6, 5, 2, 3
+# CI runs 3 rounds and no cut (its 30-minute budget: a cut round waits its round-timeout for the lost
+# client); FLCHURN_EXTRA_DEPLOY_TESTS=1 runs 5 rounds with host h2 cut off for round 3 (run by hand:
+# docs/multihost.md has its figures)
+FULL = bool(os.environ.get("FLCHURN_EXTRA_DEPLOY_TESTS"))
+N, R, CUT_HOST, CUT_ROUND = 6, 5 if FULL else 3, 2, 3
 SPEC = "group-cyclic:groups=2,window=1"  # clients 0-2 on in odd rounds, 3-5 in even ones
 PLACEMENT = {0: [0, 3], 1: [1, 4], 2: [2, 5]}  # every host has a client on in every round
 
@@ -216,7 +220,8 @@ def across_hosts(tmp_path_factory):
         site = MultiHostSite(plan, tmp / "work", log=lines.append)
         try:
             site.start_superlink()
-            cutter.start()
+            if FULL:
+                cutter.start()
             out = run_deployment(site, config, churn="rounds", churn_mode="term", timeout=900)
             listed = site.cli("supernode", "ls", *site.cli.target, "--format", "json", timeout=120).stdout  # type: ignore[union-attr]
             loopback = socket.socket()
@@ -254,6 +259,8 @@ def test_the_run_follows_the_schedule_on_every_host_with_the_cut_round_explained
         on = set(np.flatnonzero(want[t]).tolist())
         assert got <= on, (r, got, on)  # the off nodes were really down, on their own host
         assert {c for c in on if (r, c) not in explained} <= got, (r, got, on, explained)
+    if not FULL:
+        return
     # the cut: named in the log, and every miss of the cut host's clients in that round has it as cause
     assert any(f"host h{CUT_HOST} unreachable" in line for line in across_hosts["log"]), across_hosts["log"]
     cut_clients = {c for c in PLACEMENT[CUT_HOST] if want[CUT_ROUND - 1, c]}
@@ -268,7 +275,8 @@ def test_the_run_follows_the_schedule_on_every_host_with_the_cut_round_explained
 
 def test_node_ids_are_the_keys_ids_across_restarts_and_read_at_the_superlink(across_hosts):
     site = across_hosts["site"]
-    assert all(n >= 2 for n in across_hosts["incarnations"].values()), across_hosts["incarnations"]  # restarted
+    restarted = [c for c, n in across_hosts["incarnations"].items() if n >= 2]
+    assert len(restarted) >= 3, across_hosts["incarnations"]  # the clients of round 1 came back in round 3
     assert all(len(ids) == 1 for ids in site.node_ids.values())  # one key, one id, whatever the restarts
     assert sorted(site.client_of_node().values()) == list(range(N))
     listed = json.loads(across_hosts["listed"][across_hosts["listed"].index("{"):])
