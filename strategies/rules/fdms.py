@@ -20,15 +20,17 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from ..base import AvailabilityStrategy, ClientReport
+from ..contract import RoundContext
 from ..memory import StoredUpdates
 from ..protocol import IGNORE_AVAILABILITY
-from .fedavg import FedAvgActive
+from ..rule_strategy import RuleStrategy
+from .fedavg import FedAvgActiveRule
 
 MIN_FRIENDS = 2  # max_friend_share never caps a client below this many dropped clients
 
@@ -327,17 +329,24 @@ class Stale(StoredUpdates):
         return x + (self.server_lr * table.mean()).astype(np.float32), metrics
 
 
-class Full(FedAvgActive):
+class FullRule(FedAvgActiveRule):
     """Full participation (Wang & Xu, Sec. 6 baseline "FL-Full"): an ORACLE, not a rule for churn.
 
     Every train message carries ``ignore-availability``, so every client trains every round
     despite the schedule (the server-side availability layer and the client-side gate both honour
-    it; a real deployment whose nodes are stopped cannot); u = FedAvg over all replies.
+    it; a real deployment whose nodes are stopped cannot); u = FedAvg over all replies, clients
+    weighted equally (1/N) as the FL-FDMS paper's baselines.
     """
 
     name = "full"
-    paper_weighting = "equal"  # the FL-FDMS paper's baselines weigh clients equally (1/N)
-    fixed_selection = "it trains every client every round, by definition"
+    needs = replace(FedAvgActiveRule.needs, paper_weighting="equal",
+                    fixed_selection="it trains every client every round, by definition")
 
-    def train_config(self, t: int, node_ids: list[int]) -> dict[str, Any]:
+    def train_config(self, state: Any, ctx: RoundContext) -> dict[str, Any]:
         return {IGNORE_AVAILABILITY: True}
+
+
+class Full(RuleStrategy):
+    """:class:`FullRule` as a Flower Strategy."""
+
+    rule = FullRule()
