@@ -90,6 +90,7 @@ class RoundContext:
     held_weights: Mapping[int, float] | None = None
     client_of_node: Mapping[int, int] = field(default_factory=dict)
     probabilities: np.ndarray | None = None
+    bounded: bool = False  # the ratio bounds are on (max-norm-ratio > 0): rules cap the weights no bound judges
 
     def weight(self, report: ClientReport) -> float:
         """``report``'s unnormalised weight under the run's weighting: its weight of the held

@@ -99,7 +99,7 @@ class RuleStrategy(AvailabilityStrategy):
         if self.probabilities is not None and self._p[0] != t:
             self._p = (t, np.asarray(self.probabilities(t), np.float64))
         return RoundContext(t, x, self.num_clients, self.server_lr, self.weighting, held_weights,
-                            self.binding.client_of_node, self._p[1])
+                            self.binding.client_of_node, self._p[1], bool(self.bounds.max_norm_ratio))
 
     _p: tuple[int | None, np.ndarray | None] = (None, None)  # (round, p^t) of the last context
 

@@ -8,7 +8,7 @@ from replies import reply, run_round, start_round
 
 from strategies import STRATEGIES, build_strategy
 from strategies.memory import ClientTable
-from strategies.rules.fedau import FedAU
+from strategies.rules.fedau import FedAU, omega
 from strategies.rules.fedvarp import ClusterFedVARP, FedVARP
 from strategies.rules.mifa import MIFA
 
@@ -27,7 +27,7 @@ def rounds(strategy, x, schedule, **metrics):
 def test_registry_names_and_spec_params():
     assert STRATEGIES["fedau"] is FedAU and STRATEGIES["mifa"] is MIFA
     assert STRATEGIES["fedvarp"] is FedVARP and STRATEGIES["cluster-fedvarp"] is ClusterFedVARP
-    assert build_strategy("fedau:cutoff=7", num_clients=3).cutoff == 7
+    assert build_strategy("fedau:cutoff=7", num_clients=3).rule.params.cutoff == 7
     m = build_strategy("mifa:gradient-units=true,wait-for-all=true", num_clients=3)
     assert m.gradient_units and m.wait_for_all
     assert build_strategy("cluster-fedvarp:clusters=2", num_clients=4).clusters == 2
@@ -48,9 +48,9 @@ def test_fedau_hand_computed_weights_first_appearance_and_empty_round():
         {0: 3.0, 2: 3.0},  # ω_0 = mean[1, 3] = 2, ω_2 = mean[2] = 2: u = (6 + 6)/3 = 4
     ])
     np.testing.assert_allclose(np.concatenate(xs), [2, 3, 3, 5, 9])
-    np.testing.assert_array_equal(s.interval_sum, [1 + 3 + 1, 1, 2 + 3])
-    np.testing.assert_array_equal(s.interval_num, [3, 1, 2])
-    np.testing.assert_array_equal(s.count, [0, 4, 0])  # client 1 absent for 4 rounds, no cutoff
+    np.testing.assert_array_equal(s.rule_state.interval_sum, [1 + 3 + 1, 1, 2 + 3])
+    np.testing.assert_array_equal(s.rule_state.interval_num, [3, 1, 2])
+    np.testing.assert_array_equal(s.rule_state.count, [0, 4, 0])  # client 1 absent for 4 rounds, no cutoff
 
 
 def test_fedau_metric_is_mean_omega_of_participants():
@@ -69,7 +69,7 @@ def test_fedau_cutoff_records_interval_k_for_a_long_absence(cutoff, omega, sum_,
     xs = rounds(s, np.zeros(1), [{0: 0.0, 1: 0.0}, {1: 0.0}, {}, {1: 0.0}, {}, {0: 3.0, 1: 0.0}])
     # with K = 2 the absence of 4 rounds records [2, 2]: ω_0 = mean[1, 2, 2]; without cutoff ω_0 = mean[1]
     np.testing.assert_allclose(xs[-1], [omega * 3.0 / 2])
-    assert s.interval_sum[0] == sum_ and s.interval_num[0] == num and s.count[0] == 0
+    assert s.rule_state.interval_sum[0] == sum_ and s.rule_state.interval_num[0] == num and s.rule_state.count[0] == 0
 
 
 def test_fedau_weights_tend_to_inverse_probability():
@@ -78,7 +78,7 @@ def test_fedau_weights_tend_to_inverse_probability():
     s = FedAU(num_clients=4, cutoff=0)
     for t in range(4000):
         s.aggregate(t, np.zeros(1), [_report(c, 0.0) for c in np.flatnonzero(rng.random(4) < p)])
-    np.testing.assert_allclose(s.omega(), 1 / p, rtol=0.1)
+    np.testing.assert_allclose(omega(s.rule_state), 1 / p, rtol=0.1)
 
 
 def _report(client, delta):

@@ -54,7 +54,7 @@ def test_a_restarted_node_takes_its_id_back_once_the_old_node_is_gone():
     # round 3: node 100 is gone; 300 takes client 0 back and keeps its FedAU history
     play(s, 3, [101, 300], [(300, 0, [1.0, 0.0]), (101, 1, [0.0, 1.0])])
     assert rejected(s) == {} and s.node_of_client[0] == 300 and s.round_log.participants == [0, 1]
-    assert s.interval_num[0] == 2 and s.interval_sum[0] == 1 + 2  # intervals 1 and 2, one history
+    assert s.rule_state.interval_num[0] == 2 and s.rule_state.interval_sum[0] == 1 + 2  # intervals 1 and 2, one history
     assert 100 not in s.client_of_node and s.client_of_node[300] == 0
 
 

@@ -20,7 +20,7 @@ def test_params_and_keyword_arguments_build_the_same_strategy():
     by_params = FedAU(params=StrategyParams(num_clients=5, fraction_evaluate=0.5, min_evaluate_nodes=1, seed=3),
                       cutoff=7)
     assert by_keywords.params == by_params.params
-    assert by_keywords.sampling == by_params.sampling and by_keywords.cutoff == by_params.cutoff == 7
+    assert by_keywords.sampling == by_params.sampling and by_keywords.rule.params.cutoff == by_params.rule.params.cutoff == 7
     assert by_keywords.rng.random() == by_params.rng.random()
     # keywords update a given value; the value itself never changes (frozen)
     base = StrategyParams(num_clients=5)
@@ -44,7 +44,7 @@ def test_a_spec_sets_the_rules_own_parameters_and_the_spec_fields_only():
                                                           "max-model-ratio", "max-examples-ratio", "max-reference-growth", "stream",
                                                           "robust", "cutoff"]
     s = build_strategy("fedau:cutoff=3,max-norm-ratio=50", num_clients=4)
-    assert (s.cutoff, s.params.max_norm_ratio, s.bounds.max_norm_ratio) == (3, 50.0, 50.0)
+    assert (s.rule.params.cutoff, s.params.max_norm_ratio, s.bounds.max_norm_ratio) == (3, 50.0, 50.0)
 
 
 def test_every_rule_lives_in_strategies_rules_and_is_exported_by_name():
