@@ -17,7 +17,7 @@ A rule is an object of a :class:`Rule` subclass; what a rule author reads is thi
 Everything a rule's hooks need arrives in a :class:`RoundContext` (round, model, N, weights,
 node -> client, p^t): a rule reads no attribute of the adapter and never sees a Flower message.
 Optional members, with defaults here: :meth:`Rule.train_config` (config that goes out with the
-model) and :meth:`Rule.robust_step` (the rule's step on a robust statistic of the round's
+model), :meth:`Rule.evaluated` (the model scored after the round) and :meth:`Rule.robust_step` (the rule's step on a robust statistic of the round's
 updates, for rules whose update is a mean of them). The adapter (:mod:`strategies.rule_strategy`)
 owns intake, bounds, sampling, evaluation, failures and checkpoints.
 """
@@ -169,6 +169,11 @@ class Rule:
     def train_config(self, state: Any, ctx: RoundContext) -> dict[str, Any]:
         """Extra config sent with round ``ctx.t``'s train messages."""
         return {}
+
+    def evaluated(self, state: Any, model: np.ndarray, ctx: RoundContext) -> np.ndarray | None:
+        """The model to score after round ``ctx.t`` gave ``model`` (None, the default: ``model``
+        itself; FedExP scores the average of the last two iterates)."""
+        return None
 
     def robust_step(self, state: Any, ctx: RoundContext, statistic: np.ndarray, count: int) -> Finished:
         """The round's result when a robust statistic of the ``count`` accepted Δ_i (float32)

@@ -22,6 +22,7 @@ from dataclasses import fields
 from typing import Any, Generic, TypeVar
 
 import numpy as np
+from flwr.app import ArrayRecord
 
 from . import rule as legacy
 from .base import AvailabilityStrategy
@@ -108,15 +109,16 @@ class RuleStrategy(AvailabilityStrategy):
             self.rule_state = self.rule.init(ctx)
         return self.rule_state
 
-    def _finish(self, done: Finished) -> tuple[np.ndarray, dict[str, float]]:
-        self.rule_state = done.state
+    def _finish(self, done: Finished, ctx: RoundContext) -> tuple[np.ndarray, dict[str, float]]:
+        """Take a finished round: the rule's new state kept, its context for :meth:`evaluation_arrays`."""
+        self.rule_state, self.folded = done.state, ctx
         return done.model, done.metrics
 
     # -------------------------------------------------------- the legacy hooks, on the rule
     def start_fold(self, t: int, x: np.ndarray) -> Fold:
         """A streamed round: the rule's fold, its finish taken by the adapter."""
         ctx = self.context(t, x)
-        return _Taken(self, self.rule.fold(self._state(ctx), ctx))
+        return _Taken(self, self.rule.fold(self._state(ctx), ctx), ctx)
 
     def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]) -> tuple[np.ndarray, dict[str, float]]:
         """A held round: the robust stage (its statistic to the rule's ``robust_step``), else the
@@ -127,18 +129,27 @@ class RuleStrategy(AvailabilityStrategy):
         state = self._state(ctx)
         robust = self.robust_mean(reports)
         if robust is not None:
-            return self._finish(self.rule.robust_step(state, ctx, robust, len(reports)))
+            return self._finish(self.rule.robust_step(state, ctx, robust, len(reports)), ctx)
         fold = self.rule.fold(state, ctx)
         with held_round():
             for report in reports:
                 fold.add(report)
-        return self._finish(fold.finish())
+        return self._finish(fold.finish(), ctx)
 
     def train_config(self, t: int, node_ids: list[int]) -> dict[str, Any]:
         """The rule's config for round t (asked before the round's model is set, too: its state
         then is the one before its init)."""
         ctx = self.context(t, self.current if self.current is not None else np.zeros(0, np.float32))
         return self.rule.train_config(self.rule.State() if self.rule_state is None else self.rule_state, ctx)
+
+    def evaluation_arrays(self, arrays: ArrayRecord) -> ArrayRecord:
+        """The model the rule scores after its last round (:meth:`strategies.contract.Rule.evaluated`)."""
+        if self.folded is None or self.layout is None or self.layout.mismatch(arrays) is not None:
+            return arrays
+        scored = self.rule.evaluated(self.rule_state, self.layout.flatten(arrays), self.folded)
+        return arrays if scored is None else self.arrays_of(scored)
+
+    folded: RoundContext | None = None  # the context of the last round folded
 
     # ------------------------------------------------------------------------ state
     def get_state(self) -> Any:
@@ -156,8 +167,8 @@ class RuleStrategy(AvailabilityStrategy):
 class _Taken(Fold):
     """The rule's fold as the adapter's streaming fold: its finish's state kept by the adapter."""
 
-    def __init__(self, owner: RuleStrategy, fold: RuleFold) -> None:
-        self.owner, self.fold = owner, fold
+    def __init__(self, owner: RuleStrategy, fold: RuleFold, ctx: RoundContext) -> None:
+        self.owner, self.fold, self.ctx = owner, fold, ctx
 
     def add(self, report: ClientReport) -> None:
         self.fold.add(report)
@@ -168,4 +179,4 @@ class _Taken(Fold):
         return self.fold.sum  # type: ignore[attr-defined]
 
     def finish(self) -> tuple[np.ndarray, dict[str, float]]:
-        return self.owner._finish(self.fold.finish())
+        return self.owner._finish(self.fold.finish(), self.ctx)
