@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, extra_deploy
 
 pytestmark = [pytest.mark.timeout(1500)]
 slow = pytest.mark.slow
@@ -205,6 +205,8 @@ def test_the_simulation_gives_the_same_participation_and_model(deployed, tmp_pat
 
 # ---------------------------------------------------------------------- participation out of schedule
 @slow
+@extra_deploy("a deployment whose node is stopped behind the launcher's back (~115 s)",
+              "the participation report's tests on rows here and every deployment's passing check")
 def test_a_node_stopped_out_of_schedule_makes_the_launcher_fail_naming_round_and_client(tmp_path):
     """Nothing churns (every client is on in every round); after round 1 the test stops node 1
     behind the launcher's back: rounds 2 and 3 lack client 1 with no reason, so the run completes
