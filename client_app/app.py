@@ -42,6 +42,7 @@ from strategies.protocol import (
 )
 
 from . import timing
+from .client_rule import ClientRule, correct_gradients
 from .secure import secure_mod
 from .worker import TRAIN_UNTIL, through_worker
 
@@ -93,7 +94,7 @@ def declines(msg: Message, context: Context, wl: Workload, pid: int, rnd: int) -
     return not schedule.is_available(pid, rnd)
 
 
-def rule_of(config):
+def rule_of(config: Any) -> ClientRule:
     from .rules import client_rule  # torch: only where the work is done
 
     return client_rule(str(config.get(CLIENT_RULE, "plain")))
@@ -126,7 +127,7 @@ class TrainStart:
     client: int
     rnd: int  # 0-based round
     config: Any
-    rule: Any
+    rule: ClientRule
     start: dict[str, Any]  # the state dict local training starts from (the client rule's choice)
     received: float  # time.monotonic() when the message was taken up
     steps: int  # this round's local steps: the workload's, or fewer (config max-local-steps)
@@ -181,19 +182,17 @@ def stop_at_deadline(context: Context) -> Callable[[int], bool] | None:
 
 
 def local_training(ts: TrainStart) -> tuple[dict[str, Any], LocalResult]:
-    """The client's local steps from ``ts.start``: (trained state dict on the CPU, result), with
-    the client rule's drift correction where it has one (SCAFFOLD: ``client_app.scaffold``).
+    """The client's local steps from ``ts.start``: (trained state dict on the CPU, result), over
+    the rounds the client rule runs (``rounds``: FedPBC's catch-up first) and with the gradient
+    correction its ``start`` registered, if any (:func:`client_app.client_rule.correct_gradients`).
 
     On the CPU the trained tensors are the workload's scratch model's own (no copy): valid until
     the next message, and :func:`train_reply` turns them into the reply at once.
     """
-    from .scaffold import correct_gradients  # torch: only where the work is done
-
     model = ts.workload.scratch_model(ts.start)
-    correction = correct_gradients(model, ts.context)  # SCAFFOLD's drift correction (else None)
-    rounds = ts.rule.rounds(ts.context, ts.client, ts.rnd, ts.config) if hasattr(ts.rule, "rounds") else [ts.rnd]
+    correction = correct_gradients(model, ts.context)
     try:
-        for rnd in rounds:  # FedPBC's catch-up: the missed rounds' steps first, then this round's
+        for rnd in ts.rule.rounds(ts.context, ts.client, ts.rnd, ts.config):
             own = rnd == ts.rnd  # a straggler's budget and stop hold this round's steps only
             result = ts.workload.train_client(model, ts.client, rnd, ts.steps if own else None,
                                               ts.stop if own else None)

@@ -77,6 +77,8 @@ from strategies.protocol import (
     server_round_of,
 )
 
+from .client_rule import correct_gradients as apply_correction
+
 flwr_log = logging.getLogger("flwr")
 NO_IDENTITY = 1001  # Error code: the node cannot say which client it is (no partition-id)
 
@@ -141,7 +143,7 @@ def client_rule_mod(msg: Message, context: Context, call_next: ClientAppCallable
     key, received = _single_arrays(msg, "train message")
     start = rule.start(received.to_torch_state_dict(), context, client, t, config)
     # a new RecordDict: the received one may be shared with other nodes' messages (in-process grids)
-    rounds = rule.rounds(context, client, t, config) if hasattr(rule, "rounds") else [t]
+    rounds = rule.rounds(context, client, t, config)
     original, first = dict(msg.content.items()), start
     for missed in rounds[:-1]:  # FedPBC's catch-up: the train function runs each missed round first
         earlier = ConfigRecord({**dict(config), SERVER_ROUND: missed + 1})
@@ -162,11 +164,10 @@ def client_rule_mod(msg: Message, context: Context, call_next: ClientAppCallable
 
 
 def correct_gradients(model: Any, context: Context) -> Any:
-    """SCAFFOLD's drift correction on ``model``'s local steps (``client_app.scaffold``); call it in
-    the train function before training. A no-op (None) for every other rule."""
-    from .scaffold import correct_gradients as correct  # torch: only where a client rule runs
-
-    return correct(model, context)
+    """The client rule's drift correction on ``model``'s local steps (SCAFFOLD's, registered by its
+    ``start``: :mod:`client_app.client_rule`); call it in the train function before training. A
+    no-op (None) for every other rule."""
+    return apply_correction(model, context)
 
 
 def adopt(msg: Message, context: Context) -> Message:

@@ -44,6 +44,7 @@ from strategies.protocol import (
     FEDPBC_CATCH_UP as CATCH_UP,
 )
 
+from .client_rule import PlainRule
 from .client_state import (  # noqa: F401  (re-exported: FedAWE's client state, its tests' imports)
     FILE_FORMAT,
     ClientState,
@@ -83,8 +84,9 @@ def echoed_update(start: torch.Tensor, trained: torch.Tensor, factor: float) -> 
     return (factor * (trained.double() - start.double())).float()
 
 
-class FedAWERule:
-    """Client rule ``fedawe`` (the ``client_app.rules.ClientRule`` interface)."""
+class FedAWERule(PlainRule):
+    """Client rule ``fedawe`` (:class:`client_app.client_rule.ClientRule`): the kept copy, the
+    echo, the adoption; FedPBC's catch-up (``rounds``)."""
 
     name = RULE
 

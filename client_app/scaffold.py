@@ -52,6 +52,7 @@ from strategies.protocol import (
     SCAFFOLD_RUN_KEY,
 )
 
+from .client_rule import PlainRule, activate, deactivate
 from .client_state import ClientState, FedAWEStateError, StateStore
 
 StateDict = dict[str, torch.Tensor]
@@ -104,26 +105,6 @@ class Correction:
         return max(self.counts.values(), default=0)
 
 
-_ACTIVE: dict[tuple[int, int], Correction] = {}  # (run id, node id) -> the round's correction
-
-
-def _slot(context: Context) -> tuple[int, int]:
-    return (int(context.run_id), int(context.node_id))
-
-
-def correct_gradients(model: nn.Module, context: Context) -> Correction | None:
-    """Apply the strategy's drift correction to ``model``'s local steps (call before training).
-
-    A no-op (None) unless this node's current train message runs SCAFFOLD or Amplified SCAFFOLD.
-    The hooks stay until the reply is built (or :meth:`Correction.detach`)."""
-    correction = _ACTIVE.get(_slot(context))
-    if correction is None:
-        return None
-    correction.detach()
-    correction.attach(model)
-    return correction
-
-
 def split_received(received: StateDict) -> tuple[StateDict, StateDict]:
     """(the model, the server's c by model key) of a train message's arrays."""
     model = {k: v for k, v in received.items() if not k.startswith(SCAFFOLD_META_PREFIX)}
@@ -139,8 +120,9 @@ def _zeros(like: StateDict) -> StateDict:
     return {k: torch.zeros(v.shape, dtype=torch.float64) for k, v in like.items()}
 
 
-class ScaffoldRule:
-    """Client rule ``scaffold`` (the ``client_app.rules.ClientRule`` interface)."""
+class ScaffoldRule(PlainRule):
+    """Client rule ``scaffold`` (:class:`client_app.client_rule.ClientRule`): its ``start``
+    registers the round's :class:`Correction`, which the train function applies."""
 
     name = SCAFFOLD_RULE
 
@@ -176,7 +158,7 @@ class ScaffoldRule:
         gamma = float(config.get(SCAFFOLD_GAMMA, 1.0))
         if not (gamma > 0):
             raise ScaffoldStateError(f"'{SCAFFOLD_GAMMA}' must be > 0, got {gamma}")
-        _ACTIVE[_slot(context)] = Correction(t, shift, 1.0 / gamma, state=state)
+        activate(context, Correction(t, shift, 1.0 / gamma, state=state))
         return model
 
     def new_state(self, state: ClientState, correction: Correction, t: int, config: Any) -> tuple[ClientState, StateDict]:
@@ -188,10 +170,10 @@ class ScaffoldRule:
 
     def reply(self, start: StateDict, trained: StateDict, context: Context, client: int, t: int,
               config: Any) -> StateDict:
-        correction = _ACTIVE.pop(_slot(context), None)
+        correction = deactivate(context)
         if correction is not None:
             correction.detach()
-        if correction is None or correction.round != t:
+        if not isinstance(correction, Correction) or correction.round != t:
             raise ScaffoldStateError(f"client {client}: reply for round {t} without a matching start")
         if not correction.attached or correction.steps == 0:
             raise ScaffoldStateError(

@@ -127,7 +127,7 @@ class CohortGrid(InProcessGrid):
                 replies.append(ts)  # declined by the client-side gate
                 continue
             if ts.stop is not None or LOCAL_STEPS in ts.config or (
-                    hasattr(ts.rule, "rounds") and len(ts.rule.rounds(ts.context, ts.client, ts.rnd, ts.config)) > 1):
+                    len(ts.rule.rounds(ts.context, ts.client, ts.rnd, ts.config)) > 1):
                 replies.append(train_reply(ts, *local_training(ts)))  # FedPBC's catch-up, a rule's own steps, a deadline's stop
                 continue
             starts.append((len(replies), ts))

@@ -65,8 +65,7 @@ def run_realtime(grid: Grid, setup: Setup, strategy: AsyncRule, rec: Any) -> flo
         elif now - last_seen > s.wait_for_nodes:
             raise RuntimeError(f"{strategy.name}: no node connected for {s.wait_for_nodes:g} s (wait-for-nodes) "
                                f"after {strategy.version} aggregations")
-        holds = getattr(strategy, "holds", None)  # FedCompass: an update waiting for its group
-        idle = sorted(n for n in connected - busy if holds is None or not holds(n))
+        idle = sorted(n for n in connected - busy if not strategy.holds(n))  # FedCompass: an update waiting for its group
         cap = strategy.concurrency - len(jobs) if strategy.concurrency else len(idle)
         if cap < len(idle):
             idle = sorted(int(n) for n in strategy.rng.choice(idle, max(cap, 0), replace=False))
@@ -86,9 +85,8 @@ def run_realtime(grid: Grid, setup: Setup, strategy: AsyncRule, rec: Any) -> flo
                 rec.row(strategy, t - t0, x_old)
             if strategy.version >= s.num_server_rounds:
                 break
-        at_deadline = getattr(strategy, "at_deadline", None)  # a rule's own times (FedCompass's groups)
         x_old = strategy.current
-        if at_deadline is not None and strategy.version < s.num_server_rounds and at_deadline(t - t0):
+        if strategy.version < s.num_server_rounds and strategy.at_deadline(t - t0):  # a rule's own times (FedCompass)
             rec.row(strategy, t - t0, x_old)
         for mid, job in list(jobs.items()):
             if t >= job.deadline:

@@ -134,7 +134,7 @@ class AsyncRecorder:
                               "accepted": not outcome.reason, "aggregated": outcome.aggregated})
         self.failed_in_a_row = 0 if not outcome.reason else self.failed_in_a_row + 1
         n = self.setup.cfg.workload.num_clients
-        limit = max(1, strategy.failures.max_failed_rounds) * max(n, 1) * (getattr(strategy, "k", 1) or 1)
+        limit = max(1, strategy.failures.max_failed_rounds) * max(n, 1) * strategy.buffer_size
         if self.failed_in_a_row > limit:
             from strategies.failures import StrategyFailure
 
@@ -229,8 +229,9 @@ class VirtualLoop:
             self.arrive(event.payload, self.now)
         elif event.kind == DEADLINE:
             x_old = self.strategy.current
-            if self.strategy.at_deadline(self.now):  # type: ignore[attr-defined]
-                self.rec.row(self.strategy, self.now, x_old)  # type: ignore[arg-type]
+            if self.strategy.at_deadline(self.now):
+                assert x_old is not None  # a deadline comes after the loop's begin
+                self.rec.row(self.strategy, self.now, x_old)
         else:
             self.idle.add(event.payload)
         self.after_event(target)
@@ -240,7 +241,7 @@ class VirtualLoop:
         nxt = self.queue.peek()
         if self.strategy.version < target and (nxt is None or nxt.time != self.now):
             self.dispatch(self.now)  # after every event of this instant
-        due = getattr(self.strategy, "deadline", lambda: None)()  # a rule with times of its own: FedCompass
+        due = self.strategy.deadline()  # a rule with times of its own: FedCompass
         if due is not None and due != self.deadline_queued:
             self.queue.push(max(due, self.now), DEADLINE, -1)
             self.deadline_queued = due
@@ -302,9 +303,8 @@ class VirtualLoop:
 
     def dispatch(self, now: float) -> None:
         free = []
-        holds = getattr(self.strategy, "holds", None)  # FedCompass: an update waiting for its group
         for c in sorted(self.idle):
-            if holds is not None and holds(self.node_of[c]):
+            if self.strategy.holds(self.node_of[c]):  # FedCompass: an update waiting for its group
                 continue
             if self.clock.online(c, now):
                 free.append(c)
@@ -334,8 +334,8 @@ class VirtualLoop:
         for job in jobs:
             job.reply = by_id.get(str(job.message.metadata.message_id))
             steps = wl.steps_for(job.client, self.jobs_of[job.client] - 1)
-            own = getattr(self.strategy, "job_steps", None)  # the rule's own step count (FedCompass)
-            fate = job_fate(self.clock, job.client, now, own(job.message.metadata.dst_node_id, steps) if own else steps)
+            own = self.strategy.job_steps(job.message.metadata.dst_node_id, steps)  # the rule's own count (FedCompass)
+            fate = job_fate(self.clock, job.client, now, own)
             job.lost = fate.lost
             self.queue.push(fate.arrival, ARRIVAL, job)
             self.idle.discard(job.client)

@@ -32,9 +32,10 @@ Two guards of the bounds, off with ``max-norm-ratio=0`` (the papers' rules; ``do
   after it applies them, each arrival of the hold judged against that majority's reference (then
   the share limit). Nothing honest is dropped: the first arrivals are applied later than in the paper.
 
-Staleness functions s (Xie, Koyejo and Gupta, "Asynchronous Federated Optimization", 2019,
-Sec. 5.2): ``constant`` s = 1; ``poly`` s = (1 + δ)^(−a); ``hinge`` s = 1 if δ <= b else
-1 / (a (δ − b) + 1), δ the staleness (as APPFL's and Plato's FedAsync; FLGo's hinge omits the + 1).
+The staleness functions s(δ) live in :mod:`strategies.staleness`. What the loops call of a rule
+is declared here, with its defaults (:class:`AsyncRule`: ``buffer_size``, ``job_steps``,
+``holds``, ``deadline``, ``at_deadline``; FedCompass overrides the last four), never looked up
+with ``getattr``.
 """
 
 from __future__ import annotations
@@ -56,29 +57,6 @@ from .protocol import CLIENT_RULE, IGNORE_AVAILABILITY, PLAIN_RULE, SERVER_ROUND
 from .replies import ClientReport
 
 log = logging.getLogger("flwr")
-
-STALENESS_FUNCTIONS = ("constant", "poly", "hinge")
-
-
-def staleness_weight(kind: str, delta: int, a: float, b: float) -> float:
-    """s(δ) of Xie et al. 2019, Sec. 5.2 (see the module docstring)."""
-    if kind == "constant":
-        return 1.0
-    if kind == "poly":
-        return float((1.0 + delta) ** (-a))
-    if kind == "hinge":
-        return 1.0 if delta <= b else 1.0 / (a * (delta - b) + 1.0)
-    raise ValueError(f"staleness function {kind!r}: one of {STALENESS_FUNCTIONS}")
-
-
-def check_staleness_params(name: str, kind: str, a: float, b: float) -> None:
-    if kind not in STALENESS_FUNCTIONS:
-        raise ValueError(f"strategy '{name}': staleness={kind!r} is not one of {STALENESS_FUNCTIONS}")
-    if not (np.isfinite(a) and a >= 0):
-        raise ValueError(f"strategy '{name}': staleness-a={a} must be a finite number >= 0")
-    if not (np.isfinite(b) and b >= 0):
-        raise ValueError(f"strategy '{name}': staleness-b={b} must be a finite number >= 0")
-
 
 @dataclass
 class Arrival:
@@ -154,6 +132,28 @@ class AsyncRule(AvailabilityStrategy):
         self.snapshots: dict[int, np.ndarray] = {}
         self._users: dict[int, int] = {}  # version -> jobs in flight from it
         self.applied: list[Arrival] = []  # the arrivals of the last aggregation
+
+    # ------------------------------------------- what the loops ask the rule (declared defaults)
+    @property
+    def buffer_size(self) -> int:
+        """The arrivals one aggregation waits for (FedBuff's K; 1: each arrival is applied)."""
+        return 1
+
+    def job_steps(self, node: int, default: int) -> int:
+        """The local steps of the job just sent to ``node`` (``default``: the workload's)."""
+        return default
+
+    def holds(self, node: int) -> bool:
+        """Whether ``node``'s update waits for an aggregation of the rule's, so it gets no job now."""
+        return False
+
+    def deadline(self) -> float | None:
+        """The next time (run seconds) at which the rule acts by itself (None: none)."""
+        return None
+
+    def at_deadline(self, now: float) -> bool:
+        """Act on the times up to ``now`` (:meth:`deadline`); True when the rule aggregated."""
+        return False
 
     # ---------------------------------------------------------------- the rule (override)
     def add(self, arrival: Arrival) -> bool:

@@ -168,9 +168,10 @@ def rule_spec(spec: str) -> tuple[type[AvailabilityStrategy], dict[str, Any]]:
     return cls, params
 
 
-def is_asynchronous(strategy: Any) -> bool:
-    """Whether ``strategy`` (a rule instance or class) runs in the asynchronous loop."""
-    return bool(getattr(strategy, "asynchronous", False))
+def is_asynchronous(strategy: AvailabilityStrategy | type[AvailabilityStrategy]) -> bool:
+    """Whether ``strategy`` (a rule instance or class) runs in the asynchronous loop (it declares
+    ``asynchronous``: :class:`strategies.asynchronous.AsyncRule`)."""
+    return strategy.asynchronous
 
 
 def is_asynchronous_spec(spec: str) -> bool:

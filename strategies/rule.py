@@ -56,6 +56,8 @@ class Rule:
     robust_clip: ClassVar[bool] = True
     # the rule's state (a dataclass whose fields name the attributes a resumed run needs)
     State: ClassVar[type] = rule_state.NoState
+    # the rule sees one arrival at a time (strategies.asynchronous.AsyncRule: add, apply and the loop's members)
+    asynchronous: ClassVar[bool] = False
     # the rule folds replies in as they arrive (start_fold): server memory O(model), not O(replies)
     streams: ClassVar[bool] = False
     # why a rule that does not stream must hold every reply of a round (logged once)

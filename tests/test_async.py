@@ -27,7 +27,7 @@ from client_app.app import app as client_app
 from experiments.inprocess import run_inprocess
 from server_app.results import read_metrics
 from strategies import build_strategy, named_arrays
-from strategies.asynchronous import staleness_weight
+from strategies.staleness import staleness_weight
 
 TINY = {"num-clients": 4, "dataset": "digits", "model": "mlp", "eval-every": 0, "availability": "always",
         "local-steps": "steps:n=3", "checkpoint-every": 0, "progress": False}

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..asynchronous import Arrival, AsyncRule, check_staleness_params, staleness_weight
+from ..asynchronous import Arrival, AsyncRule
+from ..staleness import check_staleness_params, staleness_weight
 from ..weighting import add_scaled
 
 

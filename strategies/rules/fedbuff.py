@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..asynchronous import Arrival, AsyncRule, check_staleness_params, staleness_weight
+from ..asynchronous import Arrival, AsyncRule
+from ..staleness import check_staleness_params, staleness_weight
 from ..weighting import weighted_sum
 
 
@@ -44,6 +45,11 @@ class FedBuff(AsyncRule):
     def own_share_window(self) -> int:  # type: ignore[override]
         """A node's updates in one buffer of K are bounded as one (the module docstring of
         :mod:`strategies.asynchronous`)."""
+        return self.k
+
+    @property
+    def buffer_size(self) -> int:
+        """K: an aggregation waits for K arrivals."""
         return self.k
 
     def add(self, arrival: Arrival) -> bool:

@@ -53,8 +53,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..asynchronous import Arrival, AsyncRule, AsyncState, check_staleness_params, staleness_weight
+from ..asynchronous import Arrival, AsyncRule, AsyncState
 from ..protocol import LOCAL_STEPS
+from ..staleness import check_staleness_params, staleness_weight
 from ..weighting import weighted_sum
 
 MIN_SPEED = 1e-9  # s per step: a job of no time (a clock without compute) still divides
