@@ -85,7 +85,8 @@ class _FlowerLogWatch(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         grid = self.grid()  # another thread's loop (a test before, a second app) is not this grid's
-        if grid is None or not isinstance(record.msg, str) or (grid.senders and record.thread not in grid.senders):
+        other = bool(grid and grid.senders and record.thread is not None and record.thread not in grid.senders)
+        if grid is None or not isinstance(record.msg, str) or other:  # thread None: logging.logThreads off
             return
         if record.msg in SECURE_DONE:
             grid.secure_ended(SECURE_DONE[record.msg])  # may raise NoWorkDone: it ends the workflow
@@ -109,8 +110,7 @@ class ChurnGrid(AvailabilityGrid):
         self.results_dir = results_dir
         self.deployed = deployed
         self.count_rounds, self.max_idle_rounds = count_rounds, max_idle_rounds
-        # (round, client) -> the SecAgg+ stage it is gone by: given, or from the clock's sessions
-        self.departures = departures if isinstance(departures, SessionStages) else dict(departures or {})
+        self.departures = departures if isinstance(departures, SessionStages) else dict(departures or {})  # (round, client) -> SecAgg+ stage gone by
         bad = {s for s in (self.departures.values() if isinstance(self.departures, dict) else []) if s not in STAGES}
         if bad:
             raise ValueError(f"departures: stages must be among {STAGES} (SecAgg+'s), got {sorted(bad)}")

@@ -18,7 +18,6 @@ same way (``error``: ``node died``, no actor), once.
 
 from __future__ import annotations
 
-import sys
 import threading
 from logging import WARNING
 from typing import Any
@@ -27,7 +26,7 @@ from flwr.common.logger import log
 
 from flowerlink import guard_ray_actor_pool, ray_actor_node
 
-from .versions import node_record
+from .versions import driven_ray, node_record
 
 ROW_KEY = "ray-workers-lost"
 NODE_DIED = "node died"  # the error of a loss read from Ray's node table (no actor was running there)
@@ -35,8 +34,8 @@ NODE_DIED = "node died"  # the error of a loss read from Ray's node table (no ac
 
 def dead_ray_nodes() -> dict[str, str] | None:
     """Node id -> address of every node Ray lists as dead; None when this process drives no Ray."""
-    ray = sys.modules.get("ray")
-    if ray is None or not ray.is_initialized():
+    ray = driven_ray()
+    if ray is None:
         return None
     try:
         return {r["node-id"]: r["address"] for r in map(node_record, ray.nodes()) if not r["alive"]}
@@ -75,8 +74,8 @@ class LostWorkers:
             died = {node: address for node, address in dead.items() if node not in self._reported}
             self._reported |= set(died)
         for node, address in died.items():
-            log(WARNING, "Ray worker lost: node %s (%s) is dead in Ray's node table; no message of this round "
-                "ran there: a lost worker, not an offline client", node, address or "address unknown")
+            log(WARNING, "Ray worker lost: node %s (%s) is dead in Ray's node table (no message failed on it): a "
+                "lost worker, not an offline client", node, address or "address unknown")
         seen += [{"ray-node": node, "address": address, "actor": "", "error": NODE_DIED} for node, address in died.items()]
         return {ROW_KEY: seen} if seen else {}
 
