@@ -159,8 +159,10 @@ class DockerEngine:
 
     def _inspect(self, client: int) -> dict[str, Any] | None:
         name = self._name(client)
-        if name is None:
-            return None
+        return None if name is None else self._container_json(name)
+
+    def _container_json(self, name: str) -> dict[str, Any] | None:
+        """The engine's inspect of container ``name``; None when it has none of that name."""
         with self._engine():
             status, body = self.api.request("GET", f"/containers/{name}/json")
         if status == 404:
@@ -220,13 +222,9 @@ class DockerEngine:
     def _existing(self, name: str, digest: str) -> dict[str, Any] | None:
         """The container ``name`` if it is this launch's; one of an older launch is removed; one
         this deployment did not make is an error (never removed)."""
-        with self._engine():
-            status, body = self.api.request("GET", f"/containers/{name}/json")
-        if status == 404:
+        info = self._container_json(name)
+        if info is None:
             return None
-        if status != 200:
-            raise DockerError(self.api.url, "GET", f"/containers/{name}/json", status, body)
-        info = json.loads(body)
         labels = info["Config"].get("Labels") or {}
         if labels.get(LABEL) != self.tag:
             raise DeployError(f"{self._where()}: a container named {name} exists that deployment {self.tag} "

@@ -6,6 +6,7 @@ schedule up to the timing slack. SIGINT/SIGTERM/SIGHUP stop everything."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -57,8 +58,8 @@ def launch_main(args: argparse.Namespace) -> int:
     dep = ProcessSite(args.num_nodes, Path(args.work_dir).resolve() if args.work_dir else None,
                       data_dir=args.data_dir, keep_workdir=args.keep_workdir, devices=plan, waits=waits,
                       warm_workers=args.warm_workers, log=bar.log)
-    code = 1
-    try:
+
+    def body() -> int:
         console.print(f"work dir: {dep.work_dir}")
         resume = resume_point(args)
         dep.start_superlink()
@@ -68,15 +69,25 @@ def launch_main(args: argparse.Namespace) -> int:
                 churn_mode=args.churn_mode, grace=args.grace, lookahead=not args.no_lookahead,
                 speedup=args.speedup, timeout=args.timeout, on_row=bar.on_row, resume_from=resume,
                 round_start_signal=False if args.fixed_grace else None)
-        code = print_outcome(console, dep, out, counts, devices=plan is not None)
+        return print_outcome(console, dep, out, counts, devices=plan is not None)
+
+    return run_closing(dep, console, body)
+
+
+def run_closing(site: ProcessSite | MultiHostSite, console: Console, body: Callable[[], int],
+                interrupted: str = "interrupted: stopping everything") -> int:
+    """``body()``'s exit status with ``site`` closed after it, whatever happens: a deployment
+    error prints where the logs are (exit 1), an interrupt ``interrupted`` (exit 130)."""
+    try:
+        return body()
     except DeployError as err:
-        console.print(f"[red]error:[/] {escape(str(err))}; logs in {dep.logs} (--keep-workdir keeps them)")
+        console.print(f"[red]error:[/] {escape(str(err))}; logs in {site.logs} (--keep-workdir keeps them)")
+        return 1
     except KeyboardInterrupt:
-        console.print("interrupted: stopping everything")
-        code = 130
+        console.print(interrupted)
+        return 130
     finally:
-        dep.close()
-    return code
+        site.close()
 
 
 def launch_devices(args: argparse.Namespace) -> tuple[DevicePlan | None, Waits]:
@@ -177,8 +188,8 @@ def launch_app(args: argparse.Namespace, user: dict[str, Any], console: Console)
     dep = ProcessSite(args.num_nodes, Path(args.work_dir).resolve() if args.work_dir else None, project=app,
                       data_dir=args.data_dir, keep_workdir=args.keep_workdir, waits=waits,
                       log=lambda s: console.log(escape(s)))
-    code = 1
-    try:
+
+    def body() -> int:
         plan = app_run(app, user, args.num_nodes, str(spec), seed, dep.work_dir,
                        bound=args.grace if args.grace is not None else 30.0, signal=bool(args.churn))
         dep.server_env = plan.server_env()
@@ -191,14 +202,9 @@ def launch_app(args: argparse.Namespace, user: dict[str, Any], console: Console)
         console.print(f"run {out.run_id}: {out.status} in {out.wall:.1f} s")
         if out.report is not None:
             console.print(escape(out.report.summary()), soft_wrap=True)
-        code = 0 if out.ok else 1
-    except DeployError as err:
-        console.print(f"[red]error:[/] {escape(str(err))}; logs in {dep.logs} (--keep-workdir keeps them)")
-    except KeyboardInterrupt:
-        code = 130
-    finally:
-        dep.close()
-    return code
+        return 0 if out.ok else 1
+
+    return run_closing(dep, console, body)
 
 
 def launch_hosts(args: argparse.Namespace, user: dict[str, Any], console: Console) -> int:
@@ -226,8 +232,7 @@ def launch_hosts(args: argparse.Namespace, user: dict[str, Any], console: Consol
     bar = ProgressBar(console, merged)
     site = MultiHostSite(plan, Path(args.work_dir).resolve() if args.work_dir else None, certs=args.certs,
                          data_dir=args.data_dir, keep_workdir=args.keep_workdir, waits=waits, log=bar.log)
-    code = 1
-    try:
+    def body() -> int:
         console.print(f"work dir: {site.work_dir}; {len(plan.hosts)} hosts: " + ", ".join(
             f"{h.name} ({h.engine}, clients {list(h.clients)})" for h in plan.hosts))
         resume = resume_point(args)
@@ -239,11 +244,6 @@ def launch_hosts(args: argparse.Namespace, user: dict[str, Any], console: Consol
                                  round_start_signal=False if args.fixed_grace else None)
         code = print_outcome(console, site, out, {})
         console.print("switch latency per host (engine calls):\n" + escape(site.switch_summary()), soft_wrap=True)
-    except DeployError as err:
-        console.print(f"[red]error:[/] {escape(str(err))}; logs in {site.logs} (--keep-workdir keeps them)")
-    except KeyboardInterrupt:
-        console.print("interrupted: stopping everything on every host")
-        code = 130
-    finally:
-        site.close()
-    return code
+        return code
+
+    return run_closing(site, console, body, "interrupted: stopping everything on every host")

@@ -30,7 +30,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -108,7 +108,6 @@ class MultiHostSite(SiteLifetime):
         self.listed: dict[int, dict[str, Any]] = {}  # node id -> the SuperLink's entry (latest read)
         self.activated_before: dict[int, str] = {}  # client -> its node's activation when last started
         self.up: set[int] = set()  # clients the driver has started and not stopped
-        self.pending: dict[int, Future[None]] = {}  # client -> its start in flight
         self.start_finished: dict[int, float] = {}  # client -> when its latest start returned (driver clock)
         self.failed: dict[int, str] = {}  # client -> why its last start failed
         self.incarnations = dict.fromkeys(range(self.num_nodes), 0)
@@ -179,7 +178,7 @@ class MultiHostSite(SiteLifetime):
 
     def _watch_superlink(self) -> None:
         """The SuperLink's node list, read every POLL s (the only source of 'registered')."""
-        control = None
+        control, failing = None, False
         while not self.stopping.is_set():
             try:
                 if control is None and self.identities is not None and self.superlink_alive():
@@ -188,8 +187,11 @@ class MultiHostSite(SiteLifetime):
                     listed = {n["node-id"]: n for n in control.nodes()}
                     with self.lock:
                         self.listed = listed
-            except Exception:  # noqa: BLE001  (a SuperLink restarting: read again)
-                control = None
+                failing = False
+            except Exception as err:  # noqa: BLE001  (a SuperLink restarting: read again)
+                if control is not None or not failing:  # once per outage, not every POLL
+                    self.log(f"SuperLink node list unread ({type(err).__name__}: {err}); reading again every {POLL} s")
+                failing, control = True, None
             self.stopping.wait(POLL)
 
     def superlink_alive(self) -> bool:
@@ -272,7 +274,7 @@ class MultiHostSite(SiteLifetime):
                 self.log(f"node {i}: {self.failed[i]}")
                 raise
 
-        self.pending[i] = self.workers[host.name].submit(start)
+        self.workers[host.name].submit(start)  # its failure is logged and read by _dead()
         self.log(f"node {i}: starting on host {host.name} (incarnation {self.incarnations[i]})")
 
     def _dead(self) -> set[int]:
@@ -318,7 +320,6 @@ class MultiHostSite(SiteLifetime):
             code = None
             self.log(f"node {i}: host {host.name} did not confirm the stop in {grace + 60:.0f} s")
         self.up.discard(i)
-        self.pending.pop(i, None)
         self.start_finished.pop(i, None)
         self.term_sent.discard(i)
         self.log(f"node {i}: stopped ({mode}) on host {host.name}, exit {code}")

@@ -8,6 +8,8 @@ each function, so that importing this module costs nothing.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -176,7 +178,8 @@ class ControlClient:
 
         connection = SuperLinkConnection(name="flchurn", address=address, root_certificates=root_certificates,
                                          insecure=root_certificates is None)
-        self.client = init_http_client_from_connection(connection)
+        with contextlib.redirect_stdout(io.StringIO()):  # Flower's CLI line "Using SuperLink: ...", per connect
+            self.client = init_http_client_from_connection(connection)
 
     def register(self, public_key: bytes) -> int:
         """Register a SuperNode's public key (PEM, SubjectPublicKeyInfo); its node id."""

@@ -84,8 +84,9 @@ class _FlowerLogWatch(logging.Handler):
         self.grid = weakref.ref(grid)
 
     def emit(self, record: logging.LogRecord) -> None:
-        grid = self.grid()
-        if grid is None or not isinstance(record.msg, str):
+        grid = self.grid()  # another thread's loop (a test before, a second app) is not this grid's
+        other = bool(grid and grid.senders and record.thread is not None and record.thread not in grid.senders)
+        if grid is None or not isinstance(record.msg, str) or other:  # thread None: logging.logThreads off
             return
         if record.msg in SECURE_DONE:
             grid.secure_ended(SECURE_DONE[record.msg])  # may raise NoWorkDone: it ends the workflow
@@ -108,14 +109,13 @@ class ChurnGrid(AvailabilityGrid):
         self.gate = "none" if deployed is not None else gate
         self.results_dir = results_dir
         self.deployed = deployed
-        self.count_rounds = count_rounds
-        self.max_idle_rounds = max_idle_rounds
-        # (round, client) -> the SecAgg+ stage it is gone by: given, or from the clock's sessions
-        self.departures = departures if isinstance(departures, SessionStages) else dict(departures or {})
+        self.count_rounds, self.max_idle_rounds = count_rounds, max_idle_rounds
+        self.departures = departures if isinstance(departures, SessionStages) else dict(departures or {})  # (round, client) -> SecAgg+ stage gone by
         bad = {s for s in (self.departures.values() if isinstance(self.departures, dict) else []) if s not in STAGES}
         if bad:
             raise ValueError(f"departures: stages must be among {STAGES} (SecAgg+'s), got {sorted(bad)}")
         self.lock = threading.RLock()  # Flower's legacy workflows list nodes from a thread of their own
+        self.senders: set[int] = set()  # threads that sent through this grid: the loop's rounds come from them
         self.rounds: dict[int, dict[str, Any]] = {}  # round -> its record
         self.latest = 0  # the latest round a message was dated with
         self.trained_through = 0  # the latest round whose training stage is over
@@ -231,6 +231,7 @@ class ChurnGrid(AvailabilityGrid):
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
         with self.lock:
             messages = list(messages)
+            self.senders.add(threading.get_ident())
             if not messages:
                 return []
             self.date(messages)
@@ -246,6 +247,7 @@ class ChurnGrid(AvailabilityGrid):
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:  # noqa: D102
         with self.lock:
             messages = list(messages)
+            self.senders.add(threading.get_ident())
             self.date(messages)
             keep = self.reachable(messages)
             for reply in map(unavailable_reply, self.withheld):
@@ -294,16 +296,14 @@ class ChurnGrid(AvailabilityGrid):
                     row["addressed"] = self.clients(m.metadata.dst_node_id for m in training)
                 row["reached"] = self.clients(reached)
                 row["replied"] = ok
-            row["problems"] += [f"{self.describe(r)}" for r in answered if r.has_error()]
+            row["problems"] += [f"error reply from node {r.metadata.src_node_id}: {quoted_error(r.error.reason)}"
+                                for r in answered if r.has_error()]
             row["problems"] += [f"withheld from node {m.metadata.dst_node_id}: {self.why_unknown([m.metadata.dst_node_id])}"
                                 for m in batch if id(m) not in kept and m.metadata.dst_node_id not in self.client_of_node]
             if training and not secure:
                 self.close(rnd, completed=True)
             else:
                 self.write()
-
-    def describe(self, reply: Message) -> str:
-        return f"error reply from node {reply.metadata.src_node_id}: {quoted_error(reply.error.reason)}"
 
     def announce(self, rnd: int) -> None:
         """Flower's loop starts round ``rnd``: the rounds before it in which no training was sent

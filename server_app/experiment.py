@@ -184,6 +184,7 @@ def _run_rounds(grid: Grid, setup: Setup, client_of_node: dict[int, int], consol
     recorder = RunRecorder(setup.run_dir, n)
     recorder.write_config(config_record(grid, setup))
     recorder.resume_at(setup.start_round - 1)
+    LOST.begin()  # Ray nodes dead before this run are not its lost workers
     if setup.start_round > 1:
         checkpoint.restore_rng(checkpoint.load(s.resume_from))
     else:

@@ -60,11 +60,18 @@ def node_record(node: dict[str, Any]) -> dict[str, Any]:
             "alive": bool(node.get("Alive", False)), "head": "node:__internal_head__" in res}
 
 
+def driven_ray() -> Any:
+    """The ``ray`` module when this process is a Ray driver (initialised), else None; Ray is
+    never imported here."""
+    ray = sys.modules.get("ray")
+    return ray if ray is not None and ray.is_initialized() else None
+
+
 def ray_record() -> dict[str, Any]:
     """``{"ray": {...}}``: the Ray cluster this process drives (its nodes, the address asked for
     through ``RAY_ADDRESS``, Ray's version); {} when Ray is not initialised in this process."""
-    ray = sys.modules.get("ray")
-    if ray is None or not ray.is_initialized():
+    ray = driven_ray()
+    if ray is None:
         return {}
     try:
         nodes = [node_record(n) for n in ray.nodes()]

@@ -97,12 +97,13 @@ def async_influence(spec: str, attackers: int = 1, fast: float | None = 0.2, hor
     """The attackers' influence on an asynchronous rule (the module docstring)."""
     times = _times(attackers, fast, seed)
     flwr_log = logging.getLogger("flwr")
-    level, flwr_log.level = flwr_log.level, logging.ERROR
+    level = flwr_log.level  # setLevel, not .level: it clears logging's cache
+    flwr_log.setLevel(logging.ERROR)
     try:
         hostile, counts = _run(spec, times, set(range(N - attackers, N)), horizon, seed)
         honest, _ = _run(spec, times, set(), horizon, seed)
     finally:
-        flwr_log.level = level
+        flwr_log.setLevel(level)
     distance = [float(np.linalg.norm(a - h)) / STEP for a, h in _aligned(hostile, honest)]
     steps = np.abs(np.diff([0.0, *distance]))
     return {"run": distance[-1], "largest": max(distance), "per-arrival": float(steps.max()), **counts}
@@ -114,12 +115,13 @@ def honest_cost(spec: str, off: str, fast: float | None = 0.2, horizon: float = 
     bounds off) over that run's movement."""
     times = _times(1, fast, seed)
     flwr_log = logging.getLogger("flwr")
-    level, flwr_log.level = flwr_log.level, logging.ERROR
+    level = flwr_log.level  # setLevel, not .level: it clears logging's cache
+    flwr_log.setLevel(logging.ERROR)
     try:
         on, counts = _run(spec, times, set(), horizon, seed)
         ref, _ = _run(off, times, set(), horizon, seed)
     finally:
-        flwr_log.level = level
+        flwr_log.setLevel(level)
     x0 = np.zeros(DIM)
     x0[2:] = MODEL_NORM / np.sqrt(DIM - 2)
     (x_on, x_off), = _aligned(on[-1:], ref[-1:])

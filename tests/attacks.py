@@ -109,7 +109,8 @@ def influence(spec: str, rounds: int = 30, seed: int = 0, search_every: int = 1,
     bisected that many times past the grid of :data:`SIZES`."""
     name = spec.split(":")[0]
     flwr_log = logging.getLogger("flwr")
-    level, flwr_log.level = flwr_log.level, logging.ERROR
+    level = flwr_log.level  # setLevel, not .level: it clears logging's cache
+    flwr_log.setLevel(logging.ERROR)
     try:
         ups = honest_updates(rounds, seed, n)
         x0 = np.zeros(DIM, np.float32)
@@ -132,7 +133,7 @@ def influence(spec: str, rounds: int = 30, seed: int = 0, search_every: int = 1,
             per_round.append(abs(new - distance) / STEP)
             distance = new
     finally:
-        flwr_log.level = level
+        flwr_log.setLevel(level)
     return {"per-round": max(per_round), "round-1": per_round[0], "run": distance / STEP, "accepted": accepted,
             "finite": bool(np.all(np.isfinite(xa))), "attacks": attacks}
 
@@ -174,7 +175,8 @@ def widening(spec: str, gap: int = 0, declare: bool = False, rounds: int | None 
     name = spec.split(":")[0]
     rounds = rounds or gap + 2
     flwr_log = logging.getLogger("flwr")
-    level, flwr_log.level = flwr_log.level, logging.ERROR
+    level = flwr_log.level  # setLevel, not .level: it clears logging's cache
+    flwr_log.setLevel(logging.ERROR)
     try:
         ups = honest_updates(rounds, seed)
         x0 = np.zeros(DIM, np.float32)
@@ -206,7 +208,7 @@ def widening(spec: str, gap: int = 0, declare: bool = False, rounds: int | None 
             per_round.append(abs(new - distance) / STEP)
             distance = new
     finally:
-        flwr_log.level = level
+        flwr_log.setLevel(level)
     return {"per-round": max(per_round), "run": distance / STEP, "replies": replies, "accepted": accepted,
             "honest-rejected": rejected,
             "finite": bool(np.all(np.isfinite(xa))), "attacks": attacks}
@@ -231,7 +233,8 @@ def silent_then_one(name: str, silent: int = 100, new: bool = False, seed: int =
         return out["w"].numpy(), N - 1 in s.round_log.participants
 
     flwr_log = logging.getLogger("flwr")
-    level, flwr_log.level = flwr_log.level, logging.ERROR
+    level = flwr_log.level  # setLevel, not .level: it clears logging's cache
+    flwr_log.setLevel(logging.ERROR)
     try:
         hostile, honest = (build_rule(name, n=N, max_failed_rounds=0) for _ in range(2))
         xa = xh = x0
@@ -243,7 +246,7 @@ def silent_then_one(name: str, silent: int = 100, new: bool = False, seed: int =
             xa, _ = play(hostile, t, xa, who, size)
             xh, _ = play(honest, t, xh, who, None)
     finally:
-        flwr_log.level = level
+        flwr_log.setLevel(level)
     return (float(np.linalg.norm(xa - xh)) - before) / STEP
 
 
@@ -265,7 +268,8 @@ def fast_node(spec: str, horizon: float = 300.0, fast: float = 0.2, seed: int = 
     x0 = np.zeros(DIM, np.float32)
     x0[2:] = MODEL_NORM / np.sqrt(DIM - 2)
     flwr_log = logging.getLogger("flwr")
-    level, flwr_log.level = flwr_log.level, logging.ERROR
+    level = flwr_log.level  # setLevel, not .level: it clears logging's cache
+    flwr_log.setLevel(logging.ERROR)
     out = {}
     try:
         for hostile in (True, False):
@@ -301,6 +305,6 @@ def fast_node(spec: str, horizon: float = 300.0, fast: float = 0.2, seed: int = 
                 key += 1
             out[hostile] = (s.current.copy(), arrivals, accepted)
     finally:
-        flwr_log.level = level
+        flwr_log.setLevel(level)
     (xa, arrivals, accepted), (xh, _, _) = out[True], out[False]
     return {"run": float(np.linalg.norm(xa.astype(np.float64) - xh)) / STEP, "arrivals": arrivals, "accepted": accepted}

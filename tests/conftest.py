@@ -20,3 +20,11 @@ def _task_identity():
     from flwr.supercore.task_identity import TaskIdentity
 
     TaskIdentity.task_id = TaskIdentity.run_id = TaskIdentity.node_id = 1
+
+
+def extra_deploy(what: str, covered_by: str) -> pytest.MarkDecorator:
+    """Skip unless ``FLCHURN_EXTRA_DEPLOY_TESTS=1``: ``what`` costs CI's 30-minute budget more than it
+    adds beside ``covered_by``, which runs the same path in CI (run by hand before a release)."""
+    return pytest.mark.skipif(not os.environ.get("FLCHURN_EXTRA_DEPLOY_TESTS"),
+                              reason=f"{what}: opt-in with FLCHURN_EXTRA_DEPLOY_TESTS=1 (CI's 30-minute budget; "
+                                     f"in CI the same path runs in {covered_by})")

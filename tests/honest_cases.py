@@ -195,7 +195,8 @@ class Result:
 def run_sync(name: str, c: Case, bounds: bool | str = True) -> Result:
     """``bounds``: True (the defaults), False (off: :func:`off_spec`) or a spec's keys (``max-norm-ratio=1e6``)."""
     flwr_log = logging.getLogger("flwr")
-    level, flwr_log.level = flwr_log.level, logging.ERROR
+    level = flwr_log.level  # setLevel, not .level: it clears logging's cache
+    flwr_log.setLevel(logging.ERROR)
     try:
         n = len(c.clients)
         s = build_rule(name, n=n, spec=spec_of(name, bounds), max_failed_rounds=0)
@@ -220,7 +221,7 @@ def run_sync(name: str, c: Case, bounds: bool | str = True) -> Result:
         out.x = x
         return out
     finally:
-        flwr_log.level = level
+        flwr_log.setLevel(level)
 
 
 def run_async(name: str, c: Case, bounds: bool | str = True, horizon: float | None = None) -> Result:
@@ -229,7 +230,8 @@ def run_async(name: str, c: Case, bounds: bool | str = True, horizon: float | No
     from strategies import build_strategy
 
     flwr_log = logging.getLogger("flwr")
-    level, flwr_log.level = flwr_log.level, logging.ERROR
+    level = flwr_log.level  # setLevel, not .level: it clears logging's cache
+    flwr_log.setLevel(logging.ERROR)
     try:
         n = len(c.clients)
         s = build_strategy(spec_of(name, bounds) or name, num_clients=n, max_failed_rounds=0)
@@ -270,7 +272,7 @@ def run_async(name: str, c: Case, bounds: bool | str = True, horizon: float | No
         out.x = s.current.copy()
         return out
     finally:
-        flwr_log.level = level
+        flwr_log.setLevel(level)
 
 
 class Recorder:

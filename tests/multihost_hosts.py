@@ -12,6 +12,9 @@ import random
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 PREFIX = "flcmh"
 NETNS_DIR = Path("/run/netns")
@@ -99,9 +102,9 @@ class NamespaceHosts:
         for ns in self.made_ns:
             if (NETNS_DIR / ns).exists() and ip("netns", "del", ns, check=False).returncode != 0:
                 left.append(ns)
-        for link in reversed(self.made_links):
-            if ip("link", "show", link, check=False).returncode == 0 and \
-                    ip("link", "del", link, check=False).returncode != 0:
+        for link in reversed(self.made_links):  # a veth goes with its namespace, perhaps only now
+            if ip("link", "del", link, check=False).returncode != 0 and \
+                    ip("link", "show", link, check=False).returncode == 0:
                 left.append(link)
         return left
 
@@ -111,3 +114,19 @@ class NamespaceHosts:
                  if f": {name}" in line]
         spaces = [p.name for p in NETNS_DIR.glob(f"{name}n*")] if NETNS_DIR.is_dir() else []
         return sorted(links + spaces)
+
+
+def assert_rows_follow(rows: list[dict[str, Any]], spec: str, num_clients: int,
+                       explained: dict[tuple[int, int], str]) -> np.ndarray:
+    """Every round's participants were online in schedule ``spec`` (seed 0: the off nodes were really
+    down, on their own host), and every online client took part unless the churn driver explained
+    its miss ((round, client) in ``explained``: a cut host, a late node); the schedule's on matrix."""
+    from availability import build_schedule
+
+    want = build_schedule(spec, num_clients, 0).matrix(len(rows)).astype(bool)
+    for t, row in enumerate(rows):
+        r, got = t + 1, set(row["participants"])
+        on = set(np.flatnonzero(want[t]).tolist())
+        assert got <= on, (r, got, on)
+        assert {c for c in on if (r, c) not in explained} <= got, (r, got, on, explained)
+    return want

@@ -2,6 +2,12 @@
 as subprocesses, in a private temp dir (so no other ``ray.init()`` on the machine finds it), each
 node's processes tagged in their environment (``FLCHURN_RAY_NODE``), so that one node can be
 killed (its raylet, workers and agents: a lost machine) and everything removed at the end, by pid.
+
+With ``hosts`` (``tests/multihost_hosts.py``'s namespace hosts, as root) the head listens on the
+bridge's address, not on loopback, and the last worker runs in host 0's network namespace with its
+own address: its raylet, object manager and actors reach the head over the bridge, as a second
+machine's would. The GCS marks a node dead after ``DEATH_CHECKS`` failed health checks
+``DEATH_CHECK_MS`` apart (Ray's defaults: 5 × 3 s, after a 5 s delay).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from deploy.procs import free_port, kill_pids, tagged_pids
 from deploy.waits import host_slowdown
@@ -49,12 +56,14 @@ sys.argv = ["ray", *sys.argv[1:]]
 sys.exit(main())
 """
 QUIET = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0", "FLWR_TELEMETRY_ENABLED": "0"}
+DEATH_CHECK_MS, DEATH_CHECKS = 500, 4
 
 
 class RayCluster:
     """``ray start --head`` and ``workers`` × ``ray start --address``, 1 CPU each."""
 
-    def __init__(self, workers: int = 2, cpus: int = 1) -> None:
+    def __init__(self, workers: int = 2, cpus: int = 1, hosts: Any = None) -> None:
+        self.hosts = hosts  # NamespaceHosts (created) or None: every node on loopback
         self.tag = uuid.uuid4().hex[:10]
         self.temp = Path(tempfile.mkdtemp(prefix="rc-", dir="/tmp"))  # short: Ray's socket paths are long
         self.port = free_port()
@@ -69,26 +78,43 @@ class RayCluster:
         # with "Timed out waiting for file .../dashboard_agent_listen_port_<node>") and to register
         waits = {"RAY_agent_register_timeout_ms": str(int(30_000 * patience)),
                  "RAY_raylet_start_wait_time_s": str(int(30 * patience))}
-        env = {**os.environ, **QUIET, **waits, NODE_VAR: f"{self.tag}-{name}"}
+        health = {"RAY_health_check_period_ms": str(DEATH_CHECK_MS), "RAY_health_check_failure_threshold": str(DEATH_CHECKS),
+                  "RAY_health_check_initial_delay_ms": str(DEATH_CHECK_MS),
+                  "RAY_health_check_timeout_ms": str(int(DEATH_CHECK_MS * 2 * patience))}
+        env = {**os.environ, **QUIET, **waits, **health, NODE_VAR: f"{self.tag}-{name}"}
         env.pop("RAY_ADDRESS", None)
         return env
 
     def _start(self, name: str, *args: str) -> subprocess.Popen:
         log = (self.temp / f"{name}.out").open("wb")  # each attempt anew
         code = RAY_START.format(patience=min(4.0, max(1.0, host_slowdown())))
-        return subprocess.Popen([sys.executable, "-c", code, "start", f"--num-cpus={self.cpus}", "--disable-usage-stats",
-                                 *args],
+        prefix: list[str] = []  # this node a host of its own: started in its network namespace
+        where: list[str] = []
+        if self.hosts is not None:
+            ip = self.node_ip(name)
+            where = [f"--node-ip-address={ip}"]
+            if ip != self.hosts.superlink_address:
+                prefix = ["nsenter", f"--net=/run/netns/{self.hosts.ns(0)}", "--"]
+        return subprocess.Popen([*prefix, sys.executable, "-c", code, "start", f"--num-cpus={self.cpus}",
+                                 "--disable-usage-stats", *where, *args],
                                 env=self.env(name), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
 
     def start(self) -> RayCluster:
         t0 = time.monotonic()
         self._up(["head"], "--head", f"--port={self.port}", f"--temp-dir={self.temp}", "--include-dashboard=false")
-        self.address = f"127.0.0.1:{self.port}"
+        self.address = f"{self.node_ip('head')}:{self.port}"
         for name in self.names[1:]:  # one at a time: two at once took the same raylet socket name (raylet.1)
             self._up([name], f"--address={self.address}")
         self.started_s = time.monotonic() - t0
         return self
+
+    def node_ip(self, name: str) -> str:
+        """The address node ``name`` listens on: loopback; with hosts, the bridge's address, and
+        host 0's for the last worker."""
+        if self.hosts is None:
+            return "127.0.0.1"
+        return self.hosts.address(0) if name == self.names[-1] and len(self.names) > 1 else self.hosts.superlink_address
 
     def _up(self, names: list[str], *args: str) -> None:
         """Start nodes ``names``; one whose raylet missed Ray's hard-coded 30 s registration
@@ -119,7 +145,8 @@ class RayCluster:
     def nodes(self) -> list[dict]:
         """``ray.nodes()`` as seen by a fresh driver (a subprocess: this process stays Ray-free)."""
         return json.loads(self.query("json.dumps([{'id': n['NodeID'], 'alive': n['Alive'], 'socket': "
-                                     "n['RayletSocketName'], 'cpus': n['Resources'].get('CPU', 0)} for n in ray.nodes()])"))
+                                     "n['RayletSocketName'], 'cpus': n['Resources'].get('CPU', 0), "
+                                     "'ip': n['NodeManagerAddress']} for n in ray.nodes()])"))
 
     def actors(self, class_name: str) -> list[dict]:
         """Every actor of ``class_name`` the cluster ever had: id, node, state (Ray's actor table)."""
@@ -149,6 +176,11 @@ class RayCluster:
             if sockets and Path(argv[0].decode()).name == "raylet":
                 return next(n["id"] for n in self.nodes() if n["socket"] == sockets[0])
         raise LookupError(f"no raylet of node {name}")
+
+    def revive(self, name: str) -> None:
+        """Start worker ``name`` again if it was killed (a new Ray node: a new node id)."""
+        if not tagged_pids(f"{self.tag}-{name}", NODE_VAR):
+            self._up([name], f"--address={self.address}")
 
     def kill(self, name: str) -> list[int]:
         """SIGKILL every process of node ``name`` (a machine lost); returns their pids."""

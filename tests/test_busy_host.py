@@ -28,7 +28,7 @@ import pytest
 from deploy.errors import DeployError
 from deploy.waits import Waits, host_slowdown, ran_out, slowest_cap
 from runconfig.defaults import default_run_config
-from tests.conftest import ROOT
+from tests.conftest import ROOT, extra_deploy
 
 SLOW_HOOK = Path(__file__).parent / "slow_start_hook"  # TEST-ONLY sitecustomize (see its docstring)
 needs_flower = pytest.mark.skipif(shutil.which("flower-superlink", path=str(Path(sys.executable).parent)) is None,
@@ -182,6 +182,8 @@ def test_two_churned_deployments_at_once_beside_busy_neighbours_lose_no_reply(tm
 # --------------------------------------------------------- the flwr run wrapper (issue 37, item 5)
 @needs_flower
 @pytest.mark.slow
+@extra_deploy("the flwr run wrapper beside CPU burners (~95 s; its burners slow the other CI worker too)",
+              "the two churned deployments beside busy neighbours here and tests/test_runner.py's runs")
 def test_the_flwr_run_wrapper_starts_beside_a_busy_neighbour_without_the_venv_on_path(tmp_path):
     """`python -m experiments.run` starts its own local SuperLink and waits for it as long as the
     machine needs (Flower's `flwr run` gives it 15 s), and finds Flower's executables beside its

@@ -28,7 +28,7 @@ from tests.test_deploy import fault_node
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
-N, R = 4, 5
+N, R = 4, 4  # the resumed part runs round 4 alone
 NAN, HUGE = (2, 2), (2, 3)  # (round, client)
 KILL, TERM = (3, 0), (3, 1)  # (round, client), taken down as the round starts
 LINK_DOWN_AFTER = 3  # the SuperLink dies ~2 s after this round's line (in the next round)

@@ -239,3 +239,22 @@ def test_the_grids_own_count_dates_a_loop_whose_messages_name_no_round(tmp_path)
         grid.send_and_receive([Message(content, dst_node_id=n, message_type=MessageType.TRAIN) for n in nodes])
     assert sorted(grid.rounds) == [1, 2, 3]
     assert (read_matrix(tmp_path / "participation.csv") == schedule.matrix(3)).all()
+
+
+def test_a_round_announced_by_another_threads_loop_does_not_move_this_grids_clock(tmp_path):
+    """Flower's loops say their rounds only on its (process-wide) logger: once this grid has sent,
+    a ``[ROUND r]`` line from a thread that never sent through it (a loop of a test before, a second
+    app in the process) is not this grid's round; one from the thread that sends is."""
+    import threading
+
+    grid = with_availability(inner_grid(False), SPEC, num_clients=N, seed=SEED, results_dir=tmp_path)
+    flwr_log = logging.getLogger("flwr")
+    flwr_log.info("[ROUND %s]", 1)  # before any send: every thread's line counts (Flower's first round)
+    assert grid.listing_round() == 1
+    assert list(grid.send_and_receive([])) == []  # this thread sends through the grid
+    other = threading.Thread(target=flwr_log.info, args=("[ROUND %s]", 3))
+    other.start()
+    other.join()
+    assert grid.announced == 1 and grid.listing_round() == 1
+    flwr_log.info("[ROUND %s]", 2)  # the sending thread's loop
+    assert grid.announced == 2 and grid.listing_round() == 2

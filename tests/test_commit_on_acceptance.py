@@ -14,6 +14,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
+from conftest import extra_deploy
 
 from experiments.inprocess import run_inprocess
 from server_app.results import read_metrics
@@ -65,6 +66,7 @@ needs_flwr = pytest.mark.skipif(shutil.which("flwr") is None, reason="the flwr C
 
 @pytest.mark.slow
 @needs_flwr
+@extra_deploy("the same check under flwr run (~65 s)", "the in-process case here (the same ServerApp and ClientApp)")
 def test_rejected_replies_leave_c_the_mean_of_the_clients_c_i_under_flwr_run(tmp_path):
     import flower_link
     from conftest import ROOT

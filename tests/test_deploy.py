@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, extra_deploy
 
 pytestmark = [pytest.mark.timeout(1500)]
 slow = pytest.mark.slow
@@ -205,6 +205,8 @@ def test_the_simulation_gives_the_same_participation_and_model(deployed, tmp_pat
 
 # ---------------------------------------------------------------------- participation out of schedule
 @slow
+@extra_deploy("a deployment whose node is stopped behind the launcher's back (~115 s)",
+              "the participation report's tests on rows here and every deployment's passing check")
 def test_a_node_stopped_out_of_schedule_makes_the_launcher_fail_naming_round_and_client(tmp_path):
     """Nothing churns (every client is on in every round); after round 1 the test stops node 1
     behind the launcher's back: rounds 2 and 3 lack client 1 with no reason, so the run completes
@@ -762,3 +764,51 @@ def test_a_launch_without_devices_never_imports_edge_emulation(tmp_path, with_de
         assert "deploy.edge.limits" in imported and "deploy.edge.devices" in imported
     else:
         assert imported == []
+
+
+# ------------------------------------------------------------------ one closing path for every launch
+def test_every_launch_closes_its_site_and_maps_errors_to_exit_codes():
+    from rich.console import Console
+
+    from deploy.errors import DeployError
+    from deploy.launch import run_closing
+
+    class Site:
+        logs = "/where/the/logs/are"
+        closed = 0
+
+        def close(self) -> None:
+            self.closed += 1
+
+    def raising(exc: BaseException):
+        def body() -> int:
+            raise exc
+        return body
+
+    console = Console(record=True, width=400)
+    for body, code in ((lambda: 0, 0), (lambda: 1, 1), (raising(DeployError("no SuperLink")), 1),
+                       (raising(KeyboardInterrupt()), 130)):
+        site = Site()
+        assert run_closing(site, console, body, "interrupted: stopping it all") == code  # type: ignore[arg-type]
+        assert site.closed == 1
+    said = console.export_text()
+    assert "error: no SuperLink; logs in /where/the/logs/are" in said and "interrupted: stopping it all" in said
+    site = Site()
+    with pytest.raises(RuntimeError):  # a bug is not an exit code: it propagates, the site still closed
+        run_closing(site, console, raising(RuntimeError("bug")))  # type: ignore[arg-type]
+    assert site.closed == 1
+
+
+def test_launch_app_refuses_a_missing_schedule_and_round_churn_only_options_before_starting(tmp_path, capsys):
+    from deploy.cli import main
+
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "pyproject.toml").write_text('[project]\nname = "a"\nversion = "0"\n[tool.flwr.app.config]\nx = 1\n')
+    work = tmp_path / "work"
+    assert main(["launch", "--app", str(app), "--num-nodes", "2", "--work-dir", str(work)]) == 2
+    assert "--availability SPEC" in " ".join(capsys.readouterr().err.split())
+    assert main(["launch", "--app", str(app), "--num-nodes", "2", "--work-dir", str(work), "--availability",
+                 "always", "--wall-clock"]) == 2
+    assert "round churn only" in " ".join(capsys.readouterr().err.split())
+    assert not work.exists()

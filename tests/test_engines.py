@@ -4,7 +4,7 @@ import shutil
 
 import flower_link
 import pytest
-from conftest import ROOT
+from conftest import ROOT, extra_deploy
 from flower_link import DEFAULT_CONTROL_PORT, DEFAULT_HTTP_PORT, local_superlink
 from flwr.app import Context
 from flwr.clientapp import ClientApp
@@ -110,6 +110,8 @@ def test_flwr_run_completes_and_writes_its_results(tmp_path, beside_another_flow
 
 
 @needs_flwr
+@extra_deploy("plain flwr run of a bad config (~90 s)",
+              "tests/test_runner.py's failed run (the wrapper prints the ServerApp's reason) and the config checks")
 def test_flwr_run_with_a_bad_config_ends_failed_with_the_reason(tmp_path):
     log, status = flwr_run(tmp_path, f"{FLWR_SMALL} strategy='fedsgd' results-dir='{tmp_path}'")
     assert status == "finished:failed"

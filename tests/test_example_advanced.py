@@ -9,7 +9,7 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import DATA_DIR, ROOT
+from conftest import DATA_DIR, ROOT, extra_deploy
 from flower_link import flwr_run, local_superlink
 
 from availability import build_schedule
@@ -28,7 +28,8 @@ def flwr_env(tmp_path_factory):
         yield env
 
 
-@pytest.mark.parametrize("rule", ["fedau", "fedexp"])
+@pytest.mark.parametrize("rule", ["fedau", pytest.param("fedexp", marks=extra_deploy(
+    "a second rule in Flower's advanced-pytorch example", "the fedau case"))])
 def test_the_advanced_example_realises_the_schedule_under_a_rule(rule, flwr_env, tmp_path):
     config = (f"num-server-rounds={ROUNDS} strategy='{rule}' availability='{SPEC}' schedule-seed={SEED} "
               f"data-dir='{DATA_DIR}' results-dir='{tmp_path}' max-examples=2000")

@@ -183,12 +183,13 @@ def drift(variate_bound: bool = True, channels: str = "c", rule: str = "scaffold
     the last 10 rounds; ``applied`` (the attacker's rounds), ``rejected`` (honest replies),
     ``completed`` (rounds)."""
     flwr_log = logging.getLogger("flwr")
-    level, flwr_log.level = flwr_log.level, logging.ERROR
+    level = flwr_log.level  # setLevel, not .level: it clears logging's cache
+    flwr_log.setLevel(logging.ERROR)
     try:
         honest = honest_run(rule, spec, rounds)
         attacked = run(True, variate_bound, channels, rule, spec, fixed, rounds)
     finally:
-        flwr_log.level = level
+        flwr_log.setLevel(level)
     done = attacked["completed"]
     along = (attacked["models"] - honest["models"][:done]) @ attacked["u"] / honest["m"]
     growth = float((abs(along[-1]) / max(abs(along[-11]), 1e-12)) ** 0.1) if done > 10 else math.inf
