@@ -17,14 +17,17 @@ A rule is an object of a :class:`Rule` subclass; what a rule author reads is thi
 Everything a rule's hooks need arrives in a :class:`RoundContext` (round, model, N, weights,
 node -> client, p^t): a rule reads no attribute of the adapter and never sees a Flower message.
 Optional members, with defaults here: :meth:`Rule.train_config` (config that goes out with the
-model), :meth:`Rule.evaluated` (the model scored after the round) and :meth:`Rule.robust_step` (the rule's step on a robust statistic of the round's
-updates, for rules whose update is a mean of them). The adapter (:mod:`strategies.rule_strategy`)
+model), :meth:`Rule.evaluated` (the model scored after the round), :meth:`Rule.robust_step` (the
+rule's step on a robust statistic of the round's updates, for rules whose update is a mean of
+them), and the rule's own reply checks: :meth:`Rule.check` (one reply), :meth:`Rule.check_round`
+(the round's replies against the rule's references) and :meth:`Rule.accepted` (the references
+after the round). The adapter (:mod:`strategies.rule_strategy`)
 owns intake, bounds, sampling, evaluation, failures and checkpoints.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any, ClassVar, NamedTuple, Protocol
 
@@ -174,6 +177,22 @@ class Rule:
         """The model to score after round ``ctx.t`` gave ``model`` (None, the default: ``model``
         itself; FedExP scores the average of the last two iterates)."""
         return None
+
+    def check(self, state: Any, report: ClientReport) -> None:
+        """Rule-specific checks of one parsed reply, its payloads decoded: raise
+        :class:`~strategies.replies.ReplyRejected` with the reason to reject it (MIFA: its lr
+        against the recently accepted ones). Runs before the round's bounds."""
+
+    def check_round(self, state: Any, reports: list[ClientReport],
+                    reject: Callable[[int, str], None]) -> list[ClientReport]:
+        """The reports within the rule's own count bounds (FedNova's steps), before the norm
+        bounds; ``reject(node_id, reason)`` for each of the others."""
+        return reports
+
+    def accepted(self, state: Any, reports: list[ClientReport]) -> Any:
+        """The state after the round's accepted ``reports`` (what the rule's checks compare the
+        next replies with); the adapter calls it on the state :meth:`Fold.finish` gave."""
+        return state
 
     def robust_step(self, state: Any, ctx: RoundContext, statistic: np.ndarray, count: int) -> Finished:
         """The round's result when a robust statistic of the ``count`` accepted Δ_i (float32)

@@ -110,9 +110,27 @@ class RuleStrategy(AvailabilityStrategy):
         return self.rule_state
 
     def _finish(self, done: Finished, ctx: RoundContext) -> tuple[np.ndarray, dict[str, float]]:
-        """Take a finished round: the rule's new state kept, its context for :meth:`evaluation_arrays`."""
-        self.rule_state, self.folded = done.state, ctx
+        """Take a finished round: the rule's new state kept (after :meth:`Rule.accepted` of the
+        round's accepted reports), its context for :meth:`evaluation_arrays`."""
+        state, self.folded = done.state, ctx
+        if self._accepted is not None:
+            state, self._accepted = self.rule.accepted(state, self._accepted), None
+        self.rule_state = state
         return done.model, done.metrics
+
+    _accepted: list[ClientReport] | None = None  # the round's accepted reports, until its finish
+
+    # ------------------------------------------------------------ the rule's own checks
+    def check_report(self, report: ClientReport) -> None:
+        self.rule.check(self.kept_state(), report)
+
+    def check_counts(self, rnd: Any, reports: list[ClientReport]) -> list[ClientReport]:
+        return self.rule.check_round(self.kept_state(), reports, rnd.reject)
+
+    def commit_counts(self, accepted: list[ClientReport]) -> None:
+        """The round's accepted reports: the intake ends before the fold finishes, so the rule's
+        :meth:`Rule.accepted` runs on the state the fold's finish gives (:meth:`_finish`)."""
+        self._accepted = list(accepted)
 
     # -------------------------------------------------------- the legacy hooks, on the rule
     def start_fold(self, t: int, x: np.ndarray) -> Fold:
@@ -140,7 +158,7 @@ class RuleStrategy(AvailabilityStrategy):
         """The rule's config for round t (asked before the round's model is set, too: its state
         then is the one before its init)."""
         ctx = self.context(t, self.current if self.current is not None else np.zeros(0, np.float32))
-        return self.rule.train_config(self.rule.State() if self.rule_state is None else self.rule_state, ctx)
+        return self.rule.train_config(self.kept_state(), ctx)
 
     def evaluation_arrays(self, arrays: ArrayRecord) -> ArrayRecord:
         """The model the rule scores after its last round (:meth:`strategies.contract.Rule.evaluated`)."""
@@ -152,10 +170,14 @@ class RuleStrategy(AvailabilityStrategy):
     folded: RoundContext | None = None  # the context of the last round folded
 
     # ------------------------------------------------------------------------ state
+    def kept_state(self) -> Any:
+        """The rule's state now (``State()`` before its first round)."""
+        return self.rule.State() if self.rule_state is None else self.rule_state
+
     def get_state(self) -> Any:
         if self.State is not self.rule.State:  # a subclass that declares a State of its own (legacy)
             return super().get_state()
-        return self.rule.State() if self.rule_state is None else self.rule_state
+        return self.kept_state()
 
     def set_state(self, state: Any) -> None:
         if self.State is not self.rule.State:
