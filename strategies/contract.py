@@ -19,7 +19,7 @@ node -> client, p^t): a rule reads no attribute of the adapter and never sees a 
 Optional members, with defaults here: :meth:`Rule.train_config` (config that goes out with the
 model), :meth:`Rule.evaluated` (the model scored after the round), :meth:`Rule.robust_step` (the
 rule's step on a robust statistic of the round's updates, for rules whose update is a mean of
-them), and the rule's own reply checks: :meth:`Rule.check` (one reply), :meth:`Rule.check_round`
+them), :meth:`Rule.validate` (its params against N) and the rule's own reply checks: :meth:`Rule.check` (one reply), :meth:`Rule.check_round`
 (the round's replies against the rule's references) and :meth:`Rule.accepted` (the references
 after the round). The adapter (:mod:`strategies.rule_strategy`)
 owns intake, bounds, sampling, evaluation, failures and checkpoints.
@@ -140,7 +140,7 @@ class Rule:
     name: ClassVar[str] = ""
     Params: ClassVar[type] = NoParams
     State: ClassVar[type] = NoState
-    needs: ClassVar[Needs] = Needs()
+    needs: Needs = Needs()  # a class's; a rule whose needs follow its params sets its own in __init__ (MIFA)
 
     def __init__(self, params: Any = None) -> None:
         self.params = self.Params() if params is None else params
@@ -159,6 +159,10 @@ class Rule:
 
     def with_params(self, **changes: Any) -> Rule:
         return type(self)(replace(self.params, **changes))
+
+    def validate(self, num_clients: int | None) -> None:
+        """Check the params against N when the adapter is built (ClusterFedVARP: C ≤ N); raise
+        ValueError naming the problem."""
 
     # ---------------------------------------------------------------- the math
     def init(self, ctx: RoundContext) -> Any:

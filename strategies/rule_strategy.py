@@ -28,6 +28,7 @@ from . import rule as legacy
 from .base import AvailabilityStrategy
 from .contract import Finished, Fold as RuleFold, Needs, RoundContext, Rule
 from .replies import ClientReport
+from .state import capture, loaded
 from .streaming import Fold, held_round
 
 T = TypeVar("T")
@@ -92,6 +93,7 @@ class RuleStrategy(AvailabilityStrategy):
             raise ValueError(f"strategy '{self.rule.name}' is an oracle: it needs probabilities=p (p(t) -> p^t)")
         self.probabilities = probabilities
         super().__init__(params, **kwargs)
+        self.rule.validate(self.num_clients)
         self.rule_state: Any = None  # the rule's state, from its init at the first round
 
     # ------------------------------------------------------------------ the round's context
@@ -175,15 +177,16 @@ class RuleStrategy(AvailabilityStrategy):
         return self.rule.State() if self.rule_state is None else self.rule_state
 
     def get_state(self) -> Any:
+        """A copy of the rule's state (its fields saved as their :func:`~strategies.state.kept_as` say)."""
         if self.State is not self.rule.State:  # a subclass that declares a State of its own (legacy)
             return super().get_state()
-        return self.kept_state()
+        return capture(self.kept_state(), self.rule.State)
 
     def set_state(self, state: Any) -> None:
         if self.State is not self.rule.State:
             super().set_state(state)
             return
-        self.rule_state = state
+        self.rule_state = loaded(state, self.rule)
 
 
 class _Taken(Fold):

@@ -55,13 +55,14 @@ def test_every_rule_lives_in_strategies_rules_and_is_exported_by_name():
 
 def test_state_fields_with_their_own_saving_round_trip():
     mifa = build_strategy("mifa:gradient-units=true", num_clients=3)
-    mifa.lr_history.extend([0.1, 0.2])
+    mifa.rule_state = mifa.kept_state()
+    mifa.rule_state.lr_history.extend([0.1, 0.2])
     saved = mifa.state_dict()
     assert saved["state"]["lr_history"] == [0.1, 0.2] and saved["state"]["table"] is None
     again = build_strategy("mifa:gradient-units=true", num_clients=3)
     again.load_state_dict(saved)
-    assert isinstance(again.lr_history, deque) and list(again.lr_history) == [0.1, 0.2]
-    assert again.lr_history.maxlen == mifa.lr_history.maxlen
+    assert isinstance(again.rule_state.lr_history, deque) and list(again.rule_state.lr_history) == [0.1, 0.2]
+    assert again.rule_state.lr_history.maxlen == mifa.rule_state.lr_history.maxlen
 
 
 def test_a_plain_report_reads_as_an_echo_of_factor_one():

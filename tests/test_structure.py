@@ -245,7 +245,7 @@ MESSAGE_ADAPTERS: dict[str, str] = {}
 #: methods that build or read messages: the base's, never a rule's
 MESSAGE_METHODS = ("configure_train", "aggregate_train", "parse_reply", "configure_broadcast", "configure_evaluate")
 #: classes of ours in a rule's MRO (issue 36 asks for 4; today's deepest: fedadam, FedAdam,
-#: _FlowerOptimizer, AvailabilityStrategy, Rule; stale, Stale, StoredUpdates, AvailabilityStrategy, Rule)
+#: _FlowerOptimizer, AvailabilityStrategy, Rule)
 MAX_OUR_CLASSES = 4
 #: modules of strategies/ that still walk a class's MRO, and why (debts of the rules still written as
 #: subclasses of the adapter; issue 48 item 1 removes them with the last such rule)

@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 
 from ..base import AvailabilityStrategy, ClientReport
-from ..contract import RoundContext
-from ..memory import StoredUpdates
+from ..contract import Finished, RoundContext
+from ..memory import ClientTable, StoredRule, StoredState
 from ..protocol import IGNORE_AVAILABILITY
 from ..rule_strategy import RuleStrategy
 from .fedavg import FedAvgActiveRule
@@ -309,7 +309,7 @@ def _components(adjacency: np.ndarray) -> np.ndarray:
     return np.unique(labels, return_inverse=True)[1]
 
 
-class Stale(StoredUpdates):
+class StaleRule(StoredRule):
     """Stale updates (Wang & Xu, Sec. 6 baseline "FL-Stale"): a dropped client's last upload.
 
     y_k (:class:`ClientTable`, N × d float32, in RAM or a disk-backed memmap in ``memory_dir``)
@@ -320,13 +320,19 @@ class Stale(StoredUpdates):
 
     name = "stale"
 
-    def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
-        table = self._table(x.size, [r.client_id for r in reports])
+    def step(self, state: StoredState, table: ClientTable, ctx: RoundContext,
+             reports: list[ClientReport]) -> Finished:
         table.set_rows([r.client_id for r in reports], [r.delta for r in reports])
-        metrics = {"num-stale": int(table.seen.sum()) - len(reports)}
+        metrics: dict[str, float] = {"num-stale": int(table.seen.sum()) - len(reports)}
         if not reports:
-            return x, metrics
-        return x + (self.server_lr * table.mean()).astype(np.float32), metrics
+            return Finished(ctx.x, state, metrics)
+        return Finished(ctx.x + (ctx.server_lr * table.mean()).astype(np.float32), state, metrics)
+
+
+class Stale(RuleStrategy):
+    """:class:`StaleRule` as a Flower Strategy."""
+
+    rule = StaleRule()
 
 
 class FullRule(FedAvgActiveRule):
