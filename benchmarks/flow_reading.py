@@ -24,7 +24,8 @@ FLOWS = {
   ("strategies/base.py", "AvailabilityStrategy.aggregate_train"), ("strategies/intake.py", "ReplyIntake.collect"),
   ("strategies/intake.py", "ReplyIntake.stream"), ("strategies/intake.py", "ReplyIntake._read"),
   ("strategies/intake.py", "ReplyIntake.judge"), ("strategies/intake.py", "ReplyIntake.finish"),
-  ("strategies/rules/fedavg.py", "FedAvgActive"), ("server_app/setup.py", "evaluate_models"),
+  ("strategies/rule_strategy.py", "RuleStrategy.start_fold"), ("strategies/rules/fedavg.py", "FedAvgActiveRule"),
+  ("strategies/rules/fedavg.py", "MeanFold"), ("server_app/setup.py", "evaluate_models"),
  ],
  "deployed round with churn": [
   ("deploy/cli.py", "main"), ("deploy/launch.py", "launch_main"), ("deploy/record.py", "run_recorded"),

@@ -17,7 +17,7 @@ _WHERE = {
     "AvailabilityStrategy": "base", "ClientReport": "replies", "Layout": "layout",
     "ReplyRejected": "replies", "RoundLog": "replies", "named_arrays": "layout",
     "ORACLES": "registry", "STRATEGIES": "registry", "build_strategy": "registry", "rule_spec": "registry",
-    "StrategyFailure": "failures", "StoredUpdates": "memory", "StrategyParams": "params",
+    "StrategyFailure": "failures", "StoredRule": "memory", "StrategyParams": "params",
     # the rules (strategies.rules), to build or subclass: ``from strategies import FedAU``
     "FedAvgActive": "rules.fedavg", "FedAvgAll": "rules.fedavg", "FedAvgKnownP": "rules.fedavg",
     "FedAU": "rules.fedau", "FedAWARE": "rules.fedaware", "FedAWE": "rules.fedawe",

@@ -39,7 +39,6 @@ from .metrics import canonical, weighted_mean
 from .options import RecordKeys
 from .protocol import ADOPT, CLIENT_RULE, PLAIN_RULE, SERVER_ROUND
 from .replies import destinations, source_node
-from .rule import Rule
 from .sampling import Sampling
 
 EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
@@ -126,9 +125,9 @@ class Evaluation:
             strategy.start = functools.partial(scoring_start(own), strategy)
 
     def scores_another_model(self, arrays: ArrayRecord) -> bool:
-        """Whether the rule is scored on a model other than x^{t+1} (FedExP) or adds models (FedAWE)."""
-        plain = type(self.rule).evaluation_arrays is Rule.evaluation_arrays
-        return not plain or bool(self.rule.extra_evaluation_arrays(arrays))
+        """Whether the rule is scored on a model other than x^{t+1} (FedExP: its evaluation_arrays gives
+        another record) or adds models (FedAWE)."""
+        return self.rule.evaluation_arrays(arrays) is not arrays or bool(self.rule.extra_evaluation_arrays(arrays))
 
     def warn_unscored(self, server_round: int, arrays: ArrayRecord) -> None:
         """Once: the WARNING that this run's evaluate_fn is not shown the rule's scored model."""

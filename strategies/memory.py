@@ -17,13 +17,16 @@ import os
 import tempfile
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
-from .base import AvailabilityStrategy, log
+from .base import log
+from .contract import Finished, Needs, RoundContext, Rule
+from .replies import ClientReport
+from .rule import Rule as HookRule
 from .state import kept_as
 
 COLUMN_BLOCK = 1 << 17  # columns per block of set_rows: few Python steps, the blocks of the sums in cache
@@ -241,71 +244,103 @@ class ClientTable:
         return f"ClientTable({self.num_rows} x {self.dim} float32, {where}, {self.num_seen} rows set)"
 
 
-@dataclass
-class TableState:
-    """The stored updates: :meth:`ClientTable.state_dict` (None before the first round)."""
-
-    table: dict[str, Any] | None = field(default=None, metadata=kept_as(
-        lambda table: None if table is None else table.state_dict(),
-        lambda saved, rule: None if saved is None else ClientTable.from_state(saved, rule.memory_dir, name=rule.name)))
-
-
 MAX_SILENT_ROUNDS = 50  # FedAU's default cutoff K: an absence this long is "long" (docs/threat-model.md)
 
 
-class StoredUpdates(AvailabilityStrategy):
-    """Base of the rules that store one update per client (MIFA, FedVARP, Stale, FedStale,
-    ClusterFedVARP): equal weights, client ids as rows, a lazily built :class:`ClientTable`
-    (``memory_dir``: disk-backed), and its state (:class:`TableState`: a copy of the table,
-    restored into RAM or a new memmap).
+@dataclass(frozen=True)
+class StoredParams:
+    """The parameters of every rule that stores one update per client.
 
-    ``max_silent_rounds`` (spec key ``max-silent-rounds``, default 50): a stored row expires (is
-    cleared, as if the client had never replied) once its client has been silent for more than
-    max(``max_silent_rounds``, 2 × the longest absence that client came back from); 0 keeps
-    every row for the run, the papers' rule. So a node that replies once (a sybil on a free id)
-    stays in the mean for at most 50 silent rounds, and a client whose absences are long but
-    regular keeps its row as in the paper. Metric ``num-expired``; logged.
+    memory_dir : "" keeps the table in RAM, a folder puts it in a disk-backed memmap there.
+    max_silent_rounds : a stored row expires (is cleared, as if the client had never replied)
+        once its client has been silent for more than max(``max_silent_rounds``, 2 × the longest
+        absence that client came back from); 0 keeps every row for the run, the papers' rule. So
+        a node that replies once (a sybil on a free id) stays in the mean for at most 50 silent
+        rounds, and a client whose absences are long but regular keeps its row as in the paper.
     """
 
-    equal_weights_only = True
-    needs_client_ids = True
-    State = TableState
+    memory_dir: str = ""
+    max_silent_rounds: int = MAX_SILENT_ROUNDS
 
-    def __init__(self, *, memory_dir: str = "", max_silent_rounds: int = MAX_SILENT_ROUNDS, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        if isinstance(max_silent_rounds, bool) or not isinstance(max_silent_rounds, int) or max_silent_rounds < 0:
-            raise ValueError(f"strategy '{self.name}': max_silent_rounds (spec key max-silent-rounds) must be an "
-                             f"integer >= 0 (0 = rows never expire, the paper's rule), got {max_silent_rounds!r}")
-        self.memory_dir = str(memory_dir)
-        self.max_silent_rounds = max_silent_rounds
-        self.table: ClientTable | None = None
-        self.rows_expired = 0  # this round's
+    def __post_init__(self) -> None:
+        n = self.max_silent_rounds
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"max_silent_rounds (spec key max-silent-rounds) must be an integer >= 0 "
+                             f"(0 = rows never expire, the paper's rule), got {n!r}")
+        object.__setattr__(self, "memory_dir", str(self.memory_dir))
 
-    def num_rows(self) -> int:
-        return self.require_num_clients()
 
-    def _table(self, dim: int, present: list[int] | None = None) -> ClientTable:
-        """The table; with ``present`` (this round's rows), one more round of silence for the
-        others, and the rows silent too long cleared (:meth:`forget_row`)."""
-        if self.table is None or self.table.dim != dim:
-            self.table = ClientTable(self.num_rows(), dim, self.memory_dir, name=self.name)
-        if present is not None:
-            expired = self.table.age(present, self.max_silent_rounds)
-            for row in expired:
-                self.forget_row(self.table, row)
-            self.rows_expired = len(expired)
-            if expired:
-                log.info("%s: stored row(s) %s expired after more than max-silent-rounds=%d silent rounds "
-                         "(or twice their longest absence)", self.name, expired[:10], self.max_silent_rounds)
-        return self.table
+@dataclass
+class StoredState:
+    """The stored updates (a :class:`ClientTable`, None before the first round; a checkpoint
+    holds a copy of it, restored into RAM or a new memmap as ``memory_dir`` says)."""
 
-    def forget_row(self, table: ClientTable, row: int) -> None:
+    table: ClientTable | None = field(default=None, metadata=kept_as(
+        lambda table: None if table is None else table.state_dict(),
+        lambda saved, rule: None if saved is None else ClientTable.from_state(saved, rule.params.memory_dir,
+                                                                              name=rule.name)))
+
+
+class StoredRule(Rule):
+    """Base of the rule values that store one update per client (MIFA, FedVARP, Stale, FedStale,
+    ClusterFedVARP): equal weights, client ids as rows, the table built at the first round, rows
+    of clients silent too long expired (``max_silent_rounds``; metric ``num-expired``, logged).
+
+    A subclass writes :meth:`step`: the round's model, state and metrics from the table (its
+    rows already aged, the round's rows not yet set) and the round's reports. The table is the
+    state's and is changed in place by its round (N × d: a copy per round would cost O(N d));
+    a checkpoint copies it.
+    """
+
+    Params: ClassVar[type] = StoredParams
+    State: ClassVar[type] = StoredState
+    needs = Needs(client_ids=True, equal_weights_only=True, holds=HookRule.holds_replies)
+
+    def fold(self, state: Any, ctx: RoundContext) -> StoredFold:
+        return StoredFold(self, self.prepared(state, ctx), ctx)
+
+    def prepared(self, state: Any, ctx: RoundContext) -> Any:
+        """The state at the round's start (hook: ClusterFedVARP fixes its clusters)."""
+        return state
+
+    def num_rows(self, state: Any, ctx: RoundContext) -> int:
+        return ctx.require_num_clients()
+
+    def rows_of(self, state: Any, reports: list[ClientReport]) -> list[int]:
+        """The table rows the round's reports set (hook: ClusterFedVARP's clusters)."""
+        return [r.client_id for r in reports]
+
+    def forget(self, state: Any, table: ClientTable, row: int) -> None:
         """Clear an expired row (hook: ClusterFedVARP also corrects its running mean)."""
         table.clear_row(row)
 
-    def aggregate_train(self, server_round: int, replies: Any) -> Any:
-        self.rows_expired = 0
-        arrays, metrics = super().aggregate_train(server_round, replies)
-        if self.rows_expired and metrics is not None:
-            metrics["num-expired"] = self.rows_expired
-        return arrays, metrics
+    def step(self, state: Any, table: ClientTable, ctx: RoundContext, reports: list[ClientReport]) -> Finished:
+        raise NotImplementedError
+
+
+class StoredFold:
+    """A stored-updates round: the reports held, the table aged and the rule's step at the end."""
+
+    def __init__(self, rule: StoredRule, state: Any, ctx: RoundContext) -> None:
+        self.rule, self.state, self.ctx = rule, state, ctx
+        self.reports: list[ClientReport] = []
+
+    def add(self, report: ClientReport) -> None:
+        self.reports.append(report)
+
+    def finish(self) -> Finished:
+        rule, state, dim = self.rule, self.state, self.ctx.x.size
+        if state.table is None or state.table.dim != dim:
+            state = replace(state, table=ClientTable(rule.num_rows(state, self.ctx), dim, rule.params.memory_dir,
+                                                     name=rule.name))
+        table = state.table
+        expired = table.age(rule.rows_of(state, self.reports), rule.params.max_silent_rounds)
+        for row in expired:
+            rule.forget(state, table, row)
+        if expired:
+            log.info("%s: stored row(s) %s expired after more than max-silent-rounds=%d silent rounds "
+                     "(or twice their longest absence)", rule.name, expired[:10], rule.params.max_silent_rounds)
+        done = rule.step(state, table, self.ctx, self.reports)
+        if expired:
+            done.metrics["num-expired"] = len(expired)
+        return done

@@ -32,7 +32,9 @@ from availability.spec import SpecError, parse_spec
 from runconfig.extensions import ExtensionError, resolve
 
 from .base import AvailabilityStrategy
+from .contract import Rule
 from .params import SPEC_FIELDS, StrategyParams
+from .rule_strategy import RuleStrategy
 from .secure import secure_class
 
 # the shared parameters a spec may set for every rule (e.g. "mifa:max-norm-ratio=50")
@@ -56,23 +58,36 @@ def _collect() -> dict[str, type[AvailabilityStrategy]]:
 
 
 def is_oracle(cls: type[AvailabilityStrategy]) -> bool:
-    """Whether the rule reads the schedule's true probabilities (it, or a class it extends, takes
-    ``probabilities``: a rule's secure variant passes it on)."""
-    return any("probabilities" in inspect.signature(k).parameters for k in cls.__mro__
-               if isinstance(k, type) and issubclass(k, AvailabilityStrategy))
+    """Whether the rule reads the schedule's true probabilities: its rule value declares
+    ``needs.oracle``, or (a rule class not yet a value) it, or a class it extends, takes
+    ``probabilities`` (a rule's secure variant passes it on)."""
+    if issubclass(cls, RuleStrategy) and cls is not RuleStrategy and cls.rule.needs.oracle:
+        return True
+    return any("probabilities" in inspect.signature(vars(k)["__init__"]).parameters for k in _legacy_classes(cls))
+
+
+def _legacy_classes(cls: type[AvailabilityStrategy]) -> list[type]:
+    """The classes of ``cls``'s MRO whose constructors name spec parameters (rules written as
+    subclasses of the adapter; the adapter's own constructors name none)."""
+    return [k for k in cls.__mro__ if isinstance(k, type) and issubclass(k, AvailabilityStrategy)
+            and k not in (RuleStrategy, AvailabilityStrategy) and "__init__" in vars(k)]
 
 
 STRATEGIES: dict[str, type[AvailabilityStrategy]] = _collect()
 ORACLES = frozenset(n for n, c in STRATEGIES.items() if is_oracle(c))
 
 
-def strategy_params(cls: type[AvailabilityStrategy]) -> dict[str, Any]:
-    """The rule's own keyword arguments and their defaults (what a spec may set)."""
+def strategy_params(cls: type[AvailabilityStrategy], rule: Rule | None = None) -> dict[str, Any]:
+    """The rule's own parameters and their defaults (what a spec may set): its rule value's
+    ``Params`` fields (``rule``, else the class's), and the keyword arguments of the classes
+    that extend it."""
     out = {f.name.replace("_", "-"): f.default for f in fields(StrategyParams) if f.name in SPEC_SHARED}
-    for klass in reversed(cls.__mro__):
-        if klass is object or not issubclass(klass, AvailabilityStrategy):
-            continue
-        for name, p in inspect.signature(klass.__init__).parameters.items():
+    if rule is None and issubclass(cls, RuleStrategy) and cls is not RuleStrategy:
+        rule = cls.rule
+    if rule is not None:
+        out.update({k: inspect.Parameter.empty if v is None else v for k, v in rule.param_defaults().items()})
+    for klass in reversed(_legacy_classes(cls)):
+        for name, p in inspect.signature(vars(klass)["__init__"]).parameters.items():
             if p.kind is p.KEYWORD_ONLY and name not in SHARED | {"params", "probabilities"}:
                 out[name.replace("_", "-")] = p.default
     return out
@@ -98,31 +113,35 @@ def build_strategy(
     if run_config is not None and shared.get("num_clients") is None and "num-clients" in run_config:
         shared["num_clients"] = int(run_config["num-clients"])
     cls, label, kwargs = _rule_and_params(spec)
-    if is_oracle(cls):
+    if is_oracle(cls) or ("rule" in kwargs and kwargs["rule"].needs.oracle):
         if probabilities is None:
             raise ValueError(f"strategy {label!r} is an oracle: it needs the schedule's probabilities")
         kwargs["probabilities"] = probabilities
     return cls(**kwargs, **shared)
 
 
-def _rule_class(spec: str) -> tuple[type[AvailabilityStrategy], str, str]:
-    """(the rule class, its name for messages, the spec to read its parameters from)."""
+def _rule_class(spec: str) -> tuple[type[AvailabilityStrategy], str, str, Rule | None]:
+    """(the rule class, its name for messages, the spec to read its parameters from, and a user's
+    rule value: then the class is :class:`RuleStrategy`, the adapter it runs in)."""
     ref = resolve(spec, "strategy", builtin=lambda name: name in STRATEGIES)
     if ref is None:
         name = parse_spec(spec).name
         if name not in STRATEGIES:
             raise ValueError(f"unknown strategy {name!r}; known: {sorted(STRATEGIES)}, or a rule of your "
                              "own as 'module:Class[:key=value,...]' (docs/extending.md)")
-        return STRATEGIES[name], name, spec
+        return STRATEGIES[name], name, spec, None
     cls = ref.obj
-    if not (isinstance(cls, type) and issubclass(cls, AvailabilityStrategy)):
-        raise ExtensionError(f"strategy {ref.name!r} is {cls!r}, not a rule class: subclass one of the "
-                             "rules in strategies (for example strategies.FedAvgActive)")
+    value = isinstance(cls, type) and issubclass(cls, Rule)
+    if not (value or isinstance(cls, type) and issubclass(cls, AvailabilityStrategy)):
+        raise ExtensionError(f"strategy {ref.name!r} is {cls!r}, not a rule class: a strategies.contract.Rule (the "
+                             "rule as a value, docs/extending.md) or a subclass of a rule class of strategies")
     label = own_name(cls, ref.name)
-    return cls, f"{ref.name} ({label})", f"{label}:{ref.params}" if ref.params else label
+    own_spec = f"{label}:{ref.params}" if ref.params else label
+    return (RuleStrategy, f"{ref.name} ({label})", own_spec, cls()) if value else \
+        (cls, f"{ref.name} ({label})", own_spec, None)
 
 
-def own_name(cls: type[AvailabilityStrategy], reference: str) -> str:
+def own_name(cls: type[AvailabilityStrategy] | type[Rule], reference: str) -> str:
     """A user's rule class's own name, set as its ``name``: the one its class body declares, else
     its class name in kebab-case (``MomentumAvg`` -> ``momentum-avg``), never its parent's, so
     logs, errors, checkpoints and results say which rule ran. A built-in rule's name is refused
@@ -146,16 +165,16 @@ def kebab(class_name: str) -> str:
 def _rule_and_params(spec: str) -> tuple[type[AvailabilityStrategy], str, dict[str, Any]]:
     """The rule class ``spec`` names, its name for messages, and its spec parameters as keyword
     arguments, type-checked against the class's own defaults."""
-    cls, label, own_spec = _rule_class(spec)
+    cls, label, own_spec, value = _rule_class(spec)
     parsed = parse_spec(own_spec)
     cls = secure_class(cls, parsed.params.get("secure"))  # spec option secure=secagg+ (or the rule's refusal)
-    allowed = strategy_params(cls)
+    allowed = strategy_params(cls, value)
     params = parsed.take({k: (v if v is not inspect.Parameter.empty else None) for k, v in allowed.items()},
                          what="strategy")
     missing = [k for k, v in allowed.items() if v is inspect.Parameter.empty and parsed.params.get(k) is None]
     if missing:
         raise SpecError(f"strategy {label!r} needs parameter(s) {missing}")
-    return cls, label, {k.replace("-", "_"): v for k, v in params.items()}
+    return cls, label, {k.replace("-", "_"): v for k, v in params.items()} | ({"rule": value} if value else {})
 
 
 def rule_spec(spec: str) -> tuple[type[AvailabilityStrategy], dict[str, Any]]:
@@ -163,7 +182,7 @@ def rule_spec(spec: str) -> tuple[type[AvailabilityStrategy], dict[str, Any]]:
     :func:`build_strategy` checks them: for ``class Mine(Rule)`` written by a user, built as
     ``Mine(**params, fraction_evaluate=...)``. Oracles (they need the schedule) are refused."""
     cls, label, params = _rule_and_params(spec)
-    if is_oracle(cls):
+    if is_oracle(cls) or ("rule" in params and params["rule"].needs.oracle):
         raise ValueError(f"strategy {label!r} is an oracle: build it with build_strategy(spec, probabilities=...)")
     return cls, params
 

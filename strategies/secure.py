@@ -93,7 +93,7 @@ def refusal(cls: type[AvailabilityStrategy]) -> str:
         return ASYNCHRONOUS
     if cls.name in REFUSALS:
         return REFUSALS[cls.name]
-    owner = next((c for c in cls.__mro__ if vars(c).get("name") in SECURE_RULES
+    owner = next((c for c in cls.__mro__ if _declared_name(c) in SECURE_RULES
                   and c.__module__.startswith("strategies.rules")), None)  # the built-in rule (a user's subclass's parent)
     if owner is None:
         return GENERIC
@@ -103,6 +103,12 @@ def refusal(cls: type[AvailabilityStrategy]) -> str:
             return (f"{klass.__name__} overrides {', '.join(mine)} of {owner.__name__}: the secure round "
                     f"applies {owner.__name__}'s own weighted sum")
     return ""
+
+
+def _declared_name(klass: type) -> str | None:
+    """The rule name ``klass``'s own body declares: its ``name``, or its rule value's."""
+    rule = vars(klass).get("rule")
+    return vars(klass).get("name") or (rule.name if rule is not None else None)
 
 
 def secure_kind(value: Any) -> str:

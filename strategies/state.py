@@ -49,9 +49,18 @@ def restore(obj: Any, state: Any) -> None:
     """Set ``obj``'s attributes named by ``state``'s fields, loaded (a deep copy or the field's
     :func:`kept_as`), in field order."""
     for f in fields(state):
-        value = getattr(state, f.name)
-        load = f.metadata.get("load")
-        setattr(obj, f.name, copy.deepcopy(value) if load is None else load(value, obj))
+        setattr(obj, f.name, _load(f, getattr(state, f.name), obj))
+
+
+def loaded(state: Any, owner: Any) -> Any:
+    """A rule value's state taken back from a checkpoint: a new ``type(state)`` whose fields are
+    loaded (a deep copy, or the field's :func:`kept_as` load, given ``owner``: the rule value)."""
+    return type(state)(**{f.name: _load(f, getattr(state, f.name), owner) for f in fields(state)})
+
+
+def _load(f: Any, value: Any, owner: Any) -> Any:
+    load = f.metadata.get("load")
+    return copy.deepcopy(value) if load is None else load(value, owner)
 
 
 def pack(rule: str, rng: dict[str, Any], binding: dict[str, Any], bounds: list[dict[str, Any]],

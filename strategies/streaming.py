@@ -126,28 +126,6 @@ class RunningSum:
 BLOCK = 16  # replies per float32 partial sum of RunningSum (then added into the float64 total)
 
 
-class WeightedMean(Fold):
-    """x + η_g (Σ_i v_i Δ_i) / scale: v_i = ``weight_of(report)``; scale = Σ v_i (``normalise``)
-    or a fixed ``scale`` (FedAvg over all N: N)."""
-
-    def __init__(self, x: np.ndarray, server_lr: float, weight_of: Any, scale: float | None = None) -> None:
-        self.x, self.server_lr, self.weight_of, self.scale = x, server_lr, weight_of, scale
-        self.sum = RunningSum(x.size)
-
-    def add(self, report: ClientReport) -> None:
-        self.sum.add(float(self.weight_of(report)), report.delta)
-
-    def update(self) -> np.ndarray:
-        """u (float64)."""
-        scale = self.sum.weight if self.scale is None else self.scale
-        return self.sum.total / scale
-
-    def finish(self) -> tuple[np.ndarray, dict[str, float]]:
-        if not self.sum.count:
-            return self.x, {}
-        return step(self.x, self.server_lr, self.update()), {}
-
-
 def step(x: np.ndarray, server_lr: float, u: np.ndarray) -> np.ndarray:
     """x + η_g u as float32 (x's dtype)."""
     return (x + server_lr * u).astype(x.dtype, copy=False)

@@ -240,6 +240,40 @@ def test_rule_recipe_by_module_and_by_entry_point(myext, tmp_path):
                                                                            "fedavg-always")
 
 
+def test_a_rule_value_recipe_is_fedavgm(myext, tmp_path):
+    """docs/extending.md's rule as a value (myext.momentum:ServerMomentum, FedAvgM in its own
+    package, no class of the adapter named): its spec key is its Params field, checked; β = 0 is
+    fedavg-active, and β = 0.9 is the built-in fedavgm (Flower's FedAvgM) with that momentum, to float
+    rounding (float64 sums here, float32 partial sums there); its state resumes through the checkpoint."""
+    from strategies import build_strategy
+    from strategies.rule_strategy import RuleStrategy
+
+    rule = build_strategy("myext.momentum:ServerMomentum:beta=0.5", num_clients=4)
+    assert isinstance(rule, RuleStrategy) and rule.name == "server-momentum" and rule.rule.params.beta == 0.5
+    with pytest.raises(SpecError, match="expected a number|expected a float"):
+        build_strategy("myext.momentum:ServerMomentum:beta=high", num_clients=4)
+    with pytest.raises(SpecError, match="unknown"):
+        build_strategy("myext.momentum:ServerMomentum:betta=0.5", num_clients=4)
+
+    def final(strategy, tag):
+        run = run_inprocess({**SMALL, "num-server-rounds": 3, "strategy": strategy, "availability": "bernoulli:p=0.6",
+                             "results-dir": str(tmp_path), "run-name": tag})
+        return torch.load(run / "final_model.pt")
+
+    def close(a, b):
+        return all(torch.allclose(a[k], b[k], rtol=1e-5, atol=1e-6) for k in a)
+
+    plain, avg = final("myext.momentum:ServerMomentum:beta=0", "m0"), final("fedavg-active", "avg")
+    assert close(plain, avg)
+    momentum = final("myext.momentum:ServerMomentum:beta=0.9", "m9")
+    assert close(momentum, final("fedavgm:server-momentum=0.9", "flower")) and not close(momentum, avg)
+    a = build_strategy("myext.momentum:ServerMomentum:beta=0.9", num_clients=4)
+    a.rule_state = a.rule.State(np.arange(3.0))
+    b = build_strategy("myext.momentum:ServerMomentum:beta=0.9", num_clients=4)
+    b.load_state_dict(a.state_dict())
+    assert np.array_equal(b.rule_state.velocity, np.arange(3.0))
+
+
 # ------------------------------------------------------------------ solver, lr schedule, evaluation
 
 def test_solver_recipe_is_adam_for_one_client(myext):

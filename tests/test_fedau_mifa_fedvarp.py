@@ -8,7 +8,7 @@ from replies import reply, run_round, start_round
 
 from strategies import STRATEGIES, build_strategy
 from strategies.memory import ClientTable
-from strategies.rules.fedau import FedAU
+from strategies.rules.fedau import FedAU, omega
 from strategies.rules.fedvarp import ClusterFedVARP, FedVARP
 from strategies.rules.mifa import MIFA
 
@@ -27,10 +27,10 @@ def rounds(strategy, x, schedule, **metrics):
 def test_registry_names_and_spec_params():
     assert STRATEGIES["fedau"] is FedAU and STRATEGIES["mifa"] is MIFA
     assert STRATEGIES["fedvarp"] is FedVARP and STRATEGIES["cluster-fedvarp"] is ClusterFedVARP
-    assert build_strategy("fedau:cutoff=7", num_clients=3).cutoff == 7
+    assert build_strategy("fedau:cutoff=7", num_clients=3).rule.params.cutoff == 7
     m = build_strategy("mifa:gradient-units=true,wait-for-all=true", num_clients=3)
-    assert m.gradient_units and m.wait_for_all
-    assert build_strategy("cluster-fedvarp:clusters=2", num_clients=4).clusters == 2
+    assert m.rule.params.gradient_units and m.rule.params.wait_for_all and m.required_metrics == ("num-examples", "lr")
+    assert build_strategy("cluster-fedvarp:clusters=2", num_clients=4).rule.params.clusters == 2
     with pytest.raises(ValueError, match="weighting"):
         build_strategy("fedvarp", num_clients=3, weighting="num-examples")
     with pytest.raises(ValueError, match="clusters"):
@@ -48,9 +48,9 @@ def test_fedau_hand_computed_weights_first_appearance_and_empty_round():
         {0: 3.0, 2: 3.0},  # ω_0 = mean[1, 3] = 2, ω_2 = mean[2] = 2: u = (6 + 6)/3 = 4
     ])
     np.testing.assert_allclose(np.concatenate(xs), [2, 3, 3, 5, 9])
-    np.testing.assert_array_equal(s.interval_sum, [1 + 3 + 1, 1, 2 + 3])
-    np.testing.assert_array_equal(s.interval_num, [3, 1, 2])
-    np.testing.assert_array_equal(s.count, [0, 4, 0])  # client 1 absent for 4 rounds, no cutoff
+    np.testing.assert_array_equal(s.rule_state.interval_sum, [1 + 3 + 1, 1, 2 + 3])
+    np.testing.assert_array_equal(s.rule_state.interval_num, [3, 1, 2])
+    np.testing.assert_array_equal(s.rule_state.count, [0, 4, 0])  # client 1 absent for 4 rounds, no cutoff
 
 
 def test_fedau_metric_is_mean_omega_of_participants():
@@ -69,7 +69,7 @@ def test_fedau_cutoff_records_interval_k_for_a_long_absence(cutoff, omega, sum_,
     xs = rounds(s, np.zeros(1), [{0: 0.0, 1: 0.0}, {1: 0.0}, {}, {1: 0.0}, {}, {0: 3.0, 1: 0.0}])
     # with K = 2 the absence of 4 rounds records [2, 2]: ω_0 = mean[1, 2, 2]; without cutoff ω_0 = mean[1]
     np.testing.assert_allclose(xs[-1], [omega * 3.0 / 2])
-    assert s.interval_sum[0] == sum_ and s.interval_num[0] == num and s.count[0] == 0
+    assert s.rule_state.interval_sum[0] == sum_ and s.rule_state.interval_num[0] == num and s.rule_state.count[0] == 0
 
 
 def test_fedau_weights_tend_to_inverse_probability():
@@ -78,7 +78,7 @@ def test_fedau_weights_tend_to_inverse_probability():
     s = FedAU(num_clients=4, cutoff=0)
     for t in range(4000):
         s.aggregate(t, np.zeros(1), [_report(c, 0.0) for c in np.flatnonzero(rng.random(4) < p)])
-    np.testing.assert_allclose(s.omega(), 1 / p, rtol=0.1)
+    np.testing.assert_allclose(omega(s.rule_state), 1 / p, rtol=0.1)
 
 
 def _report(client, delta):
@@ -97,7 +97,7 @@ def test_mifa_applies_the_table_mean_every_round_including_stale_and_empty():
         {0: [-4.0, 4.0]},                # Y0 replaced: u = ([-4, 4] + [0, 8])/4 = [-1, 3]
     ])
     np.testing.assert_allclose(np.stack(xs), [[1, 2], [2, 4], [1, 7]])
-    assert s.table.num_seen == 2
+    assert s.rule_state.table.num_seen == 2
 
 
 def test_mifa_wait_for_all_is_fedavg_until_every_client_was_seen():
@@ -130,7 +130,7 @@ def test_fedvarp_hand_computed_with_ybar_first_appearance_and_empty_round():
         {3: 1.0},            # first appearance: v = 1 + 3.25
     ])
     np.testing.assert_allclose(np.concatenate(xs), [6, 7, 7, 11, 15.25])
-    np.testing.assert_allclose(s.table.mean(), [(2 + 10 + 1 + 1) / 4])
+    np.testing.assert_allclose(s.rule_state.table.mean(), [(2 + 10 + 1 + 1) / 4])
 
 
 def test_cluster_fedvarp_hand_computed():
@@ -142,12 +142,11 @@ def test_cluster_fedvarp_hand_computed():
         {3: 0.0},          # v = (0 - 6) + (2 + 6)/2 = -2
     ])
     np.testing.assert_allclose(np.concatenate(xs), [6, 10, 10, 8])
-    np.testing.assert_array_equal(s.cluster_of, [0, 0, 1, 1])
-    same = ClusterFedVARP(num_clients=4)
-    same.set_clusters(np.array([7, 7, 9, 9]))  # any labels, set in code
+    np.testing.assert_array_equal(s.rule_state.cluster_of, [0, 0, 1, 1])
+    same = ClusterFedVARP(num_clients=4, cluster_of=(7, 7, 9, 9))  # any labels, set in code
     np.testing.assert_array_equal(rounds(same, np.zeros(1), [{0: 4.0, 1: 8.0}, {1: 2.0, 2: 6.0}, {}, {3: 0.0}]), xs)
-    with pytest.raises(RuntimeError, match="first round"):
-        same.set_clusters(np.zeros(4, int))
+    with pytest.raises(ValueError, match=r"shape \(4,\)"):
+        ClusterFedVARP(num_clients=4, cluster_of=(0, 1, 1))
 
 
 def test_cluster_fedvarp_limits_are_fedvarp_and_fedavg_active():
@@ -200,7 +199,7 @@ def test_disk_backed_strategies_equal_ram_ones(seed, tmp_path):
     on_disk = build_strategy(f"{spec}{',' if ':' in spec else ':'}memory-dir={tmp_path / 'table'}", num_clients=n)
     in_ram = build_strategy(spec, num_clients=n)
     np.testing.assert_array_equal(rounds(on_disk, np.zeros(d), schedule, **lr), rounds(in_ram, np.zeros(d), schedule, **lr))
-    assert on_disk.table.disk_backed and not in_ram.table.disk_backed
+    assert on_disk.rule_state.table.disk_backed and not in_ram.rule_state.table.disk_backed
 
 
 # ------------------------------------------------------------------------------- checkpoints

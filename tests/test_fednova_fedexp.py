@@ -132,7 +132,7 @@ def test_fedexp_step_is_at_least_one():
 
 def test_fedexp_epsilon_options():
     s = build_strategy("fedexp:eps=0.01,eps-times-m=true,decay=0.5,max-step=0", num_clients=3)  # no cap
-    assert s.epsilon(0, 3) == pytest.approx(0.03) and s.epsilon(2, 3) == pytest.approx(0.03 / 4)
+    assert s.rule.params.epsilon(0, 3) == pytest.approx(0.03) and s.rule.params.epsilon(2, 3) == pytest.approx(0.03 / 4)
     reps = [ClientReport(0, 0, np.array([1.0, 0.0]), 1), ClientReport(1, 1, np.array([-1.0, 0.2]), 1)]
     _, m = s.aggregate(2, np.zeros(2), reps)
     mean_sq = 0.1**2

@@ -86,7 +86,7 @@ def sybil_then_silence(spec, rounds=8, n=4):
 def test_a_sybils_stored_row_expires_after_max_silent_rounds(name):
     steps, expired, s = sybil_then_silence(f"{name}:max-silent-rounds=3")
     assert expired == [0, 0, 0, 0, 1, 0, 0, 0]  # silent in rounds 2-4 (3 rounds), cleared in round 5
-    assert all(abs(v) < 1e-7 for v in steps[4:]) and not s.table.seen[3]
+    assert all(abs(v) < 1e-7 for v in steps[4:]) and not s.rule_state.table.seen[3]
     kept, _, _ = sybil_then_silence(f"{name}:max-silent-rounds=0")  # the paper: the row stays
     if name in ("mifa", "stale"):  # re-applied every round while it stays
         assert all(v > 0.01 for v in kept[1:])

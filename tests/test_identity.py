@@ -34,7 +34,7 @@ def test_an_impostor_of_a_connected_client_is_rejected_and_its_row_kept():
     s = bound_mifa()
     play(s, 2, [100, 101, 200], [(101, 1, [0.0, 2.0]), (200, 0, [9.0, 9.0])])  # 100 connected, silent
     assert rejected(s) == {200: "client 0 belongs to node 100, still connected (if node 200 is client 0's own, node 100 squats its id: without SuperNode authentication a node id proves nothing)"}
-    np.testing.assert_array_equal(s.table.row(0), [1.0, 0.0])
+    np.testing.assert_array_equal(s.rule_state.table.row(0), [1.0, 0.0])
     assert s.round_log.participants == [1] and s.node_of_client[0] == 100
 
 
@@ -42,7 +42,7 @@ def test_a_node_switching_its_claim_is_rejected():
     s = bound_mifa()
     play(s, 2, [100, 101], [(100, 0, [1.0, 1.0]), (101, 2, [5.0, 5.0])])  # client 2 is free
     assert "node 101 is bound to client 1; it may not claim client 2" == rejected(s)[101]
-    assert not s.table.seen[2] and s.node_of_client == {0: 100, 1: 101}
+    assert not s.rule_state.table.seen[2] and s.node_of_client == {0: 100, 1: 101}
 
 
 def test_a_restarted_node_takes_its_id_back_once_the_old_node_is_gone():
@@ -54,7 +54,7 @@ def test_a_restarted_node_takes_its_id_back_once_the_old_node_is_gone():
     # round 3: node 100 is gone; 300 takes client 0 back and keeps its FedAU history
     play(s, 3, [101, 300], [(300, 0, [1.0, 0.0]), (101, 1, [0.0, 1.0])])
     assert rejected(s) == {} and s.node_of_client[0] == 300 and s.round_log.participants == [0, 1]
-    assert s.interval_num[0] == 2 and s.interval_sum[0] == 1 + 2  # intervals 1 and 2, one history
+    assert s.rule_state.interval_num[0] == 2 and s.rule_state.interval_sum[0] == 1 + 2  # intervals 1 and 2, one history
     assert 100 not in s.client_of_node and s.client_of_node[300] == 0
 
 
@@ -72,7 +72,7 @@ def test_two_nodes_claiming_one_free_id_the_first_to_arrive_wins(order):
 def test_the_bound_owner_wins_over_a_lower_node_id_and_a_node_replies_once():
     s = bound_mifa()
     new = play(s, 2, [50, 100, 101], [(50, 1, [9.0, 9.0]), (101, 1, [0.0, 3.0]), (101, 1, [0.0, 4.0])])
-    np.testing.assert_array_equal(s.table.row(1), [0.0, 3.0])
+    np.testing.assert_array_equal(s.rule_state.table.row(1), [0.0, 3.0])
     assert rejected(s)[50].startswith("client 1 belongs to node 101, still connected")
     assert rejected(s)[101] == "second reply for client 1 this round: node 101 replied before"
     np.testing.assert_array_equal(new, (np.array([1.0, 0.0]) + np.array([0.0, 3.0])) / 4)  # MIFA: mean of rows

@@ -20,7 +20,7 @@ def test_params_and_keyword_arguments_build_the_same_strategy():
     by_params = FedAU(params=StrategyParams(num_clients=5, fraction_evaluate=0.5, min_evaluate_nodes=1, seed=3),
                       cutoff=7)
     assert by_keywords.params == by_params.params
-    assert by_keywords.sampling == by_params.sampling and by_keywords.cutoff == by_params.cutoff == 7
+    assert by_keywords.sampling == by_params.sampling and by_keywords.rule.params.cutoff == by_params.rule.params.cutoff == 7
     assert by_keywords.rng.random() == by_params.rng.random()
     # keywords update a given value; the value itself never changes (frozen)
     base = StrategyParams(num_clients=5)
@@ -44,7 +44,7 @@ def test_a_spec_sets_the_rules_own_parameters_and_the_spec_fields_only():
                                                           "max-model-ratio", "max-examples-ratio", "max-reference-growth", "stream",
                                                           "robust", "cutoff"]
     s = build_strategy("fedau:cutoff=3,max-norm-ratio=50", num_clients=4)
-    assert (s.cutoff, s.params.max_norm_ratio, s.bounds.max_norm_ratio) == (3, 50.0, 50.0)
+    assert (s.rule.params.cutoff, s.params.max_norm_ratio, s.bounds.max_norm_ratio) == (3, 50.0, 50.0)
 
 
 def test_every_rule_lives_in_strategies_rules_and_is_exported_by_name():
@@ -55,13 +55,14 @@ def test_every_rule_lives_in_strategies_rules_and_is_exported_by_name():
 
 def test_state_fields_with_their_own_saving_round_trip():
     mifa = build_strategy("mifa:gradient-units=true", num_clients=3)
-    mifa.lr_history.extend([0.1, 0.2])
+    mifa.rule_state = mifa.kept_state()
+    mifa.rule_state.lr_history.extend([0.1, 0.2])
     saved = mifa.state_dict()
     assert saved["state"]["lr_history"] == [0.1, 0.2] and saved["state"]["table"] is None
     again = build_strategy("mifa:gradient-units=true", num_clients=3)
     again.load_state_dict(saved)
-    assert isinstance(again.lr_history, deque) and list(again.lr_history) == [0.1, 0.2]
-    assert again.lr_history.maxlen == mifa.lr_history.maxlen
+    assert isinstance(again.rule_state.lr_history, deque) and list(again.rule_state.lr_history) == [0.1, 0.2]
+    assert again.rule_state.lr_history.maxlen == mifa.rule_state.lr_history.maxlen
 
 
 def test_a_plain_report_reads_as_an_echo_of_factor_one():

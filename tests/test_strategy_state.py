@@ -45,7 +45,7 @@ def test_a_mifa_checkpoint_round_trip_keeps_the_table_and_the_binding():
     b = build("mifa")
     b.load_state_dict(a.state_dict())
     assert b.node_of_client == a.node_of_client == {0: 100, 2: 102}
-    np.testing.assert_array_equal(b.table.rows, a.table.rows)
+    np.testing.assert_array_equal(b.rule_state.table.rows, a.rule_state.table.rows)
     assert STRATEGIES["mifa"].read_state(a.state_dict()).table["seen"].tolist() == [True, False, True, False]
     assert (run_round(a, 2, x, {1: np.ones(2)}) == run_round(b, 2, x, {1: np.ones(2)})).all()
 

@@ -82,7 +82,7 @@ def test_a_huge_update_is_rejected_and_leaves_model_and_state_as_without_it(name
     assert attacked.round_log.participants == [0, 1, 2]
     same(attacked.state_dict(), clean.state_dict())  # stored tables, momenta, bindings untouched
     if getattr(attacked, "table", None) is not None:  # MIFA, FedVARP, Stale, ClusterFedVARP
-        assert not attacked.table.seen[3] and not attacked.table.row(3).any()
+        assert not attacked.rule_state.table.seen[3] and not attacked.rule_state.table.row(3).any()
     # the next round, with client 3 honest, continues identically: nothing of the bad update is replayed
     got2, _ = play(attacked, name, 2, got, ROUND2)
     want2, _ = play(clean, name, 2, want, ROUND2)

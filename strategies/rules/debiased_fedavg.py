@@ -29,16 +29,29 @@ since one reply cannot tell it from an attacker's (counted as ``weights-capped``
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..base import AvailabilityStrategy, ClientReport
-from ..streaming import Fold, RunningSum
+from ..contract import Finished, Needs, RoundContext, Rule
+from ..replies import ClientReport
+from ..rule_strategy import RuleStrategy
+from ..streaming import RunningSum
 from ..weighting import LONG_SILENT_ROUNDS, cap_rare_weights
 
 ESTIMATES = ("share", "marginal")
+
+
+@dataclass(frozen=True)
+class DebiasedParams:
+    """estimate : "share" (π̂_i = n_i / Σ n_j, the stationary share; the default) or "marginal"
+    (p̂_i = n_i / (t + 1), the per-round participation probability)."""
+
+    estimate: str = "share"
+
+    def __post_init__(self) -> None:
+        if self.estimate not in ESTIMATES:
+            raise ValueError(f"debiased-fedavg: estimate must be one of {ESTIMATES}, got {self.estimate!r}")
 
 
 @dataclass
@@ -50,101 +63,79 @@ class DebiasedState:
     absent: np.ndarray | None = None  # rounds since each client's last accepted reply
 
 
-class DebiasedFedAvg(AvailabilityStrategy):
-    """Debiased FedAvg (Sun et al., ICLR 2025, Sec. 5): Δ_i weighted by 1/(N π̂_i), π̂ online.
-
-    Parameters
-    ----------
-    estimate : "share" (π̂_i = n_i / Σ n_j, the stationary share; the default) or "marginal"
-        (p̂_i = n_i / (t + 1), the per-round participation probability).
-    """
+class DebiasedFedAvgRule(Rule):
+    """Debiased FedAvg (Sun et al., ICLR 2025, Sec. 5): Δ_i weighted by 1/(N π̂_i), π̂ online."""
 
     name = "debiased-fedavg"
-    State = DebiasedState
-    needs_client_ids = True
-    needs_num_clients = True
-    equal_weights_only = True
-    streams = True
+    Params, State = DebiasedParams, DebiasedState
+    needs = Needs(client_ids=True, num_clients=True, equal_weights_only=True)
 
-    def __init__(self, *, estimate: str = "share", **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        if estimate not in ESTIMATES:
-            raise ValueError(f"debiased-fedavg: estimate must be one of {ESTIMATES}, got {estimate!r}")
-        self.estimate = estimate
-        self.counts: np.ndarray | None = None
-        self.rounds = 0
-        self.absent: np.ndarray | None = None
-
-    def capped_counts(self, active: list[int]) -> tuple[np.ndarray, int]:
-        """The counts (this round's included) that weigh the ``active`` clients: a new or
-        long-silent client's raised to the smallest count of the other clients seen before (its
-        weight then at most theirs), when the bounds are on; and how many were raised."""
-        assert self.counts is not None and self.absent is not None
-        ids = np.asarray(active, np.int64)
-        after = self.counts[ids] + 1.0
-        if not self.bounds.max_norm_ratio:
-            return after, 0
-        rare = (self.counts[ids] == 0) | (self.absent[ids] >= LONG_SILENT_ROUNDS)
-        if not rare.any():
-            return after, 0
-        before = self.counts.astype(np.float64)
-        factors, capped = cap_rare_weights(1.0 / after, rare, np.where(before > 0, 1.0 / (before + 1.0), np.nan), ids)
-        return np.where(factors < 1.0 / after, 1.0 / factors, after), capped
-
-    def new_counts(self, t: int) -> np.ndarray:
-        """The counts, made at the first round (and the absences)."""
-        n = self.require_num_clients()
-        if self.counts is None:
-            self.counts = np.zeros(n, np.int64)
-        if self.absent is None:
-            self.absent = np.zeros(n, np.int64)
-        self.rounds = t + 1
-        return self.counts
-
-    def tally(self, active: list[int]) -> None:
-        """This round's participations: n_i += 1, and the absences."""
-        assert self.counts is not None and self.absent is not None
-        self.counts[active] += 1
-        self.absent += 1
-        self.absent[active] = 0
-
-    def start_fold(self, t: int, x: np.ndarray) -> Fold:
-        self.new_counts(t)
-        return DebiasedFold(self, x)
+    def fold(self, state: DebiasedState, ctx: RoundContext) -> DebiasedFold:
+        """The round's fold on the counts before it (made at the first round), t + 1 rounds observed."""
+        n = ctx.require_num_clients()
+        state = replace(state, rounds=ctx.t + 1,
+                        counts=np.zeros(n, np.int64) if state.counts is None else state.counts,
+                        absent=np.zeros(n, np.int64) if state.absent is None else state.absent)
+        return DebiasedFold(self.params.estimate, state, ctx)
 
 
-class DebiasedFold(Fold):
+def capped_counts(state: DebiasedState, active: list[int], bounded: bool) -> tuple[np.ndarray, int]:
+    """The counts (this round's included) that weigh the ``active`` clients: a new or long-silent
+    client's raised to the smallest count of the other clients seen before (its weight then at
+    most theirs), when the bounds are on; and how many were raised."""
+    assert state.counts is not None and state.absent is not None
+    ids = np.asarray(active, np.int64)
+    after = state.counts[ids] + 1.0
+    if not bounded:
+        return after, 0
+    rare = (state.counts[ids] == 0) | (state.absent[ids] >= LONG_SILENT_ROUNDS)
+    if not rare.any():
+        return after, 0
+    before = state.counts.astype(np.float64)
+    factors, capped = cap_rare_weights(1.0 / after, rare, np.where(before > 0, 1.0 / (before + 1.0), np.nan), ids)
+    return np.where(factors < 1.0 / after, 1.0 / factors, after), capped
+
+
+class DebiasedFold:
     """The debiased update folded in reply by reply. Each client replies once a round, so its
     count after the round is c_i = n_i + 1 on arrival: "marginal" weights (t + 1)/(N c_i) are
     known then; "share" weights C/(N c_i |A_t|) (C = Σ_j n_j after the round) are Σ Δ_i / c_i
     scaled at the end."""
 
-    def __init__(self, rule: DebiasedFedAvg, x: np.ndarray) -> None:
-        self.rule, self.x = rule, x
-        self.n = rule.require_num_clients()
-        self.sum = RunningSum(x.size)  # Σ Δ_i / c_i ("share") or Σ w_i Δ_i ("marginal")
+    def __init__(self, estimate: str, state: DebiasedState, ctx: RoundContext) -> None:
+        self.estimate, self.state, self.ctx = estimate, state, ctx
+        self.n = ctx.require_num_clients()
+        self.sum = RunningSum(ctx.x.size)  # Σ Δ_i / c_i ("share") or Σ w_i Δ_i ("marginal")
         self.largest = 0.0  # the largest per-reply factor added
         self.ids: list[int] = []
         self.capped = 0
 
     def add(self, report: ClientReport) -> None:
-        own, capped = self.rule.capped_counts([report.client_id])  # the counts before the round
+        own, capped = capped_counts(self.state, [report.client_id], self.ctx.bounded)  # the counts before the round
         c = float(own[0])
         self.capped += capped
-        w = 1.0 / c if self.rule.estimate == "share" else self.rule.rounds / (self.n * c)
+        w = 1.0 / c if self.estimate == "share" else self.state.rounds / (self.n * c)
         self.sum.add(w, report.delta)
         self.largest = max(self.largest, w)
         self.ids.append(report.client_id)
 
-    def finish(self) -> tuple[np.ndarray, dict[str, float]]:
-        self.rule.tally(self.ids)
+    def finish(self) -> Finished:
+        assert self.state.counts is not None and self.state.absent is not None
+        counts, absent = self.state.counts.copy(), self.state.absent + 1  # this round's participations
+        counts[self.ids] += 1
+        absent[self.ids] = 0
+        state, x = replace(self.state, counts=counts, absent=absent), self.ctx.x
         if not self.ids:
-            return self.x, {}
-        counts = self.rule.counts
-        assert counts is not None
+            return Finished(x, state, {})
         m = len(self.ids)
-        scale = float(counts.sum()) / (self.n * m) if self.rule.estimate == "share" else 1.0
+        scale = float(counts.sum()) / (self.n * m) if self.estimate == "share" else 1.0
         u = scale * self.sum.total
-        return self.x + (self.rule.server_lr * u).astype(np.float32), {
+        return Finished(x + (self.ctx.server_lr * u).astype(np.float32), state, {
             "mean-weight": scale * self.sum.weight / m, "max-weight": scale * self.largest,
-            "weights-capped": float(self.capped)}
+            "weights-capped": float(self.capped)})
+
+
+class DebiasedFedAvg(RuleStrategy):
+    """:class:`DebiasedFedAvgRule` as a Flower Strategy (Sun et al., ICLR 2025, Sec. 5)."""
+
+    rule = DebiasedFedAvgRule()

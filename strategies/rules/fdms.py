@@ -20,15 +20,17 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from ..base import AvailabilityStrategy, ClientReport
-from ..memory import StoredUpdates
+from ..contract import Finished, RoundContext
+from ..memory import ClientTable, StoredRule, StoredState
 from ..protocol import IGNORE_AVAILABILITY
-from .fedavg import FedAvgActive
+from ..rule_strategy import RuleStrategy
+from .fedavg import FedAvgActiveRule
 
 MIN_FRIENDS = 2  # max_friend_share never caps a client below this many dropped clients
 
@@ -307,7 +309,7 @@ def _components(adjacency: np.ndarray) -> np.ndarray:
     return np.unique(labels, return_inverse=True)[1]
 
 
-class Stale(StoredUpdates):
+class StaleRule(StoredRule):
     """Stale updates (Wang & Xu, Sec. 6 baseline "FL-Stale"): a dropped client's last upload.
 
     y_k (:class:`ClientTable`, N × d float32, in RAM or a disk-backed memmap in ``memory_dir``)
@@ -318,26 +320,39 @@ class Stale(StoredUpdates):
 
     name = "stale"
 
-    def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
-        table = self._table(x.size, [r.client_id for r in reports])
+    def step(self, state: StoredState, table: ClientTable, ctx: RoundContext,
+             reports: list[ClientReport]) -> Finished:
         table.set_rows([r.client_id for r in reports], [r.delta for r in reports])
-        metrics = {"num-stale": int(table.seen.sum()) - len(reports)}
+        metrics: dict[str, float] = {"num-stale": int(table.seen.sum()) - len(reports)}
         if not reports:
-            return x, metrics
-        return x + (self.server_lr * table.mean()).astype(np.float32), metrics
+            return Finished(ctx.x, state, metrics)
+        return Finished(ctx.x + (ctx.server_lr * table.mean()).astype(np.float32), state, metrics)
 
 
-class Full(FedAvgActive):
+class Stale(RuleStrategy):
+    """:class:`StaleRule` as a Flower Strategy."""
+
+    rule = StaleRule()
+
+
+class FullRule(FedAvgActiveRule):
     """Full participation (Wang & Xu, Sec. 6 baseline "FL-Full"): an ORACLE, not a rule for churn.
 
     Every train message carries ``ignore-availability``, so every client trains every round
     despite the schedule (the server-side availability layer and the client-side gate both honour
-    it; a real deployment whose nodes are stopped cannot); u = FedAvg over all replies.
+    it; a real deployment whose nodes are stopped cannot); u = FedAvg over all replies, clients
+    weighted equally (1/N) as the FL-FDMS paper's baselines.
     """
 
     name = "full"
-    paper_weighting = "equal"  # the FL-FDMS paper's baselines weigh clients equally (1/N)
-    fixed_selection = "it trains every client every round, by definition"
+    needs = replace(FedAvgActiveRule.needs, paper_weighting="equal",
+                    fixed_selection="it trains every client every round, by definition")
 
-    def train_config(self, t: int, node_ids: list[int]) -> dict[str, Any]:
+    def train_config(self, state: Any, ctx: RoundContext) -> dict[str, Any]:
         return {IGNORE_AVAILABILITY: True}
+
+
+class Full(RuleStrategy):
+    """:class:`FullRule` as a Flower Strategy."""
+
+    rule = FullRule()

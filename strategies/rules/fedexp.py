@@ -31,77 +31,85 @@ The official code (github.com/Divyansh03/FedExP, main.py) differs as follows (op
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord
 
-from ..base import AvailabilityStrategy, ClientReport, safe_norm
-from ..streaming import Fold, RunningSum, example_weight
+from ..contract import Finished, RoundContext, Rule
+from ..layout import safe_norm
+from ..replies import ClientReport
+from ..rule_strategy import RuleStrategy
+from ..streaming import RunningSum
 
 
-class FedExP(AvailabilityStrategy):
-    """Extrapolated FedAvg (Jhunjhunwala et al., ICLR 2023, Eq. 9)."""
+@dataclass(frozen=True)
+class FedExPParams:
+    """eps, eps_times_m, decay : ε_t = eps · decay^t (× M with ``eps_times_m``); max_step : the cap
+    on η_g^t (0 = none; the module docstring)."""
 
-    name = "fedexp"
-    streams = True
+    eps: float = 1e-3
+    eps_times_m: bool = False
+    decay: float = 1.0
+    max_step: float = 10.0
 
-    def __init__(self, *, eps: float = 1e-3, eps_times_m: bool = False, decay: float = 1.0,
-                 max_step: float = 10.0, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        if not eps >= 0:
-            raise ValueError(f"eps must be >= 0, got {eps}")
-        if not 0 < decay <= 1:
-            raise ValueError(f"decay must be in (0, 1], got {decay}")
-        if not (math.isfinite(max_step) and (max_step == 0 or max_step >= 1)):
-            raise ValueError(f"max_step (spec key max-step) must be a finite number >= 1 (0 = no cap), got {max_step}")
-        self.max_step = float(max_step)
-        self.eps = float(eps)
-        self.eps_times_m = bool(eps_times_m)
-        self.decay = float(decay)
-        self.previous: np.ndarray | None = None  # x^t of the last aggregated round
+    def __post_init__(self) -> None:
+        if not self.eps >= 0:
+            raise ValueError(f"eps must be >= 0, got {self.eps}")
+        if not 0 < self.decay <= 1:
+            raise ValueError(f"decay must be in (0, 1], got {self.decay}")
+        if not (math.isfinite(self.max_step) and (self.max_step == 0 or self.max_step >= 1)):
+            raise ValueError(f"max_step (spec key max-step) must be a finite number >= 1 (0 = no cap), "
+                             f"got {self.max_step}")
 
     def epsilon(self, t: int, m: int) -> float:
         """ε used in round t (0-based) with m participants."""
-        return self.eps * self.decay**t * (m if self.eps_times_m else 1)
+        return float(self.eps) * float(self.decay)**t * (m if self.eps_times_m else 1)
 
-    def extrapolate(self, t: int, x: np.ndarray, mean: np.ndarray, spread: float,
-                    m: int) -> tuple[np.ndarray, dict[str, float]]:
-        """x + η_g^t Δ̄ (Eq. 9) from Δ̄ and Σ p_i ‖Δ_i‖² of the round's m replies (‖Δ̄‖² in float64)."""
-        denom = 2.0 * (safe_norm(mean) ** 2 + self.epsilon(t, m))
-        step = max(1.0, spread / denom) if denom > 0 else 1.0
-        if self.max_step:
-            step = min(step, self.max_step)
-        return (x + np.float32(self.server_lr * step) * mean).astype(np.float32, copy=False), {"fedexp-step": step}
 
-    def start_fold(self, t: int, x: np.ndarray) -> Fold:
-        self.previous = x
-        return FedExPFold(self, t, x)
+class FedExPRule(Rule):
+    """Extrapolated FedAvg (Jhunjhunwala et al., ICLR 2023, Eq. 9); it scores (x^{t+1} + x^t)/2."""
 
-    def evaluation_arrays(self, arrays: ArrayRecord) -> ArrayRecord:
+    name = "fedexp"
+    Params = FedExPParams
+
+    def fold(self, state: Any, ctx: RoundContext) -> FedExPFold:
+        return FedExPFold(self.params, state, ctx)
+
+    def evaluated(self, state: Any, model: np.ndarray, ctx: RoundContext) -> np.ndarray:
         """(x^{t+1} + x^t)/2: the model FedExP reports."""
-        if self.previous is None or self.layout is None or self.layout.mismatch(arrays) is not None:
-            return arrays
-        return self.arrays_of((self.layout.flatten(arrays) + self.previous) / 2)
+        return (model + ctx.x) / 2
 
 
-class FedExPFold(Fold):
-    """FedExP's Δ̄ = Σ v_i Δ_i / W and Σ v_i ‖Δ_i‖² / W (v_i: n_i, or 1, or the held round's
-    weights, :meth:`strategies.streaming.Fold.report_weight`; W = Σ v_i), folded in reply by reply."""
+class FedExPFold:
+    """FedExP's Δ̄ = Σ v_i Δ_i / W and Σ v_i ‖Δ_i‖² / W (v_i: ``ctx.weight``, the run's weighting
+    or the held round's weights; W = Σ v_i), folded in reply by reply, then Eq. (9)'s step."""
 
-    def __init__(self, rule: FedExP, t: int, x: np.ndarray) -> None:
-        self.rule, self.t, self.x = rule, t, x
-        self.weight_of = example_weight(rule.weighting)
-        self.sum = RunningSum(x.size)
+    def __init__(self, params: FedExPParams, state: Any, ctx: RoundContext) -> None:
+        self.params, self.state, self.ctx = params, state, ctx
+        self.sum = RunningSum(ctx.x.size)
         self.squares = 0.0  # Σ v_i ‖Δ_i‖² (from the norms parsing computed; float64: no overflow)
 
     def add(self, report: ClientReport) -> None:
-        v = self.report_weight(report, self.weight_of)
+        v = self.ctx.weight(report)
         self.sum.add(v, report.delta)
-        self.squares += v * self.rule.update_norm(report) ** 2
+        self.squares += v * (report.norm if report.norm is not None else safe_norm(report.delta)) ** 2
 
-    def finish(self) -> tuple[np.ndarray, dict[str, float]]:
+    def finish(self) -> Finished:
+        x = self.ctx.x
         if not self.sum.count:
-            return self.x, {}
-        w = self.sum.weight
-        return self.rule.extrapolate(self.t, self.x, self.sum.total / w, self.squares / w, self.sum.count)
+            return Finished(x, self.state, {})
+        w, m = self.sum.weight, self.sum.count
+        mean, spread = self.sum.total / w, self.squares / w
+        denom = 2.0 * (safe_norm(mean) ** 2 + self.params.epsilon(self.ctx.t, m))
+        step = max(1.0, spread / denom) if denom > 0 else 1.0
+        if self.params.max_step:
+            step = min(step, float(self.params.max_step))
+        return Finished((x + np.float32(self.ctx.server_lr * step) * mean).astype(np.float32, copy=False), self.state,
+                        {"fedexp-step": step})
+
+
+class FedExP(RuleStrategy):
+    """:class:`FedExPRule` as a Flower Strategy (Jhunjhunwala et al., ICLR 2023, Eq. 9)."""
+
+    rule = FedExPRule()

@@ -34,18 +34,35 @@ An empty round leaves the model as it is (as FedVARP).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..base import ClientReport
-from ..memory import StoredUpdates, TableState
+from ..contract import Finished, RoundContext
+from ..memory import ClientTable, StoredParams, StoredRule, StoredState
+from ..replies import ClientReport
+from ..rule_strategy import RuleStrategy
 from .fedvarp import stale_step
 
 
+@dataclass(frozen=True)
+class FedStaleParams(StoredParams):
+    """beta : β, the weight of the stale updates (0 = FedAvg over the active clients, 1 = FedVARP).
+    weights : "active" (1/|A_t|, the FedAU/FedAWE code's form) or "paper" (q_i / p_i)."""
+
+    beta: float = 0.5
+    weights: str = "active"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not (math.isfinite(self.beta) and 0.0 <= self.beta <= 1.0):
+            raise ValueError(f"fedstale: beta must be in [0, 1] (0 = FedAvg, 1 = FedVARP), got {self.beta}")
+        if self.weights not in ("active", "paper"):
+            raise ValueError(f"fedstale: weights={self.weights!r} is not 'active' (1/|A_t|) or 'paper' (q_i / p_i)")
+
+
 @dataclass
-class FedStaleState(TableState):
+class FedStaleState(StoredState):
     """The stored updates and, for the paper's weights, each client's participation intervals."""
 
     absent: np.ndarray | None = None  # rounds since its last participation
@@ -53,55 +70,49 @@ class FedStaleState(TableState):
     interval_num: np.ndarray | None = None
 
 
-class FedStale(StoredUpdates):
-    """FedStale (Rodio & Neglia, arXiv 2405.04171, Alg. 1): v = mean_A(Δ_i − β y_i) + β ȳ.
+def inverse_participation(state: FedStaleState, ids: list[int], n: int) -> tuple[np.ndarray, FedStaleState]:
+    """1/p̂_i of ``ids`` (mean past interval, 1 before the first), and the state with this round
+    recorded (the code's ``ActivityEstimator``, causal: round t's weight reads rounds < t)."""
+    if state.absent is None or state.interval_sum is None or state.interval_num is None:
+        state = replace(state, absent=np.zeros(n, np.int64), interval_sum=np.zeros(n, np.int64),
+                        interval_num=np.zeros(n, np.int64))
+    absent, total, num = np.array(state.absent), np.array(state.interval_sum), np.array(state.interval_num)
+    present = np.zeros(n, bool)
+    present[ids] = True
+    omega = np.where(num > 0, total / np.maximum(num, 1), 1.0)[ids]
+    total[present] += absent[present] + 1
+    num[present] += 1
+    absent[present] = 0
+    absent[~present] += 1
+    return omega, replace(state, absent=absent, interval_sum=total, interval_num=num)
 
-    Parameters
-    ----------
-    beta : β, the weight of the stale updates (0 = FedAvg over the active clients, 1 = FedVARP).
-    memory_dir : "" keeps the N × d table in RAM, else a memmap in that folder (as FedVARP).
-    """
+
+class FedStaleRule(StoredRule):
+    """FedStale (Rodio & Neglia, arXiv 2405.04171, Alg. 1): v = mean_A(Δ_i − β y_i) + β ȳ."""
 
     name = "fedstale"
-    State = FedStaleState
+    Params, State = FedStaleParams, FedStaleState
 
-    def __init__(self, *, beta: float = 0.5, memory_dir: str = "", weights: str = "active", **kwargs: Any) -> None:
-        super().__init__(memory_dir=memory_dir, **kwargs)
-        if not (math.isfinite(beta) and 0.0 <= beta <= 1.0):
-            raise ValueError(f"fedstale: beta must be in [0, 1] (0 = FedAvg, 1 = FedVARP), got {beta}")
-        if weights not in ("active", "paper"):
-            raise ValueError(f"fedstale: weights={weights!r} is not 'active' (1/|A_t|) or 'paper' (q_i / p_i)")
-        self.beta, self.weights_kind = float(beta), weights
-        self.absent: np.ndarray | None = None
-        self.interval_sum: np.ndarray | None = None
-        self.interval_num: np.ndarray | None = None
-
-    def inverse_participation(self, ids: list[int]) -> np.ndarray:
-        """1/p̂_i of ``ids`` (mean past interval, 1 before the first), then this round recorded
-        (the code's ``ActivityEstimator``, causal: round t's weight reads rounds < t)."""
-        n = self.require_num_clients()
-        if self.absent is None or self.interval_sum is None or self.interval_num is None:
-            self.absent, self.interval_sum, self.interval_num = (np.zeros(n, np.int64) for _ in range(3))
-        present = np.zeros(n, bool)
-        present[ids] = True
-        omega = np.where(self.interval_num > 0, self.interval_sum / np.maximum(self.interval_num, 1), 1.0)[ids]
-        self.interval_sum[present] += self.absent[present] + 1
-        self.interval_num[present] += 1
-        self.absent[present] = 0
-        self.absent[~present] += 1
-        return omega
-
-    def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
+    def step(self, state: FedStaleState, table: ClientTable, ctx: RoundContext,
+             reports: list[ClientReport]) -> Finished:
         ids = [r.client_id for r in reports]
-        table = self._table(x.size, ids)
-        omega = self.inverse_participation(ids) if self.weights_kind == "paper" else None
+        omega = None
+        if self.params.weights == "paper":
+            omega, state = inverse_participation(state, ids, ctx.require_num_clients())
         if not reports:
-            return x, {"num-seen": table.num_seen}
+            return Finished(ctx.x, state, {"num-seen": table.num_seen})
         if omega is None:
-            return stale_step(table, x, reports, self.beta, self.server_lr), {"num-seen": table.num_seen}
-        w = omega / self.require_num_clients()  # q_i / p_i, q_i = 1/N
-        ybar, fresh, stale = table.mean(), np.zeros(x.size), np.zeros(x.size)
+            return Finished(stale_step(table, ctx.x, reports, self.params.beta, ctx.server_lr), state,
+                            {"num-seen": table.num_seen})
+        w = omega / ctx.require_num_clients()  # q_i / p_i, q_i = 1/N
+        ybar, fresh, stale = table.mean(), np.zeros(ctx.x.size), np.zeros(ctx.x.size)
         table.set_rows(ids, [r.delta for r in reports], weights=list(w), fresh=fresh, stale=stale)
-        v = fresh + self.beta * (np.asarray(ybar, np.float64) - stale)  # Σ w_i (Δ_i − β y_i) + β ȳ
-        return x + (self.server_lr * v).astype(np.float32), {"num-seen": table.num_seen,
-                                                             "mean-weight": float(w.mean())}
+        v = fresh + self.params.beta * (np.asarray(ybar, np.float64) - stale)  # Σ w_i (Δ_i − β y_i) + β ȳ
+        return Finished(ctx.x + (ctx.server_lr * v).astype(np.float32), state,
+                        {"num-seen": table.num_seen, "mean-weight": float(w.mean())})
+
+
+class FedStale(RuleStrategy):
+    """:class:`FedStaleRule` as a Flower Strategy (Rodio & Neglia, arXiv 2405.04171, Alg. 1)."""
+
+    rule = FedStaleRule()

@@ -14,13 +14,15 @@ unbiasedness argument E[(1/|A|) Σ_A (Δ_i − y_i)] = mean(Δ) − ȳ needs a n
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, cast
+from dataclasses import dataclass, replace
+from typing import cast
 
 import numpy as np
 
-from ..base import ClientReport
-from ..memory import ClientTable, StoredUpdates, TableState
+from ..contract import Finished, RoundContext
+from ..memory import ClientTable, StoredParams, StoredRule, StoredState
+from ..replies import ClientReport
+from ..rule_strategy import RuleStrategy
 from ..weighting import weighted_sum
 
 
@@ -36,7 +38,7 @@ def stale_step(table: ClientTable, x: np.ndarray, reports: list[ClientReport], b
     return x + (server_lr * v).astype(np.float32)
 
 
-class FedVARP(StoredUpdates):
+class FedVARPRule(StoredRule):
     """FedVARP (Jhunjhunwala et al., UAI 2022, Alg. 1, Eq. 4).
 
     State y_i (client i's latest Δ_i, zero at start; N × d float32 :class:`ClientTable`, in RAM
@@ -50,11 +52,17 @@ class FedVARP(StoredUpdates):
 
     name = "fedvarp"
 
-    def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
-        table = self._table(x.size, [r.client_id for r in reports])
+    def step(self, state: StoredState, table: ClientTable, ctx: RoundContext,
+             reports: list[ClientReport]) -> Finished:
         if not reports:
-            return x, {"num-seen": table.num_seen}
-        return stale_step(table, x, reports, 1.0, self.server_lr), {"num-seen": table.num_seen}
+            return Finished(ctx.x, state, {"num-seen": table.num_seen})
+        return Finished(stale_step(table, ctx.x, reports, 1.0, ctx.server_lr), state, {"num-seen": table.num_seen})
+
+
+class FedVARP(RuleStrategy):
+    """:class:`FedVARPRule` as a Flower Strategy (Jhunjhunwala et al., UAI 2022, Alg. 1)."""
+
+    rule = FedVARPRule()
 
 
 def _mean32(deltas: list[np.ndarray]) -> np.ndarray:
@@ -65,15 +73,38 @@ def _mean32(deltas: list[np.ndarray]) -> np.ndarray:
     return (total / len(deltas)).astype(np.float32)
 
 
+@dataclass(frozen=True)
+class ClusterFedVARPParams(StoredParams):
+    """clusters : C, contiguous near-equal blocks of client ids (0: one per client, FedVARP).
+    cluster_of : another assignment, set in code (client id -> any integer label, one per
+        client; e.g. the workload's label clusters): it replaces the blocks."""
+
+    clusters: int = 0
+    cluster_of: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.clusters < 0:
+            raise ValueError(f"clusters must be >= 0 (0 = one per client); got {self.clusters}")
+
+
 @dataclass
-class ClusterFedVARPState(TableState):
+class ClusterFedVARPState(StoredState):
     """The stored cluster updates, the cluster of every client and ȳ = Σ_c (N_c/N) y_c."""
 
     cluster_of: np.ndarray | None = None
     ybar: np.ndarray | None = None
 
 
-class ClusterFedVARP(StoredUpdates):
+def clusters_of(cluster_of: np.ndarray, num_clients: int) -> np.ndarray:
+    """Client id -> cluster id 0..C-1 from any integer labels, one per client."""
+    c = np.asarray(cluster_of)
+    if c.shape != (num_clients,) or not np.issubdtype(c.dtype, np.integer):
+        raise ValueError(f"cluster_of must be an integer array of shape ({num_clients},); got {c.dtype} {c.shape}")
+    return np.unique(c, return_inverse=True)[1].astype(np.int64)
+
+
+class ClusterFedVARPRule(StoredRule):
     """ClusterFedVARP (Jhunjhunwala et al., UAI 2022, Alg. 2): one stored update per cluster.
 
     State y_c for C clusters (C × d float32), cluster sizes N_c:
@@ -85,57 +116,51 @@ class ClusterFedVARP(StoredUpdates):
     ⌊i C / N⌋ (sizes differ by at most one; the grouping of the ``group-cyclic`` schedule).
     ``clusters=0`` (the default) makes every client its own cluster, which is FedVARP exactly
     (C = 1 would be FedAvg over the active clients). Another assignment (e.g. the workload's
-    label clusters) can be set in code with :meth:`set_clusters` before the first round.
-    An empty round leaves the model as it is.
+    label clusters) is the parameter ``cluster_of``: ``ClusterFedVARP(num_clients=4,
+    cluster_of=(7, 7, 9, 9))``. An empty round leaves the model as it is.
     """
 
     name = "cluster-fedvarp"
-    State = ClusterFedVARPState
+    Params, State = ClusterFedVARPParams, ClusterFedVARPState
 
-    def __init__(self, *, clusters: int = 0, memory_dir: str = "", **kwargs: Any) -> None:
-        super().__init__(memory_dir=memory_dir, **kwargs)
-        if clusters < 0:
-            raise ValueError(f"clusters must be >= 0 (0 = one per client); got {clusters}")
-        if self.num_clients is not None and clusters > self.num_clients:
-            raise ValueError(f"clusters={clusters} exceeds num_clients={self.num_clients}")
-        self.clusters = int(clusters)
-        self.cluster_of: np.ndarray | None = None
-        self.ybar: np.ndarray | None = None
+    def validate(self, num_clients: int | None) -> None:
+        if num_clients is not None and self.params.clusters > num_clients:
+            raise ValueError(f"clusters={self.params.clusters} exceeds num_clients={num_clients}")
+        if num_clients is not None and self.params.cluster_of:
+            clusters_of(np.array(self.params.cluster_of), num_clients)
 
-    def set_clusters(self, cluster_of: np.ndarray) -> None:
-        """Client id -> cluster id (any integers, one per client), replacing the blocks."""
-        c = np.asarray(cluster_of)
-        n = self.require_num_clients()
-        if c.shape != (n,) or not np.issubdtype(c.dtype, np.integer):
-            raise ValueError(f"cluster_of must be an integer array of shape ({n},); got {c.dtype} {c.shape}")
-        if self.table is not None:
-            raise RuntimeError("set_clusters after the first round would mix cluster memories")
-        self.cluster_of = np.unique(c, return_inverse=True)[1].astype(np.int64)
+    def prepared(self, state: ClusterFedVARPState, ctx: RoundContext) -> ClusterFedVARPState:
+        if state.cluster_of is None:
+            n = ctx.require_num_clients()
+            self.validate(n)
+            cluster_of = clusters_of(np.array(self.params.cluster_of), n) if self.params.cluster_of else \
+                np.arange(n, dtype=np.int64) * (self.params.clusters or n) // n
+            state = replace(state, cluster_of=cluster_of)
+        if state.ybar is None or state.ybar.size != ctx.x.size:
+            state = replace(state, ybar=np.zeros(ctx.x.size, np.float64))  # Σ_c (N_c/N) y_c, kept up to date in O(d)
+        return state
 
-    def _assignment(self) -> np.ndarray:
-        if self.cluster_of is None:
-            n = self.require_num_clients()
-            c = self.clusters or n
-            self.cluster_of = np.arange(n, dtype=np.int64) * c // n
-        return self.cluster_of
+    def num_rows(self, state: ClusterFedVARPState, ctx: RoundContext) -> int:
+        assert state.cluster_of is not None
+        return int(state.cluster_of.max()) + 1
 
-    def num_rows(self) -> int:
-        return int(self._assignment().max()) + 1
+    def rows_of(self, state: ClusterFedVARPState, reports: list[ClientReport]) -> list[int]:
+        assert state.cluster_of is not None
+        return [int(state.cluster_of[r.client_id]) for r in reports]
 
-    def forget_row(self, table, row: int) -> None:
+    def forget(self, state: ClusterFedVARPState, table: ClientTable, row: int) -> None:
         """An expired cluster row leaves ȳ = Σ_c (N_c/N) y_c too."""
-        if self.ybar is not None and self.ybar.size == table.dim:
-            cluster = self._assignment()
-            self.ybar -= (np.count_nonzero(cluster == row) / len(cluster)) * table.row(row).astype(np.float64)
+        cluster = state.cluster_of
+        if state.ybar is not None and state.ybar.size == table.dim and cluster is not None:
+            state.ybar -= (np.count_nonzero(cluster == row) / len(cluster)) * table.row(row).astype(np.float64)
         table.clear_row(row)
 
-    def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
-        cluster = self._assignment()
-        table = self._table(x.size, [int(cluster[r.client_id]) for r in reports])
-        if self.ybar is None or self.ybar.size != x.size:
-            self.ybar = np.zeros(x.size, np.float64)  # Σ_c (N_c/N) y_c, kept up to date in O(d)
+    def step(self, state: ClusterFedVARPState, table: ClientTable, ctx: RoundContext,
+             reports: list[ClientReport]) -> Finished:
+        cluster, ybar = state.cluster_of, state.ybar
+        assert cluster is not None and ybar is not None
         if not reports:
-            return x, {}
+            return Finished(ctx.x, state, {})
         share = np.bincount(cluster, minlength=table.num_rows) / len(cluster)  # N_c / N
         members: dict[int, list[np.ndarray]] = {}  # cluster -> the Δ_i of A_t ∩ c, in order
         for r in reports:
@@ -145,11 +170,17 @@ class ClusterFedVARP(StoredUpdates):
         # Σ_{i∈A_t} (Δ_i − y_{c(i)}): one BLAS product over the reply rows, one over the table's
         correction = cast(np.ndarray, weighted_sum([1.0] * len(reports), (r.delta for r in reports))).astype(np.float64)
         correction -= weighted_sum(counts, [table.rows[c] for c in clusters])
-        v = correction / len(reports) + self.ybar
+        v = correction / len(reports) + ybar
         # y_c ← the mean Δ_i of A_t ∩ c (a lone member's Δ as is); ȳ += Σ_c (N_c/N)(y_c^new − y_c)
         news = [d[0] if len(d) == 1 else _mean32(d) for d in members.values()]
-        added, removed = np.zeros(x.size, np.float64), np.zeros(x.size, np.float64)
+        added, removed = np.zeros(ctx.x.size, np.float64), np.zeros(ctx.x.size, np.float64)
         table.set_rows(clusters, news, weights=share[clusters].tolist(), fresh=added, stale=removed)
-        self.ybar += added
-        self.ybar -= removed
-        return x + (self.server_lr * v).astype(np.float32), {"num-clusters-updated": len(members)}
+        ybar += added
+        ybar -= removed
+        return Finished(ctx.x + (ctx.server_lr * v).astype(np.float32), state, {"num-clusters-updated": len(members)})
+
+
+class ClusterFedVARP(RuleStrategy):
+    """:class:`ClusterFedVARPRule` as a Flower Strategy (Jhunjhunwala et al., UAI 2022, Alg. 2)."""
+
+    rule = ClusterFedVARPRule()

@@ -41,8 +41,7 @@ from flwr.serverapp import strategy as flower
 from .. import state as rule_state
 from ..base import AvailabilityStrategy, ClientReport
 from ..flower_step import FlowerStep
-from ..streaming import Fold
-from .fedavg import RunWeightedMean
+from ..streaming import Fold, RunningSum, example_weight
 
 
 @dataclass
@@ -107,18 +106,22 @@ class _FlowerOptimizer(AvailabilityStrategy):
         rule_state.restore(self.flower.optimizer, state)
 
 
-class OptimizerFold(RunWeightedMean):
+class OptimizerFold(Fold):
     """The weighted mean update Δ̄ folded in reply by reply (``fedavg-active``'s, the run's
     weights), then Flower's optimizer step on it."""
 
     def __init__(self, rule: _FlowerOptimizer, t: int, x: np.ndarray) -> None:
-        super().__init__(x, 1.0, rule.weighting)
-        self.rule, self.t = rule, t
+        self.rule, self.t, self.x = rule, t, x
+        self.weight_of = example_weight(rule.weighting)
+        self.sum = RunningSum(x.size)
+
+    def add(self, report: ClientReport) -> None:
+        self.sum.add(self.report_weight(report, self.weight_of), report.delta)
 
     def finish(self) -> tuple[np.ndarray, dict[str, float]]:
         if not self.sum.count:
             return self.x, {}
-        return self.rule.optimizer_step(self.t, self.x, self.update())
+        return self.rule.optimizer_step(self.t, self.x, self.sum.total / self.sum.weight)
 
 
 def adam_ratio_bound(beta_1: float, beta_2: float, bias_correction: bool = True, rounds: int = 10_000) -> float:

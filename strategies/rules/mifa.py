@@ -9,32 +9,50 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ..base import ClientReport, ReplyRejected
-from ..memory import StoredUpdates, TableState
+from ..contract import Finished, RoundContext
+from ..memory import ClientTable, StoredParams, StoredRule, StoredState
 from ..protocol import LR, NUM_EXAMPLES
-from ..replies import positive
+from ..replies import ClientReport, ReplyRejected, positive
+from ..rule_strategy import RuleStrategy
 from ..state import kept_as
 from ..weighting import weighted_sum
 
 LR_HISTORY = 64  # accepted lrs whose median is the reference
 
 
+@dataclass(frozen=True)
+class MIFAParams(StoredParams):
+    """gradient_units, wait_for_all, lr, max_lr_ratio: :class:`MIFARule`'s options."""
+
+    gradient_units: bool = False
+    wait_for_all: bool = False
+    lr: float = 0.0
+    max_lr_ratio: float = 100.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not (math.isfinite(self.lr) and self.lr >= 0):
+            raise ValueError(f"mifa: lr (the run's base lr; 0 = not given) must be a finite number >= 0, got {self.lr}")
+        if not (math.isfinite(self.max_lr_ratio) and self.max_lr_ratio > 1):
+            raise ValueError(f"mifa: max_lr_ratio (spec key max-lr-ratio) must be a finite number > 1, "
+                             f"got {self.max_lr_ratio}")
+
+
 @dataclass
-class MIFAState(TableState):
+class MIFAState(StoredState):
     """The stored updates Y, the last round's lr (gradient units) and whether all were seen."""
 
     last_lr: float | None = None
     filled: bool = False
-    lr_history: list[float] = field(default_factory=list, metadata=kept_as(  # recently accepted lrs
-        list, lambda saved, rule: deque(saved, maxlen=LR_HISTORY)))
+    lr_history: deque[float] = field(default_factory=lambda: deque(maxlen=LR_HISTORY), metadata=kept_as(
+        list, lambda saved, rule: deque(saved, maxlen=LR_HISTORY)))  # recently accepted lrs
 
 
-class MIFA(StoredUpdates):
+class MIFARule(StoredRule):
     """MIFA (Gu et al., NeurIPS 2021, Alg. 1): Y_i ← Δ_i for i ∈ A_t, u = (1/N) Σ_{i=1}^N Y_i.
 
     Y (N × d float32, :class:`ClientTable`, zero at start: the "no-wait" start of the FedAU and
@@ -61,61 +79,57 @@ class MIFA(StoredUpdates):
     """
 
     name = "mifa"
-    State = MIFAState
+    Params, State = MIFAParams, MIFAState
 
-    def __init__(self, *, gradient_units: bool = False, wait_for_all: bool = False,
-                 memory_dir: str = "", lr: float = 0.0, max_lr_ratio: float = 100.0, **kwargs: Any) -> None:
-        super().__init__(memory_dir=memory_dir, **kwargs)
-        if not (math.isfinite(lr) and lr >= 0):
-            raise ValueError(f"mifa: lr (the run's base lr; 0 = not given) must be a finite number >= 0, got {lr}")
-        if not (math.isfinite(max_lr_ratio) and max_lr_ratio > 1):
-            raise ValueError(f"mifa: max_lr_ratio (spec key max-lr-ratio) must be a finite number > 1, "
-                             f"got {max_lr_ratio}")
-        self.gradient_units = bool(gradient_units)
-        self.wait_for_all = bool(wait_for_all)
-        self.lr, self.max_lr_ratio = float(lr), float(max_lr_ratio)
-        self.lr_history: deque[float] = deque(maxlen=LR_HISTORY)
-        if self.gradient_units:
-            self.required_metrics = (NUM_EXAMPLES, LR)
-        self.last_lr: float | None = None
-        self.filled = False  # every client seen once (wait_for_all)
+    def __init__(self, params: MIFAParams | None = None) -> None:
+        super().__init__(params)
+        if self.params.gradient_units:  # every reply carries its lr
+            self.needs = replace(StoredRule.needs, metrics=(NUM_EXAMPLES, LR))
 
-    def check_report(self, report: ClientReport) -> None:
-        if not self.gradient_units:
+    def check(self, state: MIFAState, report: ClientReport) -> None:
+        if not self.params.gradient_units:
             return
         try:
             lr = positive(report.metrics, LR)
         except ReplyRejected as exc:
             raise ReplyRejected(f"{exc} (strategy '{self.name}' with gradient_units needs it)") from None
-        reference = float(np.median(self.lr_history)) if self.lr_history else self.lr
+        reference = float(np.median(state.lr_history)) if state.lr_history else self.params.lr
         if lr is None:
             raise ReplyRejected(f"the reply lacks metric '{LR}' (strategy '{self.name}' with gradient_units needs it)")
-        if reference and not reference / self.max_lr_ratio <= lr <= reference * self.max_lr_ratio:
-            raise ReplyRejected(f"metric '{LR}'={lr:.3g} is not within a factor max-lr-ratio {self.max_lr_ratio:g} "
+        ratio = self.params.max_lr_ratio
+        if reference and not reference / ratio <= lr <= reference * ratio:
+            raise ReplyRejected(f"metric '{LR}'={lr:.3g} is not within a factor max-lr-ratio {ratio:g} "
                                 f"of the reference lr {reference:.3g} (the median of recently accepted lrs)")
 
-    def commit_counts(self, reports: list[ClientReport]) -> None:
-        if self.gradient_units:
-            self.lr_history.extend(float(r.metrics[LR]) for r in reports)
+    def accepted(self, state: MIFAState, reports: list[ClientReport]) -> MIFAState:
+        if self.params.gradient_units:
+            state.lr_history.extend(float(r.metrics[LR]) for r in reports)
+        return state
 
-    def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
-        table = self._table(x.size, [r.client_id for r in reports])
-        if self.gradient_units and reports:
-            lrs = [float(r.metrics[LR]) for r in reports]
-            self.last_lr = float(np.mean(lrs))
-        scales = [1.0 / float(r.metrics[LR]) for r in reports] if self.gradient_units else None
+    def step(self, state: MIFAState, table: ClientTable, ctx: RoundContext, reports: list[ClientReport]) -> Finished:
+        x, p = ctx.x, self.params
+        if p.gradient_units and reports:
+            state = replace(state, last_lr=float(np.mean([float(r.metrics[LR]) for r in reports])))
+        scales = [1.0 / float(r.metrics[LR]) for r in reports] if p.gradient_units else None
         table.set_rows([r.client_id for r in reports], [r.delta for r in reports], scales)
-        metrics = {"num-seen": table.num_seen}
-        if self.wait_for_all and not self.filled:
-            self.filled = table.num_seen == table.num_rows
-            if not self.filled:
+        metrics: dict[str, float] = {"num-seen": table.num_seen}
+        if p.wait_for_all and not state.filled:
+            state = replace(state, filled=table.num_seen == table.num_rows)
+            if not state.filled:
                 if not reports:
-                    return x, metrics
-                u = weighted_sum(self.weights(reports), (r.delta for r in reports))
-                return x + self.server_lr * u, metrics
+                    return Finished(x, state, metrics)
+                u = weighted_sum([ctx.weight(r) for r in reports], (r.delta for r in reports))
+                return Finished(x + ctx.server_lr * u, state, metrics)
         if table.num_seen == 0:
-            return x, metrics
+            return Finished(x, state, metrics)
         u = table.mean()
-        if self.gradient_units:
-            u = u * self.last_lr
-        return x + (self.server_lr * u).astype(np.float32), metrics
+        if p.gradient_units:
+            assert state.last_lr is not None
+            u = u * state.last_lr
+        return Finished(x + (ctx.server_lr * u).astype(np.float32), state, metrics)
+
+
+class MIFA(RuleStrategy):
+    """:class:`MIFARule` as a Flower Strategy (Gu et al., NeurIPS 2021, Alg. 1)."""
+
+    rule = MIFARule()
