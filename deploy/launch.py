@@ -156,7 +156,8 @@ def print_outcome(console: Console, dep: ProcessSite | MultiHostSite, out: Outco
 def launch_waits(args: argparse.Namespace, cpu_cap: float = 1.0) -> Waits:
     """The launch's waits: scaled to this host (deploy.waits), the ones given by flag as given."""
     return for_host(cpu_cap).override(superlink=args.superlink_timeout, register=args.register_timeout,
-                                      task_patience=args.task_patience)
+                                      task_patience=args.task_patience, submit=args.submit_timeout,
+                                      cli=args.cli_timeout)
 
 
 def off_arrivals_text(off: dict[int, list[int]]) -> str:

@@ -171,7 +171,7 @@ class ProcessSite(SiteLifetime):
         self._edge_relays()
         # the CLI carries the deployment's tag (close() sweeps a stray one), not a node's
         self.cli = FlwrCli(self.cli_home, f"127.0.0.1:{self.superlink_port}", env=self.spawner.env(None),
-                           cwd=self.work_dir, log=self.log)
+                           cwd=self.work_dir, log=self.log, waits=self.waits)
         self.log(f"SuperLink on 127.0.0.1:{self.superlink_port} (log {self.superlink.log})")
 
     def node_config(self, i: int) -> str:
