@@ -279,10 +279,12 @@ class ProcessSite(SiteLifetime):
     def unreachable(self) -> dict[int, str]:
         return {}  # one host: a node is reached or down, never cut off
 
-    def stop_node(self, i: int, mode: str = "term", timeout: float = 10.0) -> None:
+    def stop_node(self, i: int, mode: str = "term", timeout: float | None = None) -> None:
         """``term``: SIGTERM to the SuperNode (it deactivates; the SuperLink answers its pending
-        messages with NODE_UNAVAILABLE), then the rest of its tree; ``kill``: SIGKILL the tree
-        (a crash: the SuperLink notices only when the heartbeat expires)."""
+        messages with NODE_UNAVAILABLE), then the rest of its tree after at most ``timeout`` s
+        (default 10 s x the host's slowdown: a loaded host's graceful stop is not made a crash);
+        ``kill``: SIGKILL the tree (a crash: the SuperLink notices only when the heartbeat expires)."""
+        timeout = 10.0 * self.waits.host if timeout is None else timeout
         node = self.nodes[i]
         if node.proc is None:
             return
