@@ -65,7 +65,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, Message
 from flwr.clientapp.typing import ClientAppCallable
 
 from availability import Schedule, build_schedule
-from runconfig import AVAILABILITY_GATES, AvailabilityConfig, ConfigError, from_run_config
+from runconfig import AVAILABILITY_GATES, AvailabilityConfig, ConfigError, did_you_mean, from_run_config
 from strategies.protocol import (
     ADOPT,
     CLIENT_ID,
@@ -206,7 +206,8 @@ def declines(msg: Message, context: Context) -> bool:
     if gate == "server" or gate == "none" or rnd is None or msg.metadata.message_type == IDENTITY_QUERY:
         return False
     if gate not in AVAILABILITY_GATES:
-        raise ConfigError(f"run config 'availability-gate' = {gate!r}: expected one of {AVAILABILITY_GATES}")
+        raise ConfigError(f"run config 'availability-gate' = {gate!r}: expected one of {AVAILABILITY_GATES}"
+                          f"{did_you_mean(gate, AVAILABILITY_GATES)}")
     if any(r.get(IGNORE_AVAILABILITY, False) for r in msg.content.config_records.values()):
         return False
     client = client_id_of(context)

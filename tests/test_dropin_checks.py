@@ -68,6 +68,10 @@ def test_the_churn_line_gives_flchurns_rules_the_partition_id_and_leaves_flowers
     assert ours.content["metrics"]["client-id"] == 3  # fedau & co. key their state by the partition
     flowers = availability_mod(train_message({"server-round": 1}), context, train)  # Flower's FedAvg
     assert "client-id" not in flowers.content["metrics"]
+    gated = Context(run_id=1, node_id=7, node_config={"partition-id": 3}, state=RecordDict(),
+                    run_config={"availability-gate": "clinet"})
+    with pytest.raises(ValueError, match=r"'clinet': expected one of .* \(did you mean 'client'\?\)"):
+        availability_mod(train_message({"server-round": 1}), gated, train)
 
 
 def test_the_client_id_warning_points_to_the_churn_line_not_fedawes(caplog):
