@@ -13,8 +13,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from runconfig import AvailabilityConfig, WorkloadConfig, from_run_config
-from runconfig.extensions import Reference, accepted, keyword_defaults, resolve
+from runconfig import AvailabilityConfig, WorkloadConfig, did_you_mean, from_run_config
+from runconfig.extensions import Reference, accepted, entry_points, keyword_defaults, resolve
 
 from .base import Schedule, ScheduleError
 from .spec import Spec, SpecError, canonical_key, parse_params, parse_spec
@@ -55,7 +55,8 @@ def _reference(spec: str) -> Reference | None:
 
 
 def _unknown(name: str) -> ScheduleError:
-    return ScheduleError(f"unknown availability model '{name}'; known: {', '.join(sorted(SCHEDULES))}, "
+    hint = did_you_mean(name, [*SCHEDULES, *entry_points("availability")])
+    return ScheduleError(f"unknown availability model '{name}'{hint}; known: {', '.join(sorted(SCHEDULES))}, "
                          "or the user's 'module:attr' (docs/extending.md)")
 
 

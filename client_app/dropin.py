@@ -44,7 +44,8 @@ replies with the trained one in a single ArrayRecord (Flower's templates do)::
   c_i; a train function that did not call it gets an error reply that says so. The other rules'
   client rule is ``plain``: the train function runs as it is.
 - **A stable client id.** Train and evaluate replies that carry no ``client-id`` get the node's
-  ``partition-id`` (node config) as their ``client-id``, so rules that keep per-client state key
+  ``partition-id`` (node config) as their ``client-id`` (:func:`availability_mod` does the same, so
+  the churn lines alone give ``fedau`` & co. their ids), so rules that keep per-client state key
   it by the partition, which survives a SuperNode restart, rather than by Flower's node id.
 
 Messages from a strategy that is not flchurn's (no ``client-rule`` in their config, e.g. Flower's
@@ -64,7 +65,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, Message
 from flwr.clientapp.typing import ClientAppCallable
 
 from availability import Schedule, build_schedule
-from runconfig import AVAILABILITY_GATES, AvailabilityConfig, ConfigError, from_run_config
+from runconfig import AVAILABILITY_GATES, AvailabilityConfig, ConfigError, did_you_mean, from_run_config
 from strategies.protocol import (
     ADOPT,
     CLIENT_ID,
@@ -205,7 +206,8 @@ def declines(msg: Message, context: Context) -> bool:
     if gate == "server" or gate == "none" or rnd is None or msg.metadata.message_type == IDENTITY_QUERY:
         return False
     if gate not in AVAILABILITY_GATES:
-        raise ConfigError(f"run config 'availability-gate' = {gate!r}: expected one of {AVAILABILITY_GATES}")
+        raise ConfigError(f"run config 'availability-gate' = {gate!r}: expected one of {AVAILABILITY_GATES}"
+                          f"{did_you_mean(gate, AVAILABILITY_GATES)}")
     if any(r.get(IGNORE_AVAILABILITY, False) for r in msg.content.config_records.values()):
         return False
     client = client_id_of(context)
@@ -220,14 +222,22 @@ def declines(msg: Message, context: Context) -> bool:
 
 def availability_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
     """A Flower mod: answers the server's identity query itself (so a ``client_fn`` app, which
-    cannot register a query handler, needs only this mod) and, under the client gate, declines the
-    rounds in which this client is offline."""
+    cannot register a query handler, needs only this mod), under the client gate declines the
+    rounds in which this client is offline, and puts the node's ``partition-id`` as ``client-id``
+    in the train and evaluate replies to flchurn's rules (as :func:`client_rule_mod`): a rule with
+    per-client state (``fedau``, ``mifa``, ...) then keys it by the partition, which survives a
+    SuperNode's restart. Flower's own strategies' replies are left as they are."""
     if msg.metadata.message_type == IDENTITY_QUERY:
         return identity(msg, context)
     if declines(msg, context):
         return Message(Error(code=UNAVAILABLE, reason=f"client {client_id_of(context)} unavailable in round "
                                                       f"{server_round_of(msg.content)}"), reply_to=msg)
-    return call_next(msg, context)
+    ours = msg.metadata.message_type in (MessageType.TRAIN, MessageType.EVALUATE) and any(
+        CLIENT_RULE in record for record in msg.content.config_records.values())  # read before the handler pops
+    reply = call_next(msg, context)
+    if ours:  # a rule of flchurn's: its per-client state is keyed by the partition id, not the node id
+        _add_client_id(reply, context)
+    return reply
 
 
 assert ADOPT == f"{MessageType.TRAIN}.adopt"  # the handler is registered as app.train("adopt")

@@ -58,6 +58,16 @@ def app_config(app: Path) -> dict[str, Any]:
             from err
 
 
+def check_app_schedule(spec: str, num_nodes: int, seed: int, where: str) -> Schedule:
+    """The schedule the launcher and the app's wrapper will both build, built here first, before
+    any SuperLink or SuperNode starts: a DeployError naming ``where`` the spec came from, the
+    problem and the closest known model (``did you mean 'bernoulli'?``)."""
+    try:
+        return build_schedule(spec, num_nodes, seed)
+    except ValueError as err:  # ScheduleError, SpecError
+        raise DeployError(f"{where} = {spec!r}: {err}") from err
+
+
 def app_run(app: str | Path, overrides: Mapping[str, Any], num_nodes: int, availability: str, seed: int,
             work_dir: Path, bound: float = 30.0, signal: bool = True) -> AppRun:
     """The :class:`AppRun` of ``app`` with run-config ``overrides``: its rounds from

@@ -90,7 +90,7 @@ class AggregationChurn:
     def min_nodes(self) -> int:
         return len(self.on(self.start))
 
-    def prepare(self, timeout: float = 90.0) -> None:
+    def prepare(self, timeout: float | None = None) -> None:
         """The first aggregation's nodes up and registered, the others down (before ``flwr run``)."""
         first = self.on(self.start)
         for i in sorted(self.nodes.running_nodes() - first):

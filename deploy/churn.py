@@ -99,7 +99,7 @@ class ChurnDriver(Protocol):
         """The nodes up when the run starts (the run config's ``min-nodes``)."""
         ...
 
-    def prepare(self, timeout: float = 90.0) -> None:
+    def prepare(self, timeout: float | None = None) -> None:
         """Put the first round's nodes in place, registered, before ``flwr run``."""
 
     def on_event(self, event: Event) -> None:
@@ -212,7 +212,7 @@ class RoundChurn:
                 self.cut_off[r][c] = why  # a cause for its miss, if it misses
                 self.log(f"round {r}: client {c}'s reply may be lost: {why}")
 
-    def prepare(self, timeout: float = 90.0) -> None:
+    def prepare(self, timeout: float | None = None) -> None:
         """Stop the nodes that are off in the first round, start its nodes and wait until they are
         registered (before ``flwr run``)."""
         first = self.on(self.start_round)
@@ -349,7 +349,7 @@ class WallClockChurn:
             raise DeployError("the trace has nobody online at time 0; min-nodes cannot express that")
         return n
 
-    def prepare(self, timeout: float = 90.0) -> None:
+    def prepare(self, timeout: float | None = None) -> None:
         for i in sorted(self.on_at(0.0)):
             self.nodes.start_node(i)
         for i in sorted(self.on_at(0.0)):

@@ -52,6 +52,10 @@ def add_launch_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--task-patience", type=float, default=None,
                    help="seconds a ClientApp may take to start before its SuperNode revokes its task (a lost reply, "
                         "'401 task-token authentication failed'; Flower: 30 s; default 120 s x load per CPU / CPU cap)")
+    p.add_argument("--submit-timeout", type=float, default=None,
+                   help="seconds `flwr run` may take to submit the app (default 120 s x the host's load per CPU)")
+    p.add_argument("--cli-timeout", type=float, default=None,
+                   help="seconds any other flwr command (ls, stop, log) may take (default 60 s x load per CPU)")
     p.add_argument("--warm-workers", action=argparse.BooleanOptionalAction, default=True,
                    help="a node started early for its return also starts its client worker with the run's workload "
                         "built, so it is warm when its round starts (default; --no-warm-workers: at its first message)")

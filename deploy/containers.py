@@ -34,15 +34,16 @@ class DockerNodes:
         self.num_nodes = num_nodes
         self.container = container
         self.socket_path = socket_path
-        self.api = DockerAPI(f"unix://{socket_path}", timeout=30.0)
+        self.request_timeout = 30.0 * host_slowdown()  # a Docker Engine call on this (loaded) host
+        self.api = DockerAPI(f"unix://{socket_path}", timeout=self.request_timeout)
         self.log = log or print
         self.node_ids: dict[int, list[int]] = {i: [] for i in range(num_nodes)}
         self.incarnations = dict.fromkeys(range(num_nodes), 0)
         self.since = dict.fromkeys(range(num_nodes), 0)  # log lines from this time on are the incarnation's
         self.term_sent: set[int] = set()  # nodes sent SIGTERM by signal_node, not yet stopped
 
-    def _api(self, method: str, path: str, timeout: float = 30.0) -> tuple[int, bytes]:
-        return self.api.request(method, path, timeout=timeout)
+    def _api(self, method: str, path: str, timeout: float | None = None) -> tuple[int, bytes]:
+        return self.api.request(method, path, timeout=self.request_timeout if timeout is None else timeout)
 
     def _name(self, i: int) -> str:
         return self.container.format(i=i)
@@ -106,7 +107,7 @@ class DockerNodes:
         grace = timeout if timeout is not None else self._stop_grace(i) if mode == "term" else 0.0
         path = (f"/containers/{self._name(i)}/stop?t={int(grace)}" if mode == "term"
                 else f"/containers/{self._name(i)}/kill?signal=SIGKILL")
-        status, body = self._api("POST", path, timeout=grace + 60)
+        status, body = self._api("POST", path, timeout=grace + 2 * self.request_timeout)
         if status not in (204, 304, 409):
             raise DeployError(f"docker {mode} {self._name(i)}: {status} {body[:200]!r}")
         self.log(f"node {i}: stopped ({mode})")

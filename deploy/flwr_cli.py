@@ -7,12 +7,18 @@ With an ``address``, a connection named ``deploy`` (``[superlink.deploy]``) is w
 ``<home>/config.toml``: ``insecure = true``, or ``root-certificates = "<CA file>"`` for TLS.
 Without one, the commands name no connection: ``flwr run`` uses the app's default federation
 (the local simulation SuperLink). ``FLWR_HOME=<home>`` points the CLI at its home.
+
+Every command waits as long as the host needs (:class:`deploy.waits.Waits`: ``submit`` for ``flwr
+run``, ``cli`` for the others, both scaled with the load per CPU), prints a progress line every
+10 s while it lasts (``log``), and when it runs out ends in one error naming the wait and its flag
+(:func:`deploy.waits.ran_out`), never a ``TimeoutExpired`` traceback.
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
+import time
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
@@ -20,6 +26,7 @@ from typing import Any
 
 from .errors import DeployError
 from .procs import find_exe
+from .waits import CHECK_EVERY, FLAGS, Waits, for_host, ran_out
 
 CONNECTION = "deploy"
 FINISHED = "finished"
@@ -71,13 +78,14 @@ class FlwrCli:
     with its home in ``home``.
 
     ``env``: the environment of every ``flwr`` call (``FLWR_HOME`` is set to ``home``);
-    ``cwd``: where it runs.
+    ``cwd``: where it runs; ``waits``: how long its commands may take (default: scaled to this host now).
     """
 
     def __init__(self, home: str | Path, address: str | None, *, root_certificates: str | None = None,
                  env: Mapping[str, str] | None = None, cwd: str | Path | None = None,
-                 log: Any = None) -> None:
+                 log: Any = None, waits: Waits | None = None) -> None:
         self.home = Path(home)
+        self.waits = waits or for_host()
         self.address = address
         self.root_certificates = root_certificates
         self.env = {**(env or {}), "FLWR_HOME": str(self.home)}
@@ -100,20 +108,38 @@ class FlwrCli:
     def _argv(self, *args: str) -> list[str]:
         return [find_exe("flwr"), *args]
 
-    def __call__(self, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess:
-        return subprocess.run(self._argv(*args), env=self.env, cwd=self.cwd, capture_output=True, text=True,
-                              timeout=timeout, stdin=subprocess.DEVNULL)
+    def __call__(self, *args: str, timeout: float | None = None, wait: str = "cli") -> subprocess.CompletedProcess:
+        """``flwr *args``, waited for at most ``timeout`` s (default: the ``wait`` of :attr:`waits`,
+        ``cli`` or ``submit``), a progress line every 10 s; :func:`~deploy.waits.ran_out` (naming the
+        command and the wait's flag) when it runs out."""
+        limit = float(getattr(self.waits, wait) if timeout is None else timeout)
+        what = "`flwr run` submits the app" if args[:1] == ("run",) else f"`flwr {' '.join(args[:1])}` answers"
+        proc = subprocess.Popen(self._argv(*args), env=self.env, cwd=self.cwd, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+        t0 = time.monotonic()
+        while True:
+            left = limit - (time.monotonic() - t0)
+            try:
+                out, err = proc.communicate(timeout=max(0.01, min(CHECK_EVERY, left)))
+                return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+            except subprocess.TimeoutExpired:  # retrying communicate loses no output
+                took = time.monotonic() - t0
+                if took >= limit:
+                    proc.kill()
+                    proc.communicate()
+                    raise ran_out(what, limit, FLAGS[wait]) from None
+                self.log(f"waiting until {what} ({took:.0f} s of {limit:.0f} s)")
 
-    def submit(self, project: str | Path, run_config: Mapping[str, Any], timeout: float = 300.0,
+    def submit(self, project: str | Path, run_config: Mapping[str, Any], timeout: float | None = None,
                federation_config: str | None = None) -> int:
         """``flwr run`` (detached) with ``run_config`` written to a TOML file (and
         ``--federation-config``, e.g. a simulation's ``num-supernodes=4``); returns the run id, or
-        raises :class:`FlwrError`."""
+        raises :class:`FlwrError`; waits at most ``timeout`` s (default: :attr:`waits`' ``submit``)."""
         path = self.home / f"run-config-{uuid.uuid4().hex[:6]}.toml"
         path.write_text("".join(f"{k} = {toml_value(v)}\n" for k, v in run_config.items()))
         fed = ["--federation-config", federation_config] if federation_config else []
         res = self("run", str(project), *self.target, "--run-config", str(path), *fed, "--format", "json",
-                   timeout=timeout)
+                   timeout=timeout, wait="submit")
         doc = parse_json(res.stdout)
         if res.returncode != 0 or not doc.get("success", False) or "run-id" not in doc:
             raise FlwrError(f"flwr run did not start the run (exit {res.returncode}): "
@@ -124,7 +150,7 @@ class FlwrCli:
 
     def run_info(self, run_id: int) -> tuple[str, str]:
         """(status, status details) of the run, e.g. ``("finished:failed", "<the error>")``."""
-        res = self("ls", *self.target, "--run-id", str(run_id), "--format", "json", timeout=60)
+        res = self("ls", *self.target, "--run-id", str(run_id), "--format", "json")
         return run_entry(parse_json(res.stdout), run_id)
 
     def status(self, run_id: int) -> str:
@@ -145,10 +171,10 @@ class FlwrCli:
         return run_status(parse_json(out), run_id)
 
     def stop(self, run_id: int) -> None:
-        self("stop", str(run_id), *self.target, timeout=60)
+        self("stop", str(run_id), *self.target)
 
     def run_log(self, run_id: int) -> str:
-        res = self("log", str(run_id), *self.target, "--show", timeout=60)
+        res = self("log", str(run_id), *self.target, "--show")
         return res.stdout + res.stderr
 
     def stream_argv(self, run_id: int) -> list[str]:

@@ -156,7 +156,8 @@ def print_outcome(console: Console, dep: ProcessSite | MultiHostSite, out: Outco
 def launch_waits(args: argparse.Namespace, cpu_cap: float = 1.0) -> Waits:
     """The launch's waits: scaled to this host (deploy.waits), the ones given by flag as given."""
     return for_host(cpu_cap).override(superlink=args.superlink_timeout, register=args.register_timeout,
-                                      task_patience=args.task_patience)
+                                      task_patience=args.task_patience, submit=args.submit_timeout,
+                                      cli=args.cli_timeout)
 
 
 def off_arrivals_text(off: dict[int, list[int]]) -> str:
@@ -169,7 +170,7 @@ def off_arrivals_text(off: dict[int, list[int]]) -> str:
 
 def launch_app(args: argparse.Namespace, user: dict[str, Any], console: Console) -> int:
     """``--app PATH``: another Flower app on the same path (:mod:`deploy.app`); the exit status."""
-    from .app import app_config, app_run
+    from .app import app_config, app_run, check_app_schedule
 
     try:
         app = Path(args.app).resolve()
@@ -179,6 +180,9 @@ def launch_app(args: argparse.Namespace, user: dict[str, Any], console: Console)
             raise DeployError("--app: give the schedule with --availability SPEC (the app's run config has no "
                               "'availability' key)")
         seed = args.schedule_seed if args.schedule_seed is not None else int(config.get("schedule-seed", 0))
+        where = ("--availability" if args.availability else "--run-config 'availability'" if "availability" in user
+                 else f"{app / 'pyproject.toml'}: run config 'availability'")
+        check_app_schedule(str(spec), args.num_nodes, seed, where)  # before any process starts
         if args.wall_clock or args.resume_from or args.devices:
             raise DeployError("--app runs round churn only (no --wall-clock, --resume-from or --devices)")
         waits = launch_waits(args)

@@ -171,7 +171,7 @@ class ProcessSite(SiteLifetime):
         self._edge_relays()
         # the CLI carries the deployment's tag (close() sweeps a stray one), not a node's
         self.cli = FlwrCli(self.cli_home, f"127.0.0.1:{self.superlink_port}", env=self.spawner.env(None),
-                           cwd=self.work_dir, log=self.log)
+                           cwd=self.work_dir, log=self.log, waits=self.waits)
         self.log(f"SuperLink on 127.0.0.1:{self.superlink_port} (log {self.superlink.log})")
 
     def node_config(self, i: int) -> str:
@@ -279,10 +279,12 @@ class ProcessSite(SiteLifetime):
     def unreachable(self) -> dict[int, str]:
         return {}  # one host: a node is reached or down, never cut off
 
-    def stop_node(self, i: int, mode: str = "term", timeout: float = 10.0) -> None:
+    def stop_node(self, i: int, mode: str = "term", timeout: float | None = None) -> None:
         """``term``: SIGTERM to the SuperNode (it deactivates; the SuperLink answers its pending
-        messages with NODE_UNAVAILABLE), then the rest of its tree; ``kill``: SIGKILL the tree
-        (a crash: the SuperLink notices only when the heartbeat expires)."""
+        messages with NODE_UNAVAILABLE), then the rest of its tree after at most ``timeout`` s
+        (default 10 s x the host's slowdown: a loaded host's graceful stop is not made a crash);
+        ``kill``: SIGKILL the tree (a crash: the SuperLink notices only when the heartbeat expires)."""
+        timeout = 10.0 * self.waits.host if timeout is None else timeout
         node = self.nodes[i]
         if node.proc is None:
             return

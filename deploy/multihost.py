@@ -148,7 +148,7 @@ class MultiHostSite(SiteLifetime):
                  what=f"flower-superlink listens on {self.address}", flag="--superlink-timeout", see=link.log,
                  log=self.log, gone=lambda: None if link.alive else f"flower-superlink exited ({link.popen.returncode})")
         self.cli = FlwrCli(self.work_dir / "cli", self.address, root_certificates=str(ids.ca_cert),
-                           env=self.spawner.env(None), cwd=self.work_dir, log=self.log)
+                           env=self.spawner.env(None), cwd=self.work_dir, log=self.log, waits=self.waits)
         self.register_keys()
         if not self.threads:
             self.threads = [threading.Thread(target=self._watch_superlink, name="superlink-nodes", daemon=True)]

@@ -14,6 +14,11 @@ A node capped at a fraction of a CPU (edge device classes, ``cpus = 0.2``) is sl
 | a SuperNode registers | 60 s | host, the node's CPU cap | ``--register-timeout`` |
 | a ClientApp's first heartbeat (task patience) | 120 s | host, the slowest CPU cap | ``--task-patience`` |
 | a round's replies (run config ``round-timeout``, ``wait-for-nodes``) | the run config's | host, the slowest CPU cap | ``--run-config "round-timeout=..."`` (the compose churn service: ``--round-timeout``, ``ROUND_TIMEOUT``) |
+| ``flwr run`` submits the app (builds and uploads it; ~200 s at load 22-25 on 2 CPUs) | 120 s | host | ``--submit-timeout`` |
+| any other ``flwr`` command (``ls``, ``stop``, ``log``) | 60 s | host | ``--cli-timeout`` |
+
+Graces that end in a harder stop rather than an error (a SIGTERM before SIGKILL) scale with
+``Waits.host`` too.
 
 The task patience is the SuperNode's: Flower 1.42 revokes a claimed task's token when its
 ``flwr-clientapp`` has not sent its first heartbeat within 30 s (then 60 s between heartbeats),
@@ -36,7 +41,8 @@ PATIENCE_VAR = "FLCHURN_TASK_PATIENCE"  # seconds; read by deploy.tuning's Super
 FLOWER_TASK_PATIENCE = 30.0  # Flower 1.42: a claimed task's first heartbeat (HEARTBEAT_DEFAULT_INTERVAL)
 CHECK_EVERY = 10.0  # seconds between two progress lines of a wait
 T = TypeVar("T")
-FLAGS = {"superlink": "--superlink-timeout", "register": "--register-timeout", "task_patience": "--task-patience"}
+FLAGS = {"superlink": "--superlink-timeout", "register": "--register-timeout", "task_patience": "--task-patience",
+         "submit": "--submit-timeout", "cli": "--cli-timeout"}
 
 
 def host_cpus() -> float:
@@ -60,6 +66,9 @@ class Waits:
     register: float = 60.0
     task_patience: float = 120.0
     round_factor: float = 1.0  # the run config's round-timeout is multiplied by this
+    submit: float = 120.0  # flwr run: the app built, uploaded and stored by the SuperLink
+    cli: float = 60.0  # every other flwr command (ls, stop, log)
+    host: float = 1.0  # the host's slowdown these waits were scaled by (graces: base x host)
 
     def scaled(self, slowdown: float, cpu_cap: float = 1.0) -> Waits:
         """These waits on a host ``slowdown`` times slower than idle, for nodes capped at
@@ -68,7 +77,8 @@ class Waits:
             raise ValueError(f"slowdown must be >= 1 and cpu_cap > 0, not {slowdown}, {cpu_cap}")
         node = slowdown / min(1.0, cpu_cap)
         return Waits(superlink=self.superlink * slowdown, register=self.register * node,
-                     task_patience=self.task_patience * node, round_factor=self.round_factor * node)
+                     task_patience=self.task_patience * node, round_factor=self.round_factor * node,
+                     submit=self.submit * slowdown, cli=self.cli * slowdown, host=self.host * slowdown)
 
     def override(self, **given: float | None) -> Waits:
         """These waits with the ones the user gave (None: keep); each must be positive."""

@@ -20,6 +20,10 @@ What ``flwr run . --stream`` does not do, this does:
   for it as long as the machine needs, with a progress line every 10 s, up to
   ``--superlink-timeout`` (default 60 s x the host's load per CPU; ``flwr run`` gives it 15 s),
   with the task patience of :mod:`deploy.waits` (a slow ``flwr-simulation`` keeps its task);
+- submits the run the same way: ``flwr run`` (which builds and uploads the app: ~200 s at load 22-25
+  on 2 CPUs) may take up to ``--submit-timeout`` (default 120 s x the host's load per CPU), every
+  other ``flwr`` call up to ``--cli-timeout`` (60 s x load per CPU), each with a progress line every
+  10 s and, when it runs out, one paragraph naming the wait and its flag (exit 2);
 - finds Flower's executables beside this Python (the venv's ``bin``, first on the ``PATH`` of
   every Flower process), activated venv or not;
 - retries a run whose Ray did not start (Ray's own 30 s start-up wait ran out on a busy machine)
@@ -61,7 +65,7 @@ from deploy.flwr_cli import COMPLETED, FINISHED, FLOWER_ENV, FlwrCli, toml_value
 from deploy.procs import PortReservation, child_setup, find_exe, kill_pids, tagged_pids, venv_path
 from deploy.submission import parse_run_config
 from deploy.tuning import SUPERLINK
-from deploy.waits import CHECK_EVERY, for_host, host_slowdown
+from deploy.waits import CHECK_EVERY, Waits, for_host, host_slowdown
 from experiments.raycluster import (
     RAY_ADDRESS_VAR,
     ClusterError,
@@ -169,12 +173,12 @@ class FlowerRun:
     """``flwr`` commands (:class:`deploy.flwr_cli.FlwrCli`, the app's default federation) against
     one private local SuperLink (its own FLWR_HOME, reserved ports and tag), started here."""
 
-    def __init__(self, flwr_home: Path, ray_address: str = "local") -> None:
+    def __init__(self, flwr_home: Path, ray_address: str = "local", waits: Waits | None = None) -> None:
         self.flwr_home = flwr_home
         self.tag = uuid.uuid4().hex
         # held until the SuperLink stops: no other process can take them in between (deploy.procs)
         self.http, self.control = PortReservation(), PortReservation()
-        self.waits = for_host()
+        self.waits = waits or for_host()
         env = {**os.environ, **FLOWER_ENV, **self.waits.env(), TAG_VAR: self.tag,
                "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(self.http.port),
                "FLWR_LOCAL_CONTROL_API_PORT": str(self.control.port),
@@ -185,7 +189,8 @@ class FlowerRun:
         except DeployError:
             raise RunnerError(f"the flwr CLI is not installed beside {sys.executable}: pip install -e . "
                               "in this venv") from None
-        self.cli = FlwrCli(flwr_home, None, env=env, cwd=Path.cwd())
+        self.cli = FlwrCli(flwr_home, None, env=env, cwd=Path.cwd(), waits=self.waits,
+                           log=lambda line: print(line, flush=True))
 
     def healthy(self) -> bool:
         """What ``flwr run`` asks before it starts a local SuperLink of its own: is one serving?"""
@@ -227,7 +232,7 @@ class FlowerRun:
 
     def submit(self, run_config: Mapping[str, Any], federation_config: str) -> int:
         try:
-            return self.cli.submit(ROOT, run_config, timeout=120.0, federation_config=federation_config)
+            return self.cli.submit(ROOT, run_config, federation_config=federation_config)  # waits.submit
         except DeployError as err:
             raise RunnerError(str(err)) from None
 
@@ -256,14 +261,15 @@ class FlowerRun:
             watchdog.cancel()
             if proc.poll() is None:
                 proc.terminate()
-            proc.wait(timeout=10)
+            proc.wait(timeout=10.0 * self.waits.host)
         if expired.is_set():
             raise RunTimeout(f"run {run_id} not finished after {timeout:.0f} s: stopped")
         return "".join(lines)
 
-    def status(self, run_id: int, wait: float = 30.0) -> tuple[str, str]:
-        """(status, status details) once the run has finished, or the last seen after ``wait`` s."""
-        deadline = time.monotonic() + wait
+    def status(self, run_id: int, wait: float | None = None) -> tuple[str, str]:
+        """(status, status details) once the run has finished, or the last seen after ``wait`` s
+        (default: half the ``flwr`` command wait, 30 s x the host's load per CPU)."""
+        deadline = time.monotonic() + (self.waits.cli / 2 if wait is None else wait)
         while True:
             status, details = self.cli.run_info(run_id)
             if status.startswith(FINISHED) or time.monotonic() > deadline:
@@ -278,7 +284,7 @@ class FlowerRun:
             if not pids:
                 break
             kill_pids(pids, sig)
-            deadline = time.monotonic() + 5
+            deadline = time.monotonic() + 5.0 * self.waits.host
             while tagged_pids(self.tag, TAG_VAR) and time.monotonic() < deadline:
                 time.sleep(0.2)
         self.http.release()
@@ -302,6 +308,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=24 * 3600.0, help="stop the run after this many seconds")
     p.add_argument("--superlink-timeout", type=float, default=None,
                    help="seconds the local SuperLink may take to start (default 60 s x the host's load per CPU)")
+    p.add_argument("--submit-timeout", type=float, default=None,
+                   help="seconds `flwr run` may take to submit the app (default 120 s x the host's load per CPU)")
+    p.add_argument("--cli-timeout", type=float, default=None,
+                   help="seconds any other flwr command (ls, stop, log) may take (default 60 s x load per CPU)")
     args = p.parse_args(argv)
 
     try:
@@ -317,11 +327,11 @@ def main(argv: list[str] | None = None) -> int:
             nodes = check(run_config, args.num_supernodes)
         if args.num_cpus < 1:
             raise ConfigError(f"--num-cpus {args.num_cpus}: client-resources-num-cpus must be an integer >= 1")
-        if args.superlink_timeout is not None and not args.superlink_timeout > 0:
-            raise ConfigError(f"--superlink-timeout {args.superlink_timeout:g}: must be a positive number of seconds")
+        waits = for_host().override(superlink=args.superlink_timeout, submit=args.submit_timeout,
+                                    cli=args.cli_timeout)  # DeployError naming a flag that is not positive
         if args.ray_address:
             check_cluster(args.ray_address, run_config, args.num_cpus, args.num_gpus, host_slowdown())
-    except (ValueError, RunnerError, ClusterError) as err:  # ConfigError, SpecError, DatasetError, a TOML mistake
+    except (ValueError, RunnerError, ClusterError, DeployError) as err:  # ConfigError, SpecError, DatasetError, a TOML mistake
         print(f"error: {err}", file=sys.stderr)
         return 2
     if args.num_supernodes is None:
@@ -338,8 +348,8 @@ def main(argv: list[str] | None = None) -> int:
     home.mkdir(parents=True, exist_ok=True)
     flower = None
     try:
-        flower = FlowerRun(home, ray_address)
-        took = flower.start_superlink(args.superlink_timeout or flower.waits.superlink)
+        flower = FlowerRun(home, ray_address, waits)
+        took = flower.start_superlink(flower.waits.superlink)
         print(f"local SuperLink up in {took:.1f} s", flush=True)
         for attempt in (1, 2):
             run_id = flower.submit(run_config, federation)
@@ -355,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     except RunTimeout as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    except RunnerError as err:
+    except (RunnerError, DeployError) as err:  # DeployError: a flwr command's wait ran out (deploy.waits.ran_out)
         print(f"error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

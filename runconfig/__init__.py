@@ -12,6 +12,7 @@ from .fields import (
            check,
            closest,
            config_key,
+           did_you_mean,
            from_run_config,
            key_error,
            key_of,
@@ -21,5 +22,6 @@ from .sections import AVAILABILITY_GATES, AvailabilityConfig, WorkloadConfig
 from .stragglers import STRAGGLER_POLICIES, StragglerConfig
 
 __all__ = ["AVAILABILITY_GATES", "STRAGGLER_POLICIES", "AvailabilityConfig", "ConfigError", "StragglerConfig",
-           "WorkloadConfig", "as_run_config", "check", "closest", "config_key", "from_run_config", "key_error",
+           "WorkloadConfig", "as_run_config", "check", "closest", "config_key", "did_you_mean",
+           "from_run_config", "key_error",
            "key_of", "known_keys"]

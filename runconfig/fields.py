@@ -73,12 +73,20 @@ def closest(name: str, known: Iterable[str]) -> str | None:
     return found[0] if found else None
 
 
-def key_error(key: str, value: Any, err: Exception, known: Iterable[str] = ()) -> ConfigError:
-    """A ConfigError naming the run-config ``key`` whose ``value`` ``err`` is about, with the
-    closest of the ``known`` names when the value's name is none of them."""
+def did_you_mean(value: Any, known: Iterable[str]) -> str:
+    """`` (did you mean 'bernoulli'?)`` when the name of spec ``value`` (before its first ``:``) is
+    none of the ``known`` names but close to one; else ``""``. The one place a misspelt name of a
+    spec (schedule, strategy, model, ...) gets its suggestion: the run config's checks, the drop-in's
+    arguments and the registries' own errors all use it."""
     name = str(value).strip().partition(":")[0].strip().lower()
     near = closest(name, known) if name else None
-    hint = f" (did you mean '{near}'?)" if near else ""
+    return f" (did you mean '{near}'?)" if near else ""
+
+
+def key_error(key: str, value: Any, err: Exception, known: Iterable[str] = ()) -> ConfigError:
+    """A ConfigError naming the run-config ``key`` whose ``value`` ``err`` is about, with the
+    closest of the ``known`` names when the value's name is none of them (unless ``err`` has it)."""
+    hint = "" if "did you mean" in str(err) else did_you_mean(value, known)
     return ConfigError(f"run config '{key}' = {value!r}: {err}{hint}")
 
 

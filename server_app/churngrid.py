@@ -33,7 +33,6 @@ import json
 import logging
 import threading
 import time
-import weakref
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -44,12 +43,11 @@ from flwr.app import Message, MessageType
 from flwr.serverapp import Grid
 
 from availability import Schedule
+from runconfig import did_you_mean
 
+from .flowerlog import FlowerLogWatch
 from .identity import quoted_error
 from .messages import (
-    ROUND_STARTS,
-    RUN_ENDS,
-    SECURE_DONE,
     STAGES,
     TRAINING_STAGE,
     RoundUnknown,
@@ -60,6 +58,7 @@ from .messages import (
 )
 from .network import AvailabilityGrid
 from .results import PARTICIPATION, write_matrix
+from .securecheck import SecureMinimums
 from .sessionstages import SessionStages
 
 flwr_log = logging.getLogger("flwr")
@@ -70,30 +69,6 @@ LISTING_WARN = 30  # listings of one round, with no message sent, after which th
 
 class NoWorkDone(RuntimeError):
     """No client's update was applied in any round: the run must not end as a success."""
-
-
-class _FlowerLogWatch(logging.Handler):
-    """What Flower's loops say only on its logger: the round they start (``[ROUND r]`` of
-    ``DefaultWorkflow``, ``[ROUND r/R]`` of ``Strategy.start``: the clock then follows a round in
-    which the strategy sent nothing), SecAgg+'s outcome (``Secure aggregation completed.`` /
-    ``halted.``) and the end of their rounds (``[SUMMARY]``, ``Strategy execution finished``);
-    ``tests/test_churn_workflows.py`` and ``tests/test_no_work.py`` run them against the pinned Flower."""
-
-    def __init__(self, grid: ChurnGrid) -> None:
-        super().__init__(logging.DEBUG)
-        self.grid = weakref.ref(grid)
-
-    def emit(self, record: logging.LogRecord) -> None:
-        grid = self.grid()  # another thread's loop (a test before, a second app) is not this grid's
-        other = bool(grid and grid.senders and record.thread is not None and record.thread not in grid.senders)
-        if grid is None or not isinstance(record.msg, str) or other:  # thread None: logging.logThreads off
-            return
-        if record.msg in SECURE_DONE:
-            grid.secure_ended(SECURE_DONE[record.msg])  # may raise NoWorkDone: it ends the workflow
-        elif record.msg in ROUND_STARTS and isinstance(record.args, tuple) and record.args:
-            grid.announce(int(str(record.args[0])))  # may raise NoWorkDone too
-        elif record.msg in RUN_ENDS:
-            grid.finish()  # raises NoWorkDone when no round had a participant: the run ends failed
 
 
 class ChurnGrid(AvailabilityGrid):
@@ -113,7 +88,8 @@ class ChurnGrid(AvailabilityGrid):
         self.departures = departures if isinstance(departures, SessionStages) else dict(departures or {})  # (round, client) -> SecAgg+ stage gone by
         bad = {s for s in (self.departures.values() if isinstance(self.departures, dict) else []) if s not in STAGES}
         if bad:
-            raise ValueError(f"departures: stages must be among {STAGES} (SecAgg+'s), got {sorted(bad)}")
+            raise ValueError(f"departures: stages must be among {STAGES} (SecAgg+'s), got "
+                             + ", ".join(f"{s!r}{did_you_mean(s, STAGES)}" for s in sorted(bad)))
         self.lock = threading.RLock()  # Flower's legacy workflows list nodes from a thread of their own
         self.senders: set[int] = set()  # threads that sent through this grid: the loop's rounds come from them
         self.rounds: dict[int, dict[str, Any]] = {}  # round -> its record
@@ -130,10 +106,12 @@ class ChurnGrid(AvailabilityGrid):
             results_dir.mkdir(parents=True, exist_ok=True)
             (results_dir / ROUNDS).write_text("")
         self.announced = 0  # the round Flower's loop said it starts (its log line)
+        self.listed: int | None = None  # the nodes the last listing gave
+        self.secure = SecureMinimums(schedule)  # SecAgg+'s minimums as Flower shows them, checked once
         self.finished = self.used = False  # finish() has judged the run; a loop listed nodes through this grid
-        for old in [h for h in flwr_log.handlers if isinstance(h, _FlowerLogWatch)]:
+        for old in [h for h in flwr_log.handlers if isinstance(h, FlowerLogWatch)]:
             flwr_log.removeHandler(old)  # one wrapped grid per ServerApp: the latest follows Flower's loop
-        self.watch = _FlowerLogWatch(self)
+        self.watch = FlowerLogWatch(self)
         flwr_log.addHandler(self.watch)
 
     # ------------------------------------------------------------------ listing
@@ -150,12 +128,15 @@ class ChurnGrid(AvailabilityGrid):
                 if self.signalled < upcoming:
                     self.signalled = upcoming
                     self.deployed.wait_signal(upcoming)
-                return self.grid.get_node_ids()
+                nodes = list(self.grid.get_node_ids())
+                self.listed = len(nodes)
+                return nodes
             nodes = sorted(self.grid.get_node_ids())
             self.learn(nodes, upcoming)
             if self.gate != "server":
                 return nodes
             listed = self.online_nodes(nodes, upcoming)
+            self.listed = len(listed)
             self.listings[upcoming] += 1
             unknown = [n for n in nodes if n not in self.client_of_node]
             if unknown and self.listings[upcoming] == 1:
@@ -235,6 +216,7 @@ class ChurnGrid(AvailabilityGrid):
             if not messages:
                 return []
             self.date(messages)
+            self.secure.setup(messages)
             self.listings.clear()  # the loop moves on: no wait to explain
             stages = {id(m): stage_of(m) for m in messages}  # before delivery: secaggplus_mod pops it
             sent = time.time()
@@ -249,6 +231,7 @@ class ChurnGrid(AvailabilityGrid):
             messages = list(messages)
             self.senders.add(threading.get_ident())
             self.date(messages)
+            self.secure.setup(messages)
             keep = self.reachable(messages)
             for reply in map(unavailable_reply, self.withheld):
                 self.pending[reply.metadata.reply_to_message_id] = reply
@@ -332,12 +315,14 @@ class ChurnGrid(AvailabilityGrid):
             info = self.rounds[rnd]["secure"]
             info["status"] = "completed" if completed else "halted"
             if not completed and info.get("last-stage") is None:
-                self.rounds[rnd]["problems"].append("SecAgg+ halted before its first stage (fewer than 2 nodes "
-                                                    "to sample: see Flower's log above)")
+                self.rounds[rnd]["problems"].append(self.secure.reason(self.listed))
             elif not completed:
+                threshold = self.secure.seen.get("threshold")
                 self.rounds[rnd]["problems"].append(
                     f"SecAgg+ halted after its '{info.get('last-stage')}' stage (fewer than its reconstruction "
-                    f"threshold of clients answered: see Flower's log above)")
+                    f"threshold{'' if threshold is None else f' of {threshold}'} clients answered: see Flower's log "
+                    f"above)")
+            self.secure.notes = []
             self.close(rnd, completed)
 
     def finish(self) -> None:

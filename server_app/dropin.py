@@ -55,7 +55,7 @@ from flwr.serverapp import Grid
 
 from availability import Schedule, build_schedule
 from availability.base import ScheduleError
-from runconfig import AVAILABILITY_GATES
+from runconfig import AVAILABILITY_GATES, did_you_mean
 from virtualtime import VirtualClock
 
 from .churngrid import AVAILABILITY, ROUNDS, ChurnGrid, NoWorkDone
@@ -99,7 +99,7 @@ def with_availability(grid: Grid, availability: str | Schedule, *, num_clients: 
     """
     if gate not in ("server", "client"):
         raise ValueError(f"with_availability: gate must be 'server' or 'client' (of {AVAILABILITY_GATES}; "
-                         f"'none' means: do not wrap the grid), got {gate!r}")
+                         f"'none' means: do not wrap the grid), got {gate!r}{did_you_mean(gate, ('server', 'client'))}")
     if isinstance(availability, Schedule):
         if num_clients is not None and num_clients != availability.num_clients:
             raise ValueError(f"with_availability: num_clients={num_clients} but the schedule has "

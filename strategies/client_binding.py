@@ -82,7 +82,7 @@ class ClientBinding:
                 flwr_log.warning(
                     "%s: replies carry no 'client-id': per-client state is kept per node (node %d -> client "
                     "%d, ...), so a node that restarts with a new node id counts as a new client. Report "
-                    "'client-id' (client_app.dropin.client_rule_mod adds the partition id)", rule, node, row)
+                    "'client-id' (client_app.dropin.availability_mod adds the partition id)", rule, node, row)
         rows[node] = row
         return row
 

@@ -30,6 +30,7 @@ import numpy as np
 
 from availability.spec import SpecError, parse_spec
 from runconfig.extensions import ExtensionError, resolve
+from runconfig.fields import did_you_mean
 
 from .base import AvailabilityStrategy
 from .contract import Rule
@@ -127,7 +128,8 @@ def _rule_class(spec: str) -> tuple[type[AvailabilityStrategy], str, str, Rule |
     if ref is None:
         name = parse_spec(spec).name
         if name not in STRATEGIES:
-            raise ValueError(f"unknown strategy {name!r}; known: {sorted(STRATEGIES)}, or a rule of your "
+            raise ValueError(f"unknown strategy {name!r}{did_you_mean(name, STRATEGIES)}; known: {sorted(STRATEGIES)}, "
+                             "or a rule of your "
                              "own as 'module:Class[:key=value,...]' (docs/extending.md)")
         return STRATEGIES[name], name, spec, None
     cls = ref.obj

@@ -226,10 +226,10 @@ class FakeFlower:
     outcomes: list[tuple[str, str]] = []
     submitted = 0
 
-    def __init__(self, flwr_home, ray_address="local"):
+    def __init__(self, flwr_home, ray_address="local", waits=None):
         from deploy.waits import Waits
 
-        self.waits = Waits()
+        self.waits = waits or Waits()
 
     def start_superlink(self, timeout):
         return 0.5
@@ -278,3 +278,44 @@ def test_a_run_that_failed_for_another_reason_is_not_submitted_again(tmp_path, m
                          f"num-clients=2 num-server-rounds=1 results-dir='{tmp_path}'"])
     assert (code, FakeFlower.submitted) == (1, 1)
     assert capsys.readouterr().err.strip().splitlines()[-1] == "error: ValueError: the model diverged"
+
+
+def test_a_submission_slower_than_its_wait_says_so_in_progress_and_ends_in_one_paragraph_naming_the_flag(
+        tmp_path, monkeypatch, capsys):
+    """Issue 50: the wrapper's submission waited a fixed 120 s (about 200 s were needed at load 22-25)
+    and ended in a raw TimeoutExpired traceback. Here `flwr run` is a process that outlasts
+    --submit-timeout: progress lines while it runs, then exit 2 with one paragraph naming the wait
+    and the flag; the default waits scale with the host."""
+    import deploy.flwr_cli as flwr_cli
+    import experiments.run as wrapper
+
+    class SlowSubmit(wrapper.FlowerRun):
+        def start_superlink(self, timeout):
+            return 0.1
+
+        def stop_superlink(self):
+            self.http.release()
+            self.control.release()
+
+    def hang(self, *args):
+        return [sys.executable, "-c", "import time; time.sleep(60)"]
+
+    monkeypatch.setattr(flwr_cli, "CHECK_EVERY", 0.3)
+    monkeypatch.setattr(flwr_cli.FlwrCli, "_argv", hang)
+    monkeypatch.setattr(wrapper, "FlowerRun", SlowSubmit)
+    t0 = time.monotonic()
+    code = wrapper.main(["--skip-checks", "--flwr-home", str(tmp_path / "home"), "--submit-timeout", "1.5",
+                         "--run-config", f"num-clients=2 num-server-rounds=1 results-dir='{tmp_path}'"])
+    out = capsys.readouterr()
+    assert code == 2 and time.monotonic() - t0 < 20
+    assert "waiting until `flwr run` submits the app (0 s of 2 s)" in out.out or "(1 s of 2 s)" in out.out, out.out
+    assert "Traceback" not in out.err and "TimeoutExpired" not in out.err
+    (paragraph,) = out.err.strip().splitlines()
+    assert paragraph.startswith("error: gave up waiting until `flwr run` submits the app after 2 s")
+    assert "--submit-timeout SECONDS" in paragraph
+    busy = Waits().scaled(host_slowdown(load=44.0, cpus=2.0))  # load 22 per CPU
+    assert (busy.submit, busy.cli, busy.host) == (2640.0, 1320.0, 22.0)
+    (tmp_path / "cli").mkdir()
+    cli = flwr_cli.FlwrCli(tmp_path / "cli", None, waits=Waits(cli=0.5))
+    with pytest.raises(DeployError, match=r"until `flwr ls` answers after 0 s .*--cli-timeout SECONDS"):
+        cli.run_info(1)

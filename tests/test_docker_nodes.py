@@ -69,3 +69,8 @@ def test_a_node_not_signalled_before_gets_docker_stop_with_its_own_grace():
     assert posts(engine) == ["/containers/flchurn-supernode-0/stop?t=12"]  # stop_grace_period x the slowdown
     nodes.stop_node(0, "term", timeout=5)
     assert posts(engine)[-1] == "/containers/flchurn-supernode-0/stop?t=5"
+
+
+def test_a_docker_engine_call_waits_as_long_as_the_host_needs():
+    """30 s on an idle host, x the host's slowdown (3 here): a loaded daemon's answer is not a failure."""
+    assert DockerNodes(1, log=lambda _line: None).request_timeout == pytest.approx(90.0)

@@ -62,6 +62,10 @@ def test_the_secure_aggregation_example_completes_the_rounds_above_threshold_und
     participation = read_matrix(tmp_path / "out" / "participation.csv")
     assert (participation == np.array([schedule[0], np.zeros(N, bool), schedule[2]])).all()
     assert got[1]["secure"]["stages"]["setup"] == np.flatnonzero(schedule[0]).tolist()  # key exchange: online only
+    assert got[2]["problems"] == ["SecAgg+ halted before its first stage: the strategy sampled no node, 1 online "
+                                  "being fewer than the 2 it asks for (legacy FedAvg: max(online x fraction_fit, "
+                                  "min_fit_clients)); lower min_fit_clients to at most the clients online, not below "
+                                  "SecAgg+'s reconstruction threshold"]  # the real reason: 1 online < min_fit_clients
 
 
 def test_the_custom_mods_example_keeps_its_own_mod_and_realises_the_schedule(tmp_path, monkeypatch):

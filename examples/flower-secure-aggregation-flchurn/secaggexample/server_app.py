@@ -9,6 +9,7 @@ from flwr.server import Grid, LegacyContext, ServerApp, ServerConfig
 from flwr.server.strategy import FedAvg
 from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
 from server_app.dropin import with_availability
+from server_app.securecheck import check_secure
 
 from secaggexample.task import get_weights, make_net
 from secaggexample.workflow_with_log import SecAggPlusWorkflowWithLogs
@@ -45,8 +46,9 @@ def main(grid: Grid, context: Context) -> None:
         # Select all available clients
         fraction_fit=1.0,
         # flchurn: Flower waits, for ever, for min_available_clients connected nodes; under churn
-        # only the online ones are, as in a deployment: take whoever is online (0), and sample at
-        # least the 2 SecAgg+ needs (with fewer, the round is not started: recorded as halted)
+        # only the online ones are, as in a deployment: take whoever is online (0). A round needs
+        # min_fit_clients online (fewer: not started) AND SecAgg+'s reconstruction threshold (fewer:
+        # it halts): keep min_fit_clients = reconstruction-threshold (2 here), raise both together
         min_fit_clients=2,
         # Disable evaluation in demo
         fraction_evaluate=(0.0 if is_demo else context.run_config["fraction-evaluate"]),
@@ -81,6 +83,9 @@ def main(grid: Grid, context: Context) -> None:
             reconstruction_threshold=context.run_config["reconstruction-threshold"],
             max_weight=context.run_config["max-weight"],
         )
+
+    # flchurn: warns (naming both numbers and the schedule) when they ask for more clients than are online
+    check_secure(grid, strategy, fit_workflow, num_rounds=num_rounds)
 
     # Create the workflow
     workflow = DefaultWorkflow(fit_workflow=fit_workflow)
