@@ -24,6 +24,7 @@ ARROWS: dict[str, frozenset[str]] = {
     "workloads": frozenset({"runconfig", "availability.spec"}),
     "strategies": frozenset({"availability.spec", "runconfig"}),
     "virtualtime": frozenset({"runconfig"}),
+    "privacy": frozenset(),
     "client_app": frozenset({"flowerlink", "runconfig", "availability", "workloads", "strategies.protocol"}),
     "server_app": frozenset({"flowerlink", "runconfig", "availability", "workloads", "strategies", "virtualtime"}),
     "deploy": frozenset({"flowerlink", "runconfig", "availability", "workloads", "strategies.registry", "client_app", "server_app"}),
