@@ -3,5 +3,15 @@
 noise calibrated to the clients that really took part (:mod:`privacy.wrappers`). docs/privacy.md."""
 
 from .accountant import METHODS, ChurnAccountant, PrivacyConfigError, Spent
+from .wrappers import (
+    CALIBRATIONS,
+    ChurnNoise,
+    DifferentialPrivacyClientSideFixedClipping,
+    DifferentialPrivacyServerSideFixedClipping,
+    LegacyDifferentialPrivacyClientSideFixedClipping,
+    LegacyDifferentialPrivacyServerSideFixedClipping,
+)
 
-__all__ = ["METHODS", "ChurnAccountant", "PrivacyConfigError", "Spent"]
+__all__ = ["CALIBRATIONS", "METHODS", "ChurnAccountant", "ChurnNoise", "DifferentialPrivacyClientSideFixedClipping",
+           "DifferentialPrivacyServerSideFixedClipping", "LegacyDifferentialPrivacyClientSideFixedClipping",
+           "LegacyDifferentialPrivacyServerSideFixedClipping", "PrivacyConfigError", "Spent"]
