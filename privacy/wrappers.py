@@ -101,17 +101,25 @@ class ChurnNoise:
         return arrays
 
     def release(self, rnd: int, clients: Iterable[Any], noise_multiplier: float) -> Spent:
-        """Account the round (no clients: nothing released), log and record it."""
+        """Account the round (no clients: nothing released), log and record it. Rounds since the
+        last one recorded that released nothing (a halted SecAgg+ round: no aggregate) get their
+        line first."""
+        last = self.accountant.history[-1].round if self.accountant.history else 0
+        for skipped in range(last + 1, rnd):
+            self._record(self.accountant.compose(skipped, [], 0.0))
         spent = self.accountant.compose(rnd, list(clients), noise_multiplier)
         self.std = None
         FLOWER_LOGGER.info("privacy, round %d: %d of %d clients, z = %.4g, epsilon = %.4g (Poisson at q = %.3g; "
                            "worst client without amplification: %.4g) at delta = %g", rnd, spent.participants,
                            spent.population, spent.noise_multiplier, spent.epsilon, spent.sampling_rate,
                            spent.epsilon_worst_client, spent.delta)
+        self._record(spent)
+        return spent
+
+    def _record(self, spent: Spent) -> None:
         if self.path is not None:
             with self.path.open("a") as f:
                 f.write(json.dumps({**spent.record(), "calibration": self.calibration}) + "\n")
-        return spent
 
 
 def _weight(metrics: MetricRecord | None, key: str, node: int) -> float:

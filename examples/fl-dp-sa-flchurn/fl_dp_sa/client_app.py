@@ -1,6 +1,7 @@
 """fl_dp_sa: Flower Example using Differential Privacy and Secure Aggregation."""
 
 import torch
+from client_app.dropin import availability_mod
 from flwr.client import NumPyClient
 from flwr.client.mod import fixedclipping_mod, secaggplus_mod
 from flwr.clientapp import ClientApp
@@ -36,7 +37,8 @@ class FlowerClient(NumPyClient):
 def client_fn(context: Context):
     partition_id = context.node_config["partition-id"]
     trainloader, testloader = load_data(
-        partition_id=partition_id, num_partitions=context.node_config["num-partitions"]
+        partition_id=partition_id, num_partitions=context.node_config["num-partitions"],
+        data_dir=context.run_config["data-dir"], max_examples=context.run_config["max-examples"],
     )
     return FlowerClient(trainloader, testloader).to_client()
 
@@ -47,5 +49,6 @@ app = ClientApp(
     mods=[
         secaggplus_mod,
         fixedclipping_mod,
+        availability_mod,  # flchurn: answers "which client are you?" (a client_fn app needs no handler)
     ],
 )

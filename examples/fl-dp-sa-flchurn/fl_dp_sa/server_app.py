@@ -4,8 +4,10 @@ from typing import List, Tuple
 
 from flwr.common import Context, Metrics, ndarrays_to_parameters
 from flwr.server import Grid, LegacyContext, ServerApp, ServerConfig
-from flwr.server.strategy import DifferentialPrivacyClientSideFixedClipping, FedAvg
+from flwr.server.strategy import FedAvg
 from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
+from privacy import LegacyDifferentialPrivacyClientSideFixedClipping as DifferentialPrivacyClientSideFixedClipping
+from server_app.dropin import with_availability
 
 from fl_dp_sa.task import Net, get_weights
 
@@ -32,6 +34,9 @@ app = ServerApp()
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
+    # flchurn: offline clients are not connected (a client is its node's partition-id)
+    grid = with_availability(grid, context.run_config["availability"], num_clients=context.run_config["num-clients"],
+                             seed=context.run_config["schedule-seed"], results_dir=context.run_config["results-dir"])
 
     # Initialize global model
     model_weights = get_weights(Net())
@@ -46,6 +51,10 @@ def main(grid: Grid, context: Context) -> None:
         fraction_fit=fraction_fit,
         fraction_evaluate=0.0,
         min_fit_clients=min_fit_clients,
+        # flchurn: Flower waits, for ever, for min_available_clients (2) connected nodes; under churn only
+        # the online ones are: take whoever is online. min_fit_clients stays 4, the SecAgg+ reconstruction
+        # threshold: a round with fewer online is not started (recorded as halted)
+        min_available_clients=0,
         fit_metrics_aggregation_fn=weighted_average,
         initial_parameters=parameters,
     )
@@ -58,6 +67,10 @@ def main(grid: Grid, context: Context) -> None:
         noise_multiplier=noise_multiplier,
         clipping_norm=clipping_norm,
         num_sampled_clients=num_sampled_clients,
+        # flchurn: the noise for the clients that took part, and the (ε, δ) of every round
+        num_clients=context.run_config["num-clients"],
+        delta=context.run_config["dp-delta"],
+        results_dir=context.run_config["results-dir"],
     )
 
     # Construct the LegacyContext

@@ -1,12 +1,21 @@
-"""fl_dp_sa: Flower Example using Differential Privacy and Secure Aggregation."""
+"""fl_dp_sa: Flower Example using Differential Privacy and Secure Aggregation.
 
+Flower's fl-dp-sa task, offline: MNIST from the shared IDX files (the first ``max-examples``
+training images) instead of the Hugging Face hub; the model, transforms, training and test are
+Flower's.
+"""
+
+import gzip
 from collections import OrderedDict
+from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from flwr_datasets import FederatedDataset
+from datasets import Dataset
 from flwr_datasets.partitioner import IidPartitioner
+from PIL import Image
 from torch.utils.data import DataLoader
 from torchvision.transforms import Compose, Normalize, ToTensor
 
@@ -33,16 +42,41 @@ class Net(nn.Module):
         return self.fc3(x)
 
 
-def load_data(partition_id: int, num_partitions: int):
+MNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte")
+
+
+def _read_idx(path: Path) -> np.ndarray:
+    """An IDX file (gzipped or not) as a numpy array."""
+    raw = path.read_bytes()
+    if raw[:2] == b"\x1f\x8b":
+        raw = gzip.decompress(raw)
+    ndim = raw[3]
+    shape = [int.from_bytes(raw[4 + 4 * k:8 + 4 * k], "big") for k in range(ndim)]
+    return np.frombuffer(raw, np.uint8, offset=4 + 4 * ndim).reshape(shape)
+
+
+def mnist(data_dir: str, max_examples: int) -> Dataset:
+    """The first ``max_examples`` MNIST training images of the offline copy, as the hub's Dataset."""
+    root = Path(data_dir) if data_dir else Path(__file__).resolve().parents[3] / "shared" / "data"
+    found = []
+    for name in MNIST_FILES:
+        path = next((p for p in (root / "mnist" / f"{name}.gz", root / "mnist" / name) if p.is_file()), None)
+        if path is None:
+            raise FileNotFoundError(f"MNIST file {name}[.gz] not found in {root / 'mnist'}: set the run config key "
+                                    "data-dir to the folder that holds mnist/")
+        found.append(_read_idx(path)[:max_examples])
+    images, labels = found
+    return Dataset.from_dict({"image": [Image.fromarray(img) for img in images],
+                              "label": labels.astype(np.int64).tolist()})
+
+
+def load_data(partition_id: int, num_partitions: int, data_dir: str = "", max_examples: int = 60000):
     """Load partition MNIST data."""
 
     global fds
     if fds is None:
-        partitioner = IidPartitioner(num_partitions=num_partitions)
-        fds = FederatedDataset(
-            dataset="ylecun/mnist",
-            partitioners={"train": partitioner},
-        )
+        fds = IidPartitioner(num_partitions=num_partitions)
+        fds.dataset = mnist(data_dir, max_examples)
     partition = fds.load_partition(partition_id)
     # Divide data on each node: 80% train, 20% test
     partition_train_test = partition.train_test_split(test_size=0.2, seed=42)

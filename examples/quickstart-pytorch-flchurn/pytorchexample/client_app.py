@@ -1,6 +1,7 @@
 """pytorchexample: A Flower / PyTorch app."""
 
 import torch
+from client_app.dropin import availability_mod, identity
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
@@ -8,8 +9,9 @@ from pytorchexample.task import Net, load_data
 from pytorchexample.task import test as test_fn
 from pytorchexample.task import train as train_fn
 
-# Flower ClientApp
-app = ClientApp()
+# Flower ClientApp, with flchurn's churn lines: the mod and the identity query's handler
+app = ClientApp(mods=[availability_mod])
+app.query("identity")(identity)
 
 
 @app.train()
@@ -26,7 +28,8 @@ def train(msg: Message, context: Context):
     partition_id = context.node_config["partition-id"]
     num_partitions = context.node_config["num-partitions"]
     batch_size = context.run_config["batch-size"]
-    trainloader, _ = load_data(partition_id, num_partitions, batch_size)
+    trainloader, _ = load_data(partition_id, num_partitions, batch_size,
+                               context.run_config["data-dir"], context.run_config["max-examples"])
 
     # Call the training function
     train_loss = train_fn(
@@ -62,7 +65,8 @@ def evaluate(msg: Message, context: Context):
     partition_id = context.node_config["partition-id"]
     num_partitions = context.node_config["num-partitions"]
     batch_size = context.run_config["batch-size"]
-    _, valloader = load_data(partition_id, num_partitions, batch_size)
+    _, valloader = load_data(partition_id, num_partitions, batch_size,
+                             context.run_config["data-dir"], context.run_config["max-examples"])
 
     # Call the evaluation function
     eval_loss, eval_acc = test_fn(

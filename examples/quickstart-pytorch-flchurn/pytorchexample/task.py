@@ -1,11 +1,21 @@
-"""pytorchexample: A Flower / PyTorch app."""
+"""pytorchexample: A Flower / PyTorch app.
 
+Flower's template task (`flwr new`, quickstart-pytorch), offline: CIFAR-10 from the shared JPEG
+copy (the first ``max-examples`` training images, and as many test images over 5) instead of the
+Hugging Face hub; the model, transforms, training and test are Flower's.
+"""
+
+import io
+from pathlib import Path
+
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from datasets import load_dataset
-from flwr_datasets import FederatedDataset
+from datasets import Dataset, Features, Value
+from datasets import Image as ImageFeature
 from flwr_datasets.partitioner import IidPartitioner
+from PIL import Image
 from torch.utils.data import DataLoader
 from torchvision.transforms import Compose, Normalize, ToTensor
 
@@ -31,7 +41,24 @@ class Net(nn.Module):
         return self.fc3(x)
 
 
-fds = None  # Cache FederatedDataset
+fds = None  # Cache the partitioner
+CIFAR10 = Path("cifar10") / "cifar10-jpeg-q75.npz"  # offline copy: every image JPEG-encoded (quality 75)
+
+
+def cifar10(split: str, data_dir: str, max_examples: int) -> Dataset:
+    """The first ``max_examples`` images of a split of the offline CIFAR-10 copy, as the hub's Dataset."""
+    root = Path(data_dir) if data_dir else Path(__file__).resolve().parents[3] / "shared" / "data"
+    path = root / CIFAR10
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: set the run config key data-dir to the folder that holds "
+                                f"{CIFAR10}")
+    with np.load(path) as npz:
+        data, offsets, labels = npz[f"{split}_jpeg"], npz[f"{split}_offsets"], npz[f"{split}_labels"]
+        n = min(int(max_examples), len(labels))
+        images = [Image.open(io.BytesIO(data[offsets[i]:offsets[i + 1]].tobytes())).convert("RGB") for i in range(n)]
+    return Dataset.from_dict({"img": images, "label": labels[:n].astype(np.int64).tolist()},
+                             features=Features({"img": ImageFeature(), "label": Value("int64")}))
+
 
 pytorch_transforms = Compose([ToTensor(), Normalize((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))])
 
@@ -42,16 +69,14 @@ def apply_transforms(batch):
     return batch
 
 
-def load_data(partition_id: int, num_partitions: int, batch_size: int):
+def load_data(partition_id: int, num_partitions: int, batch_size: int, data_dir: str = "",
+              max_examples: int = 50000):
     """Load partition CIFAR10 data."""
-    # Only initialize `FederatedDataset` once
+    # Only initialize the partitioner once
     global fds
     if fds is None:
-        partitioner = IidPartitioner(num_partitions=num_partitions)
-        fds = FederatedDataset(
-            dataset="uoft-cs/cifar10",
-            partitioners={"train": partitioner},
-        )
+        fds = IidPartitioner(num_partitions=num_partitions)
+        fds.dataset = cifar10("train", data_dir, max_examples)
     partition = fds.load_partition(partition_id)
     # Divide data on each node: 80% train, 20% test
     partition_train_test = partition.train_test_split(test_size=0.2, seed=42)
@@ -64,10 +89,10 @@ def load_data(partition_id: int, num_partitions: int, batch_size: int):
     return trainloader, testloader
 
 
-def load_centralized_dataset():
+def load_centralized_dataset(data_dir: str = "", max_examples: int = 50000):
     """Load test set and return dataloader."""
-    # Load entire test set
-    test_dataset = load_dataset("uoft-cs/cifar10", split="test")
+    # Load the test set (the first max_examples / 5 images: 10000 of the full copy)
+    test_dataset = cifar10("test", data_dir, max_examples // 5)
     dataset = test_dataset.with_format("torch").with_transform(apply_transforms)
     return DataLoader(dataset, batch_size=128)
 
