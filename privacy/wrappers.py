@@ -13,6 +13,12 @@ only warns. The classes here take the same arguments plus the population and δ:
 - ``calibration="target"``: Flower's σ = z·C/n, kept; the round's effective multiplier σ/Δ_t is
   what is accounted (and stated).
 
+The round's aggregation step is this module's (Flower's wrappers' own ``aggregate_train`` /
+``aggregate_fit`` are replaced, not called): Flower's clipping function on each reply (server side),
+the inner strategy's aggregate, Flower's Gaussian at the planned σ. Flower's ``configure_*``,
+evaluation and ``summary`` are kept; Flower's ``accountant=`` argument is not taken (it refuses
+churn: docs/privacy.md).
+
 Every round is composed by :class:`privacy.accountant.ChurnAccountant` at q_t = m_t/N; its
 figures join the round's metrics (``dp-epsilon``, ``dp-epsilon-worst-client``, ...), Flower's
 log, and, with ``results_dir``, one line of ``privacy.jsonl``. A reply that carries an error, and
@@ -30,6 +36,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from flwr.app import Array, ArrayRecord, Message, MetricRecord
 from flwr.common import FitRes, Parameters, Scalar, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.common.logger import FLOWER_LOGGER
@@ -130,9 +137,24 @@ def _weight(metrics: MetricRecord | None, key: str, node: int) -> float:
     return float(value)
 
 
-def _message_round(wrapper: Any, aggregate: Any, rnd: int, replies: Iterable[Message]
+def clip_update(update: list[Any], reference: list[Any], clipping_norm: float) -> None:
+    """Flower's fixed clipping of ``update - reference`` in place (a zero update is within any norm:
+    Flower's own step divides by its norm)."""
+    if any(np.any(u != r) for u, r in zip(update, reference, strict=True)):
+        compute_clip_model_update(update, reference, clipping_norm)
+
+
+def _warn_target(wrapper: Any, rnd: int, took_part: int, z: float) -> None:
+    if wrapper.churn.calibration == "target" and took_part and took_part != wrapper.num_sampled_clients:
+        FLOWER_LOGGER.warning("privacy, round %d: %d clients took part, the noise is for %d (calibration "
+                              "'target'): the round's noise multiplier is %.4g (accounted)", rnd, took_part,
+                              wrapper.num_sampled_clients, z)
+
+
+def _message_round(wrapper: Any, rnd: int, replies: Iterable[Message], clip: bool
                    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-    """Message API: drop error replies, plan σ, aggregate through Flower, account."""
+    """Message API, Flower's wrapper's round with the planned σ: error replies left out, the
+    updates clipped (server side), the inner strategy's aggregate, the noise, the account."""
     replies = list(replies)
     took_part = [r for r in replies if not r.has_error()]
     if len(took_part) < len(replies):
@@ -142,30 +164,25 @@ def _message_round(wrapper: Any, aggregate: Any, rnd: int, replies: Iterable[Mes
     weights = [_weight(next(iter(r.content.metric_records.values()), None), key, r.metadata.src_node_id)
                for r in took_part]
     z = wrapper.churn.plan(wrapper.noise_multiplier, wrapper.clipping_norm, wrapper.num_sampled_clients, weights)
-    configured = wrapper.num_sampled_clients
-    if wrapper.churn.calibration == "realised" and took_part:
-        wrapper.num_sampled_clients = len(took_part)  # Flower's reply-count warning: the noise is for these
-    try:
-        arrays, metrics = aggregate(rnd, took_part) if took_part else (None, None)
-    finally:
-        wrapper.num_sampled_clients = configured
-    released = arrays is not None
-    spent = wrapper.churn.release(rnd, [r.metadata.src_node_id for r in took_part] if released else [], z)
+    _warn_target(wrapper, rnd, len(took_part), z)
+    if clip and took_part:
+        reference = wrapper.current_arrays.to_numpy_ndarrays()
+        for reply in took_part:
+            for name, record in reply.content.array_records.items():
+                update = record.to_numpy_ndarrays()
+                clip_update(update, reference, wrapper.clipping_norm)
+                reply.content[name] = ArrayRecord({k: Array(np.asarray(v)) for k, v in zip(record.keys(), update,
+                                                                                           strict=True)})
+    arrays, metrics = wrapper.strategy.aggregate_train(rnd, took_part) if took_part else (None, None)
+    if arrays is not None:
+        noised = wrapper.churn.noised(arrays.to_numpy_ndarrays())
+        arrays = ArrayRecord({k: Array(np.asarray(v)) for k, v in zip(arrays.keys(), noised, strict=True)})
+    spent = wrapper.churn.release(rnd, [r.metadata.src_node_id for r in took_part] if arrays is not None else [], z)
     metrics = MetricRecord({**(dict(metrics) if metrics is not None else {}), **spent.metrics()})
     return arrays, metrics
 
 
-class _MessageNoise:
-    """The noise step both Message-API wrappers share: the planned σ instead of z·C/n."""
-
-    churn: ChurnNoise
-
-    def _add_noise_to_aggregated_arrays(self, aggregated_arrays: ArrayRecord) -> ArrayRecord:
-        noised = self.churn.noised(aggregated_arrays.to_numpy_ndarrays())
-        return ArrayRecord({k: Array(v) for k, v in zip(aggregated_arrays.keys(), noised, strict=True)})
-
-
-class DifferentialPrivacyServerSideFixedClipping(_MessageNoise, FlowerServerSide):
+class DifferentialPrivacyServerSideFixedClipping(FlowerServerSide):
     """Flower's server-side fixed clipping (Message API) under churn; see the module docstring.
 
     Example::
@@ -184,10 +201,10 @@ class DifferentialPrivacyServerSideFixedClipping(_MessageNoise, FlowerServerSide
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        return _message_round(self, super().aggregate_train, server_round, replies)
+        return _message_round(self, server_round, replies, clip=True)
 
 
-class DifferentialPrivacyClientSideFixedClipping(_MessageNoise, FlowerClientSide):
+class DifferentialPrivacyClientSideFixedClipping(FlowerClientSide):
     """Flower's client-side fixed clipping (Message API: clients add ``fixedclipping_mod``) under
     churn; the arguments of :class:`DifferentialPrivacyServerSideFixedClipping`."""
 
@@ -200,7 +217,7 @@ class DifferentialPrivacyClientSideFixedClipping(_MessageNoise, FlowerClientSide
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        return _message_round(self, super().aggregate_train, server_round, replies)
+        return _message_round(self, server_round, replies, clip=False)
 
 
 def _legacy_round(wrapper: Any, rnd: int, results: list[tuple[ClientProxy, FitRes]],
@@ -211,6 +228,7 @@ def _legacy_round(wrapper: Any, rnd: int, results: list[tuple[ClientProxy, FitRe
                            rnd, len(failures))
     z = wrapper.churn.plan(wrapper.noise_multiplier, wrapper.clipping_norm, wrapper.num_sampled_clients,
                            [float(res.num_examples) for _, res in results])
+    _warn_target(wrapper, rnd, len(results), z)
     params, metrics = wrapper.strategy.aggregate_fit(rnd, results, []) if results else (None, {})
     if params is not None:
         params = ndarrays_to_parameters(wrapper.churn.noised(parameters_to_ndarrays(params)))
@@ -249,6 +267,6 @@ class LegacyDifferentialPrivacyServerSideFixedClipping(LegacyServerSide):
                       failures: list[Any]) -> tuple[Parameters | None, dict[str, Scalar]]:
         for _, res in results:  # Flower's server-side clipping step, on the clients that took part
             update = parameters_to_ndarrays(res.parameters)
-            compute_clip_model_update(update, self.current_round_params, self.clipping_norm)
+            clip_update(update, self.current_round_params, self.clipping_norm)
             res.parameters = ndarrays_to_parameters(update)
         return _legacy_round(self, server_round, results, failures)

@@ -102,6 +102,17 @@ def test_error_replies_are_clients_that_did_not_take_part():
     assert arrays is not None and metrics["dp-participants"] == 2
 
 
+def test_a_zero_update_is_within_the_clipping_norm():
+    """Flower's clipping divides by the update's norm (ZeroDivisionError on a client that did not
+    move); here such a reply is aggregated."""
+    wrapper = DifferentialPrivacyServerSideFixedClipping(FedAvg(), Z, C, 2, num_clients=5, delta=DELTA)
+    wrapper.current_arrays = zeros(3)
+    same = [Message(RecordDict({"arrays": zeros(3), "metrics": MetricRecord({"num-examples": 4})}),
+                    reply_to=sent_to(n, 1)) for n in (1, 2)]
+    arrays, metrics = wrapper.aggregate_train(1, same)
+    assert arrays is not None and metrics["dp-participants"] == 2
+
+
 def test_a_reply_without_its_weight_is_refused_with_the_key():
     wrapper = DifferentialPrivacyServerSideFixedClipping(FedAvg(), Z, C, 3, num_clients=5, delta=DELTA)
     bad = Message(RecordDict({"arrays": zeros(3), "metrics": MetricRecord({})}),
