@@ -59,3 +59,27 @@ def test_settings_the_accountant_cannot_stand_behind_are_refused(over, match, tm
 
 def test_the_run_configs_accountants_are_the_accountants():
     assert ACCOUNTANTS == METHODS
+
+
+def test_the_report_states_the_epsilon_each_cell_ended_with(tmp_path):
+    """Two cells of one study, with and without churn: the report's privacy table has each cell's
+    last-round ε, worst-client ε and δ, as their metrics.jsonl have them."""
+    from experiments.report import write_report
+    from experiments.study import Sweep
+
+    sweep = Sweep(name="dp", base=SMALL, axes={"dynamics": {"always": {"availability": "always"},
+                                                             "churn": {"availability": "bernoulli:p=0.5"}},
+                                               "rule": {"fedavg-active": {}}}, seeds=(0,), notes="DP under churn.")
+    results = tmp_path / "results"
+    for dynamics, over in sweep.axes["dynamics"].items():
+        run_inprocess({**SMALL, **over, "eval-every": 1, "results-dir": str(results),
+                       "run-name": f"{dynamics}__fedavg-active__s0"})
+    md = write_report(sweep, results, tmp_path / "report").read_text()
+    for dynamics in ("always", "churn"):
+        last = read_metrics(results / f"{dynamics}__fedavg-active__s0")[-1]
+        row = next(line for line in md.splitlines() if line.startswith(f"| {dynamics} / fedavg-active | "))
+        cells = [c.strip() for c in row.split("|")[1:-1]]
+        assert cells[2:6] == ["1.5", f"{last['dp-epsilon']:.2f}", f"{last['dp-epsilon-worst-client']:.2f}", "0.0001"]
+    always = read_metrics(results / "always__fedavg-active__s0")[-1]
+    churn = read_metrics(results / "churn__fedavg-active__s0")[-1]
+    assert churn["dp-epsilon"] < always["dp-epsilon"]  # fewer clients a round: amplified, and fewer rounds each
