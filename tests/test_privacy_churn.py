@@ -5,12 +5,25 @@ own ``start``, ``with_availability``) that records (ε, δ) per round."""
 import json
 import math
 import uuid
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Error,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
 from flwr.clientapp import ClientApp
+from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.server.strategy import FedAvg as LegacyFedAvg
 from flwr.serverapp.strategy import FedAvg, Strategy
 from flwr.supercore.run import Run
 
@@ -21,6 +34,8 @@ from privacy import (
     ChurnAccountant,
     DifferentialPrivacyClientSideFixedClipping,
     DifferentialPrivacyServerSideFixedClipping,
+    LegacyDifferentialPrivacyClientSideFixedClipping,
+    LegacyDifferentialPrivacyServerSideFixedClipping,
     PrivacyConfigError,
 )
 from server_app.dropin import with_availability
@@ -96,7 +111,6 @@ def test_error_replies_are_clients_that_did_not_take_part():
     """Flower's wrapper skips a round with any error reply; here the error is left out."""
     wrapper = DifferentialPrivacyServerSideFixedClipping(FedAvg(), Z, C, 3, num_clients=5, delta=DELTA)
     wrapper.current_arrays = zeros()
-    from flwr.app import Error
     got = [*replies(1, [1, 2]), Message(Error(code=1000, reason="unavailable"), reply_to=sent_to(3, 1))]
     arrays, metrics = wrapper.aggregate_train(1, got)
     assert arrays is not None and metrics["dp-participants"] == 2
@@ -180,3 +194,24 @@ def test_a_simulated_run_under_churn_records_epsilon_per_round(inner, tmp_path):
     assert all(x["noise_multiplier"] == Z for x in lines if x["participants"])
     train = result.train_metrics_clientapp
     assert [train[r]["dp-epsilon"] for r in sorted(train)] == pytest.approx([x["epsilon"] for x in lines if math.isfinite(x["epsilon"])])
+
+
+@pytest.mark.parametrize("side", ["client", "server"])
+def test_the_legacy_wrappers_noise_for_who_took_part_and_leave_failures_out(side):
+    """Flower's legacy API (fl-dp-sa's): 3 results and a failure, Flower's FedAvg inside: the noise is
+    z·C/3 (not Flower's z·C/10), the failure does not stop the round, and server-side clipping bounds
+    each update to C (an update of norm 10·C comes back at C: the mean moves by C/3 at most)."""
+    cls = {"client": LegacyDifferentialPrivacyClientSideFixedClipping,
+           "server": LegacyDifferentialPrivacyServerSideFixedClipping}[side]
+    wrapper = cls(LegacyFedAvg(), Z, C, 10, num_clients=20, delta=DELTA)
+    wrapper.current_round_params = [np.zeros(D, np.float32)]
+    big = np.zeros(D, np.float32)
+    big[0] = 10 * C  # one coordinate, far outside the norm
+    results = [(SimpleNamespace(node_id=n), FitRes(Status(Code.OK, ""), ndarrays_to_parameters([big]), 10, {}))
+               for n in (1, 2, 3)]
+    params, metrics = wrapper.aggregate_fit(1, results, [RuntimeError("dropped out")])
+    (w,) = parameters_to_ndarrays(params)
+    assert metrics["dp-participants"] == 3 and metrics["dp-noise-multiplier"] == pytest.approx(Z)
+    assert np.delete(w, 0).std() == pytest.approx(Z * C / 3, rel=0.02)
+    if side == "server":
+        assert abs(w[0] - C) < 5 * Z * C / 3  # clipped to C, plus the noise
