@@ -5,11 +5,12 @@ ClientApp on an in-process grid (Flower's messages without Ray), offline data, 6
 
 import json
 import re
+import shutil
 
 import numpy as np
 import pytest
 import torch
-from conftest import DATA_DIR
+from conftest import DATA_DIR, ROOT, extra_deploy
 from flwr.app import Context, RecordDict
 from flwr.supercore.run import Run
 from test_churn_workflows import SerialisingGrid
@@ -80,3 +81,25 @@ def test_the_flwr_new_template_realises_the_schedule(strategy, tmp_path, monkeyp
     initial = server.Net().state_dict()
     final = torch.load(tmp_path / "final_model.pt")
     assert any(not torch.equal(initial[k], final[k]) for k in initial)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("flwr") is None, reason="the flwr CLI is not on PATH")
+@pytest.mark.skipif(not (DATA_DIR / "mnist").is_dir(), reason="no offline MNIST")
+@extra_deploy("fl-dp-sa again under flwr run and Ray (minutes)", "test_fl_dp_sa_adds_noise_for_who_took_part_"
+              "and_records_epsilon_per_round, in process")
+def test_fl_dp_sa_under_flwr_run(tmp_path_factory, tmp_path):
+    """The same example with the real `flwr run` (Ray simulation, a SuperLink of its own): the
+    same rounds complete and halt, and privacy.jsonl records the three rounds."""
+    from flower_link import flwr_run, local_superlink
+
+    config = (f"data-dir='{DATA_DIR}' max-examples=300 num-clients={N} availability='{SPEC}' "
+              f"schedule-seed={SEED} results-dir='{tmp_path / 'out'}'")
+    with local_superlink(tmp_path_factory.mktemp("flwr-home")) as env:
+        log, status = flwr_run(ROOT / "examples" / "fl-dp-sa-flchurn", env, tmp_path, config, num_supernodes=N,
+                               timeout=900)
+    assert status == "finished:completed", log[-3000:]
+    got = rows(tmp_path / "out")
+    assert [got[r]["secure"]["status"] for r in (1, 2, 3)] == ["completed", "halted", "completed"], log[-3000:]
+    lines = [json.loads(x) for x in (tmp_path / "out" / "privacy.jsonl").read_text().splitlines()]
+    assert [x["participants"] for x in lines] == [4, 0, 4]
