@@ -69,7 +69,7 @@ def render(sweep: Sweep, s: dict[str, Any], curves_name: str, extra: list[str]) 
         legend += (" A row marked [x̄] scores the mean of all clients' copies (`" + s["metric"] + XBAR + "`), the "
                    "model FedAWE's official code scores; the row above it scores the global model x^t. Where a "
                    "rule has an [x̄] row, the paper's number stands beside it.")
-    lines += ["", legend, "", f"![curves]({curves_name})", "", *render_seeds(s), *render_verdicts(s), *extra,
+    lines += ["", legend, "", f"![curves]({curves_name})", "", *render_seeds(s), *render_verdicts(s), *render_privacy(s), *extra,
               "## What the numbers show", ""]
     better = "higher" if s["higher-is-better"] else "lower"
     for name, col in s["columns"].items():
@@ -111,6 +111,21 @@ def render_seeds(s: dict[str, Any]) -> list[str]:
             ci = "–" if e["ci95"] is None else f"[{e['ci95'][0]:.{d}f}, {e['ci95'][1]:.{d}f}]"
             lines.append(f"| {name} | {e['label']} | " + " | ".join(values) + f" | {e['mean']:.{d}f} | {ci} |")
     return [*lines, ""]
+
+
+def render_privacy(s: dict[str, Any]) -> list[str]:
+    """The (ε, δ) each cell's DP runs ended with (run config dp-*, docs/privacy.md)."""
+    if not s.get("privacy"):
+        return []
+    lines = ["## Privacy", "", "| cell | participants per round | noise multiplier | ε (Poisson at q_t = m_t/N) | "
+             "ε, worst client (no amplification) | δ | rounds | seeds |", "|---|---|---|---|---|---|---|---|"]
+    for cell, p in s["privacy"].items():
+        lines.append(f"| {cell} | {p['participants-per-round']:.1f} | {p['dp-noise-multiplier']:g} | "
+                     f"{p['dp-epsilon']:.2f} | {p['dp-epsilon-worst-client']:.2f} | {p['dp-delta']:g} | "
+                     f"{', '.join(map(str, p['rounds']))} | {p['seeds']} |")
+    return [*lines, "", "ε after the last round, mean over seeds. The first assumes each client's presence in a "
+            "round is an independent draw at the realised rate, which churn does not guarantee; the second holds "
+            "whatever decided participation, if not the clients' data (docs/privacy.md).", ""]
 
 
 def render_verdicts(s: dict[str, Any]) -> list[str]:

@@ -145,6 +145,24 @@ def columns_of(sweep: Sweep) -> list[tuple[str, ...]]:
     return out
 
 
+DP_FIGURES = ("dp-epsilon", "dp-epsilon-worst-client", "dp-delta")
+
+
+def privacy_of(found: dict[tuple[str, ...], dict[int, Path]]) -> dict[str, dict[str, Any]]:
+    """Cell label -> the (ε, δ) its DP runs ended with (their last row's ``dp-*`` figures, the mean
+    over seeds; runs without DP are left out) and the mean participants per round."""
+    out: dict[str, dict[str, Any]] = {}
+    for labels, runs in found.items():
+        ended = [rows for rows in map(read_metrics, runs.values()) if rows and "dp-epsilon" in rows[-1]]
+        if ended:
+            out[" / ".join(labels)] = {
+                **{k: float(np.mean([rows[-1][k] for rows in ended])) for k in DP_FIGURES},
+                "dp-noise-multiplier": max(r.get("dp-noise-multiplier", 0.0) for rows in ended for r in rows),
+                "participants-per-round": float(np.mean([len(r["participants"]) for rows in ended for r in rows])),
+                "rounds": sorted({rows[-1]["round"] for rows in ended}), "seeds": len(ended)}
+    return out
+
+
 def summarise(sweep: Sweep, results: Path, metric: str = "test-accuracy", window: Window = Window()) -> dict[str, Any]:
     """Everything the report states, computed from the results folder (JSON-serialisable)."""
     higher = "accuracy" in metric
@@ -190,6 +208,7 @@ def summarise(sweep: Sweep, results: Path, metric: str = "test-accuracy", window
         "columns": columns, "setup": constant,
         "setup-varying": {k: sorted({str(c.get(k)) for c in configs}) for k in varying},
         "differs-from-paper": paper_setup,
+        "privacy": privacy_of(found),
     }
 
 

@@ -25,6 +25,9 @@ from strategies.weighting import WEIGHTINGS
 
 #: the run config's ``engine`` (in-process runs; see experiments.cohort_grid)
 ENGINES = ("per-client", "cohort", "auto")
+#: the run config's ``dp-accountant``: privacy.accountant.METHODS, named here so that checking the run
+#: config imports no dp-accounting (tests/test_privacy_serverapp.py holds them equal)
+ACCOUNTANTS = ("rdp", "pld")
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,10 @@ class ServerConfig:
     virtual_deadline: float = 0.0  # with devices: virtual seconds a training round waits (0: no deadline)
     min_replies: int = 0  # with devices: a round closes at its k-th arrival (0: waits for all)
     reference_step_ms: float = 0.0  # with devices: ms per local step of the reference device (0: unknown)
+    dp_noise_multiplier: float = 0.0  # central DP (docs/privacy.md): z of the Gaussian noise (0: off)
+    dp_clipping_norm: float = 0.0  # with DP: C, each update clipped to this norm
+    dp_delta: float = 0.0  # with DP: delta of the reported epsilon (0: 1/N^2)
+    dp_accountant: str = "rdp"  # with DP: "rdp" or "pld" (dp-accounting)
 
     def validate(self) -> ServerConfig:
         check(self.num_server_rounds >= 1, "num-server-rounds", self.num_server_rounds, ">= 1")
@@ -78,6 +85,12 @@ class ServerConfig:
                            ("reference-step-ms", self.reference_step_ms)):
             check(not value or bool(self.devices), key, value,
                   "0 without devices (it times rounds on the virtual clock: set devices=<devices file>)")
+        check(self.dp_noise_multiplier >= 0, "dp-noise-multiplier", self.dp_noise_multiplier, ">= 0 (0: no DP)")
+        dp = self.dp_noise_multiplier > 0
+        check(not dp or self.dp_clipping_norm > 0, "dp-clipping-norm", self.dp_clipping_norm,
+              "> 0 with dp-noise-multiplier > 0 (each update is clipped to this norm)")
+        check(0 <= self.dp_delta < 1, "dp-delta", self.dp_delta, "in [0, 1) (0: 1/num-clients^2)")
+        check(self.dp_accountant in ACCOUNTANTS, "dp-accountant", self.dp_accountant, f"one of {ACCOUNTANTS}")
         return self
 
 

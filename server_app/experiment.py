@@ -217,7 +217,12 @@ def _run_rounds(grid: Grid, setup: Setup, client_of_node: dict[int, int], consol
             pulled = net.send_and_receive(sent, timeout=wait)
             arrived = reply_seconds(net)  # a deployment (its grid pulls eagerly): when each reply came
             replies = times.watch(pulled)
+            if setup.privacy is not None:  # central DP: each update clipped before the rule (privacy.rounds)
+                replies = setup.privacy.clip(replies, arrays)
             new_arrays, metrics = strategy.aggregate_train(rnd, replies)
+            dp: dict[str, float] = {}
+            if setup.privacy is not None:  # ... and the rule's model noised, the round accounted
+                new_arrays, dp = setup.privacy.release(rnd, new_arrays, strategy.round_log.participants)
             arrays = new_arrays if new_arrays is not None else arrays
             if broadcast := strategy.configure_broadcast(rnd, arrays, net):
                 list(net.send_and_receive(broadcast, timeout=s.round_timeout))
@@ -228,6 +233,7 @@ def _run_rounds(grid: Grid, setup: Setup, client_of_node: dict[int, int], consol
                 "unavailable-nodes": len(rlog.unavailable),
                 "rejected": [[node, brief(why)] for node, why in rlog.rejected],
                 **(dict(metrics) if metrics else {}),
+                **dp,
                 **times.record(rlog.participants, strategy.node_of_client),
                 **times.steps_record(rlog.participants, strategy.node_of_client),
                 **client_reply_times(arrived, sent, rlog.participants, strategy.node_of_client),

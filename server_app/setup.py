@@ -22,6 +22,7 @@ from flwr.app import ArrayRecord
 from flwr.serverapp import Grid
 
 from availability import Schedule, parse_spec, schedule_for
+from privacy.rounds import RoundPrivacy
 from runconfig import ConfigError, config_key
 from runconfig.extensions import split_reference
 from strategies import AvailabilityStrategy, build_strategy, named_arrays
@@ -50,6 +51,7 @@ class Setup:
     start_round: int
     arrays: ArrayRecord
     clock: VirtualClock | None = None  # run config devices: rounds on the virtual clock
+    privacy: RoundPrivacy | None = None  # run config dp-noise-multiplier > 0: central DP (docs/privacy.md)
 
 
 def prepare(cfg: RunConfig) -> Setup:
@@ -75,7 +77,29 @@ def prepare(cfg: RunConfig) -> Setup:
         arrays = named_arrays(ckpt["arrays"])
         strategy.load_state_dict(ckpt["strategy"])
         start_round = ckpt["round"] + 1
-    return Setup(cfg, workload, schedule, strategy, run_folder(cfg), start_round, arrays, virtual_clock(cfg, arrays))
+    return Setup(cfg, workload, schedule, strategy, run_folder(cfg), start_round, arrays, virtual_clock(cfg, arrays),
+                 round_privacy(cfg))
+
+
+def round_privacy(cfg: RunConfig) -> RoundPrivacy | None:
+    """Central DP for the round loop, or None (``dp-noise-multiplier`` = 0). Its accounting holds for
+    an equal-weight mean of the round's fresh updates: other rules and weightings are refused."""
+    s = cfg.server
+    if not s.dp_noise_multiplier:
+        return None
+    name = s.strategy.partition(":")[0]
+    for ok, key, value, why in (
+            (name == "fedavg-active" and not secure_spec(s.strategy), "strategy", s.strategy,
+             "'fedavg-active' (no secure=): the accountant's per-round sensitivity C/m is that of the equal-weight "
+             "mean of the round's fresh updates; rules that reuse stored updates release them again"),
+            (s.weighting == "equal", "weighting", s.weighting, "'equal' (weights by num-examples raise the "
+                                                                "sensitivity to C·max n_i/Σ n_i)"),
+            (not s.resume_from, "resume-from", s.resume_from, "'' (a resumed run's accountant would start from 0)")):
+        if not ok:
+            raise ConfigError(f"run config '{key}' = {value!r} with dp-noise-multiplier = {s.dp_noise_multiplier}: "
+                              f"DP needs {why} (docs/privacy.md)")
+    n = cfg.workload.num_clients
+    return RoundPrivacy(s.dp_noise_multiplier, s.dp_clipping_norm, n, s.dp_delta or 1.0 / n ** 2, s.dp_accountant)
 
 
 def virtual_clock(cfg: RunConfig, arrays: ArrayRecord) -> VirtualClock | None:

@@ -1,0 +1,1 @@
+"""fl_dp_sa: Flower Example using Differential Privacy and Secure Aggregation."""
