@@ -5,13 +5,21 @@ from __future__ import annotations
 
 import logging
 import weakref
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from .messages import ROUND_STARTS, RUN_ENDS, SECURE_DONE
 from .securecheck import SETUP_NOTES
 
-if TYPE_CHECKING:
-    from .churngrid import ChurnGrid
+
+class FollowedGrid(Protocol):
+    """What the watch calls of the grid it follows (:class:`server_app.churngrid.ChurnGrid`)."""
+
+    senders: Any  # the threads that sent through the grid
+    secure: Any  # the SecAgg+ notes of the round
+
+    def secure_ended(self, completed: bool) -> None: ...
+    def announce(self, rnd: int) -> None: ...
+    def finish(self) -> None: ...
 
 
 class FlowerLogWatch(logging.Handler):
@@ -23,7 +31,7 @@ class FlowerLogWatch(logging.Handler):
     ``Strategy execution finished``);
     ``tests/test_churn_workflows.py`` and ``tests/test_no_work.py`` run them against the pinned Flower."""
 
-    def __init__(self, grid: ChurnGrid) -> None:
+    def __init__(self, grid: FollowedGrid) -> None:
         super().__init__(logging.DEBUG)
         self.grid = weakref.ref(grid)
 
