@@ -21,19 +21,25 @@ model), :meth:`Rule.evaluated` (the model scored after the round), :meth:`Rule.r
 rule's step on a robust statistic of the round's updates, for rules whose update is a mean of
 them), and the rule's own reply checks: :meth:`Rule.check` (one reply), :meth:`Rule.check_round`
 (the round's replies against the rule's references) and :meth:`Rule.accepted` (the references
-after the round). The adapter (:mod:`strategies.rule_strategy`)
+after the round), :meth:`Rule.references` (those references, :class:`~strategies.bounds.RatioBound`
+values in the state, which the intake begins each round on as it does the norm bounds'),
+:meth:`Rule.robust_round` (the round under the robust stage, for a rule whose robust form is not
+the statistic of its Δ_i: FedNova's of a_i and Δ_i / a_i) and ``needs.metric_hints`` (a missing
+metric's own reason). A State field whose value is not saved as it is says how in its metadata
+(:func:`strategies.state.kept_as`: FedNova's references, saved as their ``state_dict()``).
+The adapter (:mod:`strategies.rule_strategy`)
 owns intake, bounds, sampling, evaluation, failures and checkpoints.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any, ClassVar, NamedTuple, Protocol
 
 import numpy as np
 
-from .bounds import MAX_NORM_RATIO
+from .bounds import MAX_NORM_RATIO, RatioBound
 from .payloads import Payload
 from .protocol import NUM_EXAMPLES, PLAIN_RULE
 from .replies import ClientReport
@@ -51,7 +57,7 @@ class Needs:
     paper_weighting : the weighting of the rule's paper, what ``weighting="auto"`` resolves to.
     equal_weights_only : the paper weights every client 1/N: data-size weighting is refused.
     fixed_selection : why the rule cannot address a sampled fraction of the nodes ("" = it can).
-    metrics : the reply metrics the rule reads.
+    metrics : the reply metrics the rule reads; metric_hints : a missing one's own reason (FedNova's a-norm).
     holds : why the rule must see a whole round at once ("" = it folds replies as they arrive).
     mean_of_updates : the update is a (weighted) mean of the round's Δ_i, which ``robust=median``
         or ``trimmed-mean`` may replace (the rule's :meth:`Rule.robust_step`).
@@ -69,6 +75,7 @@ class Needs:
     equal_weights_only: bool = False
     fixed_selection: str = ""
     metrics: tuple[str, ...] = (NUM_EXAMPLES,)
+    metric_hints: Mapping[str, str] = field(default_factory=dict)
     holds: str = ""
     mean_of_updates: bool = False
     robust_clip: bool = True
@@ -193,6 +200,19 @@ class Rule:
         """The state after the round's accepted ``reports`` (what the rule's checks compare the
         next replies with); the adapter calls it on the state :meth:`Fold.finish` gave."""
         return state
+
+    def references(self, state: Any) -> Sequence[RatioBound]:
+        """The reference bounds :meth:`check_round` reads in ``state`` (FedNova's τ and ‖a‖_1): the
+        intake begins each round on them (its first judgement fixes each reference) and judges a
+        reply at once only when they are settled, as it does the norm bounds."""
+        return ()
+
+    def robust_round(self, state: Any, ctx: RoundContext, reports: list[ClientReport],
+                     combine: Callable[[list[np.ndarray]], np.ndarray]) -> Finished:
+        """The round's result under ``robust=median`` / ``trimmed-mean``: ``combine(vectors)`` is the
+        coordinate-wise statistic of equal-shaped float32 vectors. Default: :meth:`robust_step` on
+        the statistic of the Δ_i (FedNova takes it of a_i and of Δ_i / a_i)."""
+        return self.robust_step(state, ctx, combine([r.delta for r in reports]), len(reports))
 
     def robust_step(self, state: Any, ctx: RoundContext, statistic: np.ndarray, count: int) -> Finished:
         """The round's result when a robust statistic of the ``count`` accepted Δ_i (float32)

@@ -18,7 +18,7 @@ written twice. A user's own rule value runs as ``RuleStrategy(rule=MyRule(), num
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import fields
+from dataclasses import fields, is_dataclass, replace
 from typing import Any, Generic, TypeVar
 
 import numpy as np
@@ -65,6 +65,7 @@ class RuleStrategy(AvailabilityStrategy):
     name = FromRule(lambda r: r.name, "")
     State = FromRule(lambda r: r.State, legacy.Rule.State)
     required_metrics = _needs(lambda n: n.metrics, DEFAULT.metrics)
+    metric_hints = _needs(lambda n: dict(n.metric_hints), legacy.Rule.metric_hints)
     needs_client_ids = _needs(lambda n: n.client_ids, DEFAULT.client_ids)
     needs_num_clients = _needs(lambda n: n.num_clients, DEFAULT.num_clients)
     fixed_selection = _needs(lambda n: n.fixed_selection, DEFAULT.fixed_selection)
@@ -93,6 +94,7 @@ class RuleStrategy(AvailabilityStrategy):
         self.probabilities = probabilities
         super().__init__(params, **kwargs)
         self.rule_state: Any = None  # the rule's state, from its init at the first round
+        self._before: Any = None  # State() before the init: one value, which the first round's checks read
 
     # ------------------------------------------------------------------ the round's context
     def context(self, t: int, x: np.ndarray, held_weights: dict[int, float] | None = None) -> RoundContext:
@@ -145,9 +147,8 @@ class RuleStrategy(AvailabilityStrategy):
             if reports else None
         ctx = self.context(t, x, held)
         state = self._state(ctx)
-        robust = self.robust_mean(reports)
-        if robust is not None:
-            return self._finish(self.rule.robust_step(state, ctx, robust, len(reports)), ctx)
+        if self.robust.combines and reports:
+            return self._finish(self.rule.robust_round(state, ctx, reports, self._combine), ctx)
         fold = self.rule.fold(state, ctx)
         with held_round():
             for report in reports:
@@ -169,21 +170,43 @@ class RuleStrategy(AvailabilityStrategy):
 
     folded: RoundContext | None = None  # the context of the last round folded
 
+    def _combine(self, vectors: list[np.ndarray]) -> np.ndarray:
+        """The robust statistic of ``vectors`` (stacked into a matrix kept per row shape)."""
+        name = "robust" if np.size(vectors[0]) > 1 else "robust-scalar"
+        return self.robust.combine(self.stacked(name, vectors))
+
+    def state_references(self) -> list[Any]:
+        """The reference bounds in the rule's state (:meth:`Rule.references`), for the intake."""
+        return list(self.rule.references(self.kept_state()))
+
     # ------------------------------------------------------------------------ state
     def kept_state(self) -> Any:
-        """The rule's state now (``State()`` before its first round)."""
-        return self.rule.State() if self.rule_state is None else self.rule_state
+        """The rule's state now (one ``State()`` before its first round)."""
+        if self.rule_state is not None:
+            return self.rule_state
+        if self._before is None:
+            self._before = self.rule.State()
+        return self._before
 
     def get_state(self) -> Any:
+        """The rule's state, each field with a ``kept_as`` metadata saved by it (the rest as it is)."""
         if self.State is not self.rule.State:  # a subclass that declares a State of its own (legacy)
             return super().get_state()
-        return self.kept_state()
+        return _kept(self.kept_state(), "save")
 
     def set_state(self, state: Any) -> None:
         if self.State is not self.rule.State:
             super().set_state(state)
             return
-        self.rule_state = state
+        self.rule_state = _kept(state, "load", self.rule)
+
+
+def _kept(state: Any, way: str, *rule: Rule) -> Any:
+    """``state`` with each field that has a ``kept_as`` metadata (:mod:`strategies.state`) saved
+    (``way="save"``) or loaded; ``state`` itself when none has one."""
+    changes = {f.name: f.metadata[way](getattr(state, f.name), *rule)
+               for f in (fields(state) if is_dataclass(state) else ()) if way in f.metadata}
+    return replace(state, **changes) if changes else state
 
 
 class _Taken(Fold):
