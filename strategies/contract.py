@@ -65,6 +65,8 @@ class Needs:
     norm_ratio : the default of ``max-norm-ratio`` for this rule's checked norm.
     client_rule : the rule's client half (``client_app.rules``); ``plain`` trains from the model sent.
     sends, reads : payloads that go out beside the model and that every reply carries back.
+    server_step : the spec key that is the rule's own server step (Flower's optimizers' ``eta``):
+        the run's ``server-lr`` must then stay 1 ("" = η_g multiplies the rule's update).
     """
 
     num_clients: bool = False
@@ -83,6 +85,7 @@ class Needs:
     client_rule: str = PLAIN_RULE
     sends: tuple[Payload, ...] = ()
     reads: tuple[Payload, ...] = ()
+    server_step: str = ""
 
 
 @dataclass(frozen=True)

@@ -93,6 +93,9 @@ class RuleStrategy(AvailabilityStrategy):
             raise ValueError(f"strategy '{self.rule.name}' is an oracle: it needs probabilities=p (p(t) -> p^t)")
         self.probabilities = probabilities
         super().__init__(params, **kwargs)
+        if (key := self.rule.needs.server_step) and self.server_lr != 1.0:
+            raise ValueError(f"strategy '{self.name}': its server step is the optimizer's learning rate: set "
+                             f"'{self.name}:{key}=...' and leave run config 'server-lr' at 1 (got {self.server_lr})")
         self.rule_state: Any = None  # the rule's state, from its init at the first round
         self._before: Any = None  # State() before the init: one value, which the first round's checks read
 
