@@ -25,7 +25,9 @@ after the round), :meth:`Rule.references` (those references, :class:`~strategies
 values in the state, which the intake begins each round on as it does the norm bounds'),
 :meth:`Rule.robust_round` (the round under the robust stage, for a rule whose robust form is not
 the statistic of its Δ_i: FedNova's of a_i and Δ_i / a_i) and ``needs.metric_hints`` (a missing
-metric's own reason). A State field whose value is not saved as it is says how in its metadata
+metric's own reason), and a selection of the round's nodes: :meth:`Rule.probe` (a probe stage
+before training: a :class:`~strategies.intake.Probe` the adapter sends) and :meth:`Rule.select`
+(the nodes to train, from the probe's :class:`ProbeAnswers`: a :class:`Selection`). A State field whose value is not saved as it is says how in its metadata
 (:func:`strategies.state.kept_as`: FedNova's references, saved as their ``state_dict()``).
 The adapter (:mod:`strategies.rule_strategy`)
 owns intake, bounds, sampling, evaluation, failures and checkpoints.
@@ -40,6 +42,7 @@ from typing import Any, ClassVar, NamedTuple, Protocol
 import numpy as np
 
 from .bounds import MAX_NORM_RATIO, RatioBound
+from .intake import Probe
 from .payloads import Payload
 from .protocol import NUM_EXAMPLES, PLAIN_RULE
 from .replies import ClientReport
@@ -104,6 +107,7 @@ class RoundContext:
     client_of_node: Mapping[int, int] = field(default_factory=dict)
     probabilities: np.ndarray | None = None
     bounded: bool = False  # the ratio bounds are on (max-norm-ratio > 0): rules cap the weights no bound judges
+    rng: np.random.Generator | None = None  # the strategy's seeded generator (checkpointed): a rule that draws draws from it
 
     def weight(self, report: ClientReport) -> float:
         """``report``'s unnormalised weight under the run's weighting: its weight of the held
@@ -119,11 +123,35 @@ class RoundContext:
 
 
 class Finished(NamedTuple):
-    """A round's result: x^{t+1} (flat, x's dtype), the rule's new state and its metrics."""
+    """A round's result: x^{t+1} (flat, x's dtype), the rule's new state and its metrics; problems:
+    why the round could not run as the rule needs (each names a fix: the round counts as failed)."""
 
     model: np.ndarray
     state: Any
     metrics: dict[str, float]
+    problems: tuple[str, ...] = ()
+
+
+class ProbeAnswers(NamedTuple):
+    """A probe stage's answers: node -> the metrics of its valid answer, and the adapter's readers
+    of an answer's claims: ``claim(node, metrics)`` binds the node to the client id it reports
+    (where the binding allows) and gives the node's client (the node id while none is known);
+    ``examples(metrics, known)`` is its num-examples within the run's data-size bounds against
+    the ``known`` sizes (None: none, or not a count)."""
+
+    metrics: Mapping[int, Mapping[str, Any]]
+    claim: Callable[[int, Mapping[str, Any]], int]
+    examples: Callable[[Mapping[str, Any], list[float]], int | None]
+
+
+class Selection(NamedTuple):
+    """The nodes to train this round (among the connected), the rule's state after choosing them,
+    the selection's metrics (recorded with the round's) and problems (as :class:`Finished`'s)."""
+
+    nodes: list[int]
+    state: Any
+    metrics: dict[str, Any]
+    problems: tuple[str, ...] = ()
 
 
 class Fold(Protocol):
@@ -203,6 +231,16 @@ class Rule:
         """The state after the round's accepted ``reports`` (what the rule's checks compare the
         next replies with); the adapter calls it on the state :meth:`Fold.finish` gave."""
         return state
+
+    def probe(self, state: Any, ctx: RoundContext, connected: list[int]) -> Probe | None:
+        """The round's probe stage before training (power-of-choice's candidates; None, the
+        default: none): the adapter sends it and hands the answers to :meth:`select`."""
+        return None
+
+    def select(self, state: Any, ctx: RoundContext, connected: list[int], probe: Probe | None,
+               answers: ProbeAnswers) -> Selection:
+        """The connected nodes to train this round (default: every one the sampler gave)."""
+        return Selection(connected, state, {})
 
     def references(self, state: Any) -> Sequence[RatioBound]:
         """The reference bounds :meth:`check_round` reads in ``state`` (FedNova's τ and ‖a‖_1): the

@@ -17,17 +17,21 @@ written twice. A user's own rule value runs as ``RuleStrategy(rule=MyRule(), num
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Mapping
 from dataclasses import fields, is_dataclass, replace
 from typing import Any, Generic, TypeVar
 
 import numpy as np
 from flwr.app import ArrayRecord
+from flwr.serverapp import Grid
 
 from . import rule as legacy
 from .base import AvailabilityStrategy
-from .contract import Finished, Fold as RuleFold, Needs, RoundContext, Rule
-from .replies import ClientReport
+from .contract import Finished, Fold as RuleFold, Needs, ProbeAnswers, RoundContext, Rule, Selection
+from .intake import Probe
+from .protocol import CLIENT_ID, NUM_EXAMPLES
+from .replies import ClientReport, ReplyRejected, count
 from .streaming import Fold, held_round
 
 T = TypeVar("T")
@@ -105,7 +109,7 @@ class RuleStrategy(AvailabilityStrategy):
         if self.probabilities is not None and self._p[0] != t:
             self._p = (t, np.asarray(self.probabilities(t), np.float64))
         return RoundContext(t, x, self.num_clients, self.server_lr, self.weighting, held_weights,
-                            self.binding.client_of_node, self._p[1], bool(self.bounds.max_norm_ratio))
+                            self.binding.client_of_node, self._p[1], bool(self.bounds.max_norm_ratio), self.rng)
 
     _p: tuple[int | None, np.ndarray | None] = (None, None)  # (round, p^t) of the last context
 
@@ -118,10 +122,47 @@ class RuleStrategy(AvailabilityStrategy):
         """Take a finished round: the rule's new state kept (after :meth:`Rule.accepted` of the
         round's accepted reports), its context for :meth:`evaluation_arrays`."""
         state, self.folded = done.state, ctx
+        self.round.problems += done.problems
         if self._accepted is not None:
             state, self._accepted = self.rule.accepted(state, self._accepted), None
         self.rule_state = state
-        return done.model, done.metrics
+        return done.model, {**(self.selection.metrics if self.selection is not None else {}), **done.metrics}
+
+    selection: Selection | None = None  # the last round's selection (:meth:`select_nodes`)
+
+    # ------------------------------------------------------------- the round's selection
+    def probe_request(self, server_round: int, connected: list[int]) -> Probe | None:
+        """The rule's probe stage (:meth:`Rule.probe`), sent by the base before :meth:`select_nodes`."""
+        ctx = self.context(server_round - 1, self.current if self.current is not None else np.zeros(0, np.float32))
+        return self.rule.probe(self._state(ctx), ctx, connected)
+
+    def select_nodes(self, server_round: int, arrays: ArrayRecord, connected: list[int], grid: Grid) -> list[int]:
+        """The rule's choice (:meth:`Rule.select`) among the connected nodes, from the probe's answers;
+        its state kept, its problems the round's, its metrics recorded with the round's."""
+        ctx = self.context(server_round - 1, self.current if self.current is not None else np.zeros(0, np.float32))
+        chosen = self.rule.select(self._state(ctx), ctx, connected, self.round.probe,
+                                  self.probe_answers(self.round.probe_answers))
+        self.rule_state, self.selection = chosen.state, chosen
+        self.round.problems += chosen.problems
+        return chosen.nodes
+
+    def probe_answers(self, answers: dict[int, dict[str, Any]]) -> ProbeAnswers:
+        """The probe's answers with the readers of their claims (:class:`ProbeAnswers`)."""
+        return ProbeAnswers(answers, self._claim, self._examples)
+
+    def _claim(self, node: int, metrics: Mapping[str, Any]) -> int:
+        with contextlib.suppress(ReplyRejected):
+            client = count(metrics, CLIENT_ID, 0, (self.num_clients or 2**63) - 1, default=None)
+            if client is not None and self.binding.may_claim(node, client):  # never another node's client
+                self.client_of_node[node] = client
+        return self.binding.client(node, node)
+
+    def _examples(self, metrics: Mapping[str, Any], known: list[float]) -> int | None:
+        try:  # a claim: at most the data-size bound, as a training reply's
+            size = count(metrics, NUM_EXAMPLES, 1, self.max_num_examples, default=None)
+        except ReplyRejected:
+            return None
+        return None if size is None else int(min(size, self.bounds.examples.limit(known)))
 
     _accepted: list[ClientReport] | None = None  # the round's accepted reports, until its finish
 
