@@ -24,10 +24,13 @@ them), and the rule's own reply checks: :meth:`Rule.check` (one reply), :meth:`R
 after the round), :meth:`Rule.references` (those references, :class:`~strategies.bounds.RatioBound`
 values in the state, which the intake begins each round on as it does the norm bounds'),
 :meth:`Rule.robust_round` (the round under the robust stage, for a rule whose robust form is not
-the statistic of its Δ_i: FedNova's of a_i and Δ_i / a_i) and ``needs.metric_hints`` (a missing
-metric's own reason), and a selection of the round's nodes: :meth:`Rule.probe` (a probe stage
-before training: a :class:`~strategies.intake.Probe` the adapter sends) and :meth:`Rule.select`
-(the nodes to train, from the probe's :class:`ProbeAnswers`: a :class:`Selection`). A State field whose value is not saved as it is says how in its metadata
+the statistic of its Δ_i: FedNova's of a_i and Δ_i / a_i), ``needs.metric_hints`` (a missing
+metric's own reason), ``needs.server_step`` (the rule's own server step: ``server-lr`` stays 1),
+and a selection of the round's nodes: :meth:`Rule.probe` (a probe stage before training, a
+:class:`~strategies.intake.Probe` the adapter sends) and :meth:`Rule.select` (the nodes to train,
+from the probe's :class:`ProbeAnswers`: a :class:`Selection`), drawing from ``ctx.rng``. A round
+that cannot run as the rule needs says why in ``Finished.problems`` (or ``Selection.problems``).
+A State field whose value is not saved as it is says how in its metadata
 (:func:`strategies.state.kept_as`: FedNova's references, saved as their ``state_dict()``).
 The adapter (:mod:`strategies.rule_strategy`)
 owns intake, bounds, sampling, evaluation, failures and checkpoints.
@@ -107,7 +110,7 @@ class RoundContext:
     client_of_node: Mapping[int, int] = field(default_factory=dict)
     probabilities: np.ndarray | None = None
     bounded: bool = False  # the ratio bounds are on (max-norm-ratio > 0): rules cap the weights no bound judges
-    rng: np.random.Generator | None = None  # the strategy's seeded generator (checkpointed): a rule that draws draws from it
+    rng: np.random.Generator | None = None  # the strategy's seeded generator (checkpointed): a rule draws from it
 
     def weight(self, report: ClientReport) -> float:
         """``report``'s unnormalised weight under the run's weighting: its weight of the held
