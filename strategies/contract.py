@@ -21,19 +21,31 @@ model), :meth:`Rule.evaluated` (the model scored after the round), :meth:`Rule.r
 rule's step on a robust statistic of the round's updates, for rules whose update is a mean of
 them), :meth:`Rule.validate` (its params against N) and the rule's own reply checks: :meth:`Rule.check` (one reply), :meth:`Rule.check_round`
 (the round's replies against the rule's references) and :meth:`Rule.accepted` (the references
-after the round). The adapter (:mod:`strategies.rule_strategy`)
+after the round), :meth:`Rule.references` (those references, :class:`~strategies.bounds.RatioBound`
+values in the state, which the intake begins each round on as it does the norm bounds'),
+:meth:`Rule.robust_round` (the round under the robust stage, for a rule whose robust form is not
+the statistic of its Δ_i: FedNova's of a_i and Δ_i / a_i), ``needs.metric_hints`` (a missing
+metric's own reason), ``needs.server_step`` (the rule's own server step: ``server-lr`` stays 1),
+and a selection of the round's nodes: :meth:`Rule.probe` (a probe stage before training, a
+:class:`~strategies.intake.Probe` the adapter sends) and :meth:`Rule.select` (the nodes to train,
+from the probe's :class:`ProbeAnswers`: a :class:`Selection`), drawing from ``ctx.rng``. A round
+that cannot run as the rule needs says why in ``Finished.problems`` (or ``Selection.problems``).
+A State field whose value is not saved as it is says how in its metadata
+(:func:`strategies.state.kept_as`: FedNova's references, saved as their ``state_dict()``).
+The adapter (:mod:`strategies.rule_strategy`)
 owns intake, bounds, sampling, evaluation, failures and checkpoints.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any, ClassVar, NamedTuple, Protocol
 
 import numpy as np
 
-from .bounds import MAX_NORM_RATIO
+from .bounds import MAX_NORM_RATIO, RatioBound
+from .intake import Probe
 from .payloads import Payload
 from .protocol import NUM_EXAMPLES, PLAIN_RULE
 from .replies import ClientReport
@@ -51,7 +63,7 @@ class Needs:
     paper_weighting : the weighting of the rule's paper, what ``weighting="auto"`` resolves to.
     equal_weights_only : the paper weights every client 1/N: data-size weighting is refused.
     fixed_selection : why the rule cannot address a sampled fraction of the nodes ("" = it can).
-    metrics : the reply metrics the rule reads.
+    metrics : the reply metrics the rule reads; metric_hints : a missing one's own reason (FedNova's a-norm).
     holds : why the rule must see a whole round at once ("" = it folds replies as they arrive).
     mean_of_updates : the update is a (weighted) mean of the round's Δ_i, which ``robust=median``
         or ``trimmed-mean`` may replace (the rule's :meth:`Rule.robust_step`).
@@ -59,6 +71,8 @@ class Needs:
     norm_ratio : the default of ``max-norm-ratio`` for this rule's checked norm.
     client_rule : the rule's client half (``client_app.rules``); ``plain`` trains from the model sent.
     sends, reads : payloads that go out beside the model and that every reply carries back.
+    server_step : the spec key that is the rule's own server step (Flower's optimizers' ``eta``):
+        the run's ``server-lr`` must then stay 1 ("" = η_g multiplies the rule's update).
     """
 
     num_clients: bool = False
@@ -69,6 +83,7 @@ class Needs:
     equal_weights_only: bool = False
     fixed_selection: str = ""
     metrics: tuple[str, ...] = (NUM_EXAMPLES,)
+    metric_hints: Mapping[str, str] = field(default_factory=dict)
     holds: str = ""
     mean_of_updates: bool = False
     robust_clip: bool = True
@@ -76,6 +91,7 @@ class Needs:
     client_rule: str = PLAIN_RULE
     sends: tuple[Payload, ...] = ()
     reads: tuple[Payload, ...] = ()
+    server_step: str = ""
 
 
 @dataclass(frozen=True)
@@ -94,6 +110,7 @@ class RoundContext:
     client_of_node: Mapping[int, int] = field(default_factory=dict)
     probabilities: np.ndarray | None = None
     bounded: bool = False  # the ratio bounds are on (max-norm-ratio > 0): rules cap the weights no bound judges
+    rng: np.random.Generator | None = None  # the strategy's seeded generator (checkpointed): a rule draws from it
 
     def weight(self, report: ClientReport) -> float:
         """``report``'s unnormalised weight under the run's weighting: its weight of the held
@@ -109,11 +126,35 @@ class RoundContext:
 
 
 class Finished(NamedTuple):
-    """A round's result: x^{t+1} (flat, x's dtype), the rule's new state and its metrics."""
+    """A round's result: x^{t+1} (flat, x's dtype), the rule's new state and its metrics; problems:
+    why the round could not run as the rule needs (each names a fix: the round counts as failed)."""
 
     model: np.ndarray
     state: Any
     metrics: dict[str, float]
+    problems: tuple[str, ...] = ()
+
+
+class ProbeAnswers(NamedTuple):
+    """A probe stage's answers: node -> the metrics of its valid answer, and the adapter's readers
+    of an answer's claims: ``claim(node, metrics)`` binds the node to the client id it reports
+    (where the binding allows) and gives the node's client (the node id while none is known);
+    ``examples(metrics, known)`` is its num-examples within the run's data-size bounds against
+    the ``known`` sizes (None: none, or not a count)."""
+
+    metrics: Mapping[int, Mapping[str, Any]]
+    claim: Callable[[int, Mapping[str, Any]], int]
+    examples: Callable[[Mapping[str, Any], list[float]], int | None]
+
+
+class Selection(NamedTuple):
+    """The nodes to train this round (among the connected), the rule's state after choosing them,
+    the selection's metrics (recorded with the round's) and problems (as :class:`Finished`'s)."""
+
+    nodes: list[int]
+    state: Any
+    metrics: dict[str, Any]
+    problems: tuple[str, ...] = ()
 
 
 class Fold(Protocol):
@@ -197,6 +238,29 @@ class Rule:
         """The state after the round's accepted ``reports`` (what the rule's checks compare the
         next replies with); the adapter calls it on the state :meth:`Fold.finish` gave."""
         return state
+
+    def probe(self, state: Any, ctx: RoundContext, connected: list[int]) -> Probe | None:
+        """The round's probe stage before training (power-of-choice's candidates; None, the
+        default: none): the adapter sends it and hands the answers to :meth:`select`."""
+        return None
+
+    def select(self, state: Any, ctx: RoundContext, connected: list[int], probe: Probe | None,
+               answers: ProbeAnswers) -> Selection:
+        """The connected nodes to train this round (default: every one the sampler gave)."""
+        return Selection(connected, state, {})
+
+    def references(self, state: Any) -> Sequence[RatioBound]:
+        """The reference bounds :meth:`check_round` reads in ``state`` (FedNova's τ and ‖a‖_1): the
+        intake begins each round on them (its first judgement fixes each reference) and judges a
+        reply at once only when they are settled, as it does the norm bounds."""
+        return ()
+
+    def robust_round(self, state: Any, ctx: RoundContext, reports: list[ClientReport],
+                     combine: Callable[[list[np.ndarray]], np.ndarray]) -> Finished:
+        """The round's result under ``robust=median`` / ``trimmed-mean``: ``combine(vectors)`` is the
+        coordinate-wise statistic of equal-shaped float32 vectors. Default: :meth:`robust_step` on
+        the statistic of the Δ_i (FedNova takes it of a_i and of Δ_i / a_i)."""
+        return self.robust_step(state, ctx, combine([r.delta for r in reports]), len(reports))
 
     def robust_step(self, state: Any, ctx: RoundContext, statistic: np.ndarray, count: int) -> Finished:
         """The round's result when a robust statistic of the ``count`` accepted Δ_i (float32)

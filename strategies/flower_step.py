@@ -5,7 +5,8 @@ Flower's strategies take their step inside ``aggregate_train(server_round, repli
 of :mod:`strategies.rules.flower_opt` have already averaged the accepted updates (Δ̄); this module
 hands Flower's object one reply holding the averaged model x + Δ̄ and reads back its new model:
 ``FlowerStep(flower.FedAdam(...)).step(t, x, Δ̄)``. The optimizer's state (its moments, FedAvgM's
-momentum) stays on Flower's object, ``FlowerStep.optimizer``, where the rule's ``State`` reads it.
+momentum) is on Flower's object, ``FlowerStep.optimizer``: the rule sets it from its ``State``
+before the step and reads the new one back.
 """
 
 from __future__ import annotations

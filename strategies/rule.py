@@ -170,6 +170,10 @@ class Rule:
     def commit_counts(self, accepted: list[ClientReport]) -> None:
         """The round's accepted reports (hook: a rule's own count bounds remember them)."""
 
+    def state_references(self) -> list[Any]:
+        """Reference bounds kept outside the rule's attributes (a rule value's state's), for the intake."""
+        return []
+
     # -------------------------------------------------------------------- state
     def get_state(self) -> Any:
         """The rule's state (``State``): copies of the attributes its fields name (hook)."""

@@ -17,17 +17,21 @@ written twice. A user's own rule value runs as ``RuleStrategy(rule=MyRule(), num
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Mapping
 from dataclasses import fields
 from typing import Any, Generic, TypeVar
 
 import numpy as np
 from flwr.app import ArrayRecord
+from flwr.serverapp import Grid
 
 from . import rule as legacy
 from .base import AvailabilityStrategy
-from .contract import Finished, Fold as RuleFold, Needs, RoundContext, Rule
-from .replies import ClientReport
+from .contract import Finished, Fold as RuleFold, Needs, ProbeAnswers, RoundContext, Rule, Selection
+from .intake import Probe
+from .protocol import CLIENT_ID, NUM_EXAMPLES
+from .replies import ClientReport, ReplyRejected, count
 from .state import capture, loaded
 from .streaming import Fold, held_round
 
@@ -66,6 +70,7 @@ class RuleStrategy(AvailabilityStrategy):
     name = FromRule(lambda r: r.name, "")
     State = FromRule(lambda r: r.State, legacy.Rule.State)
     required_metrics = _needs(lambda n: n.metrics, DEFAULT.metrics)
+    metric_hints = _needs(lambda n: dict(n.metric_hints), legacy.Rule.metric_hints)
     needs_client_ids = _needs(lambda n: n.client_ids, DEFAULT.client_ids)
     needs_num_clients = _needs(lambda n: n.num_clients, DEFAULT.num_clients)
     fixed_selection = _needs(lambda n: n.fixed_selection, DEFAULT.fixed_selection)
@@ -94,7 +99,11 @@ class RuleStrategy(AvailabilityStrategy):
         self.probabilities = probabilities
         super().__init__(params, **kwargs)
         self.rule.validate(self.num_clients)
+        if (key := self.rule.needs.server_step) and self.server_lr != 1.0:
+            raise ValueError(f"strategy '{self.name}': its server step is the optimizer's learning rate: set "
+                             f"'{self.name}:{key}=...' and leave run config 'server-lr' at 1 (got {self.server_lr})")
         self.rule_state: Any = None  # the rule's state, from its init at the first round
+        self._before: Any = None  # State() before the init: one value, which the first round's checks read
 
     # ------------------------------------------------------------------ the round's context
     def context(self, t: int, x: np.ndarray, held_weights: dict[int, float] | None = None) -> RoundContext:
@@ -102,7 +111,7 @@ class RuleStrategy(AvailabilityStrategy):
         if self.probabilities is not None and self._p[0] != t:
             self._p = (t, np.asarray(self.probabilities(t), np.float64))
         return RoundContext(t, x, self.num_clients, self.server_lr, self.weighting, held_weights,
-                            self.binding.client_of_node, self._p[1], bool(self.bounds.max_norm_ratio))
+                            self.binding.client_of_node, self._p[1], bool(self.bounds.max_norm_ratio), self.rng)
 
     _p: tuple[int | None, np.ndarray | None] = (None, None)  # (round, p^t) of the last context
 
@@ -115,10 +124,47 @@ class RuleStrategy(AvailabilityStrategy):
         """Take a finished round: the rule's new state kept (after :meth:`Rule.accepted` of the
         round's accepted reports), its context for :meth:`evaluation_arrays`."""
         state, self.folded = done.state, ctx
+        self.round.problems += done.problems
         if self._accepted is not None:
             state, self._accepted = self.rule.accepted(state, self._accepted), None
         self.rule_state = state
-        return done.model, done.metrics
+        return done.model, {**(self.selection.metrics if self.selection is not None else {}), **done.metrics}
+
+    selection: Selection | None = None  # the last round's selection (:meth:`select_nodes`)
+
+    # ------------------------------------------------------------- the round's selection
+    def probe_request(self, server_round: int, connected: list[int]) -> Probe | None:
+        """The rule's probe stage (:meth:`Rule.probe`), sent by the base before :meth:`select_nodes`."""
+        ctx = self.context(server_round - 1, self.current if self.current is not None else np.zeros(0, np.float32))
+        return self.rule.probe(self._state(ctx), ctx, connected)
+
+    def select_nodes(self, server_round: int, arrays: ArrayRecord, connected: list[int], grid: Grid) -> list[int]:
+        """The rule's choice (:meth:`Rule.select`) among the connected nodes, from the probe's answers;
+        its state kept, its problems the round's, its metrics recorded with the round's."""
+        ctx = self.context(server_round - 1, self.current if self.current is not None else np.zeros(0, np.float32))
+        chosen = self.rule.select(self._state(ctx), ctx, connected, self.round.probe,
+                                  self.probe_answers(self.round.probe_answers))
+        self.rule_state, self.selection = chosen.state, chosen
+        self.round.problems += chosen.problems
+        return chosen.nodes
+
+    def probe_answers(self, answers: dict[int, dict[str, Any]]) -> ProbeAnswers:
+        """The probe's answers with the readers of their claims (:class:`ProbeAnswers`)."""
+        return ProbeAnswers(answers, self._claim, self._examples)
+
+    def _claim(self, node: int, metrics: Mapping[str, Any]) -> int:
+        with contextlib.suppress(ReplyRejected):
+            client = count(metrics, CLIENT_ID, 0, (self.num_clients or 2**63) - 1, default=None)
+            if client is not None and self.binding.may_claim(node, client):  # never another node's client
+                self.client_of_node[node] = client
+        return self.binding.client(node, node)
+
+    def _examples(self, metrics: Mapping[str, Any], known: list[float]) -> int | None:
+        try:  # a claim: at most the data-size bound, as a training reply's
+            size = count(metrics, NUM_EXAMPLES, 1, self.max_num_examples, default=None)
+        except ReplyRejected:
+            return None
+        return None if size is None else int(min(size, self.bounds.examples.limit(known)))
 
     _accepted: list[ClientReport] | None = None  # the round's accepted reports, until its finish
 
@@ -147,9 +193,8 @@ class RuleStrategy(AvailabilityStrategy):
             if reports else None
         ctx = self.context(t, x, held)
         state = self._state(ctx)
-        robust = self.robust_mean(reports)
-        if robust is not None:
-            return self._finish(self.rule.robust_step(state, ctx, robust, len(reports)), ctx)
+        if self.robust.combines and reports:
+            return self._finish(self.rule.robust_round(state, ctx, reports, self._combine), ctx)
         fold = self.rule.fold(state, ctx)
         with held_round():
             for report in reports:
@@ -171,10 +216,23 @@ class RuleStrategy(AvailabilityStrategy):
 
     folded: RoundContext | None = None  # the context of the last round folded
 
+    def _combine(self, vectors: list[np.ndarray]) -> np.ndarray:
+        """The robust statistic of ``vectors`` (stacked into a matrix kept per row shape)."""
+        name = "robust" if np.size(vectors[0]) > 1 else "robust-scalar"
+        return self.robust.combine(self.stacked(name, vectors))
+
+    def state_references(self) -> list[Any]:
+        """The reference bounds in the rule's state (:meth:`Rule.references`), for the intake."""
+        return list(self.rule.references(self.kept_state()))
+
     # ------------------------------------------------------------------------ state
     def kept_state(self) -> Any:
-        """The rule's state now (``State()`` before its first round)."""
-        return self.rule.State() if self.rule_state is None else self.rule_state
+        """The rule's state now (one ``State()`` before its first round)."""
+        if self.rule_state is not None:
+            return self.rule_state
+        if self._before is None:
+            self._before = self.rule.State()
+        return self._before
 
     def get_state(self) -> Any:
         """A copy of the rule's state (its fields saved as their :func:`~strategies.state.kept_as` say)."""

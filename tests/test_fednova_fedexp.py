@@ -50,14 +50,14 @@ def test_fednova_rejects_replies_without_a_norm_and_says_why():
 
 def test_fednova_server_momentum_by_hand_and_state():
     s = build_strategy("fednova:server-momentum=0.5", num_clients=2, min_available_nodes=1)
-    assert s.server_momentum == 0.5
+    assert s.rule.params.server_momentum == 0.5
     x = np.zeros(1)
     x1 = run_round(s, 1, x, {0: np.array([2.0])}, **{"a-norm": 1.0, "num-steps": 1})  # v = 2
     x2 = run_round(s, 2, x1, {0: np.array([4.0])}, **{"a-norm": 1.0, "num-steps": 1})  # v = 0.5·2 + 4 = 5
     np.testing.assert_allclose([x1[0], x2[0]], [2.0, 7.0])
     t = FedNova(num_clients=2, server_momentum=0.5, min_available_nodes=1)
     t.load_state_dict(s.state_dict())
-    np.testing.assert_allclose(t.buffer, [5.0])
+    np.testing.assert_allclose(t.rule_state.buffer, [5.0])
     with pytest.raises(ValueError, match="server_momentum"):
         FedNova(server_momentum=1.0)
 

@@ -74,10 +74,10 @@ def test_the_moments_are_the_rules_state_and_resume_bit_identically():
 def steepest_step(spec: str, sequence: list[np.ndarray]) -> float:
     """The largest |x^{t+1}_j − x^t_j| over a sequence of mean updates fed to the rule's step, in
     units of its proved ``step_bound`` (float32 rounding of x^t allowed for)."""
-    rule = build_strategy(spec, num_clients=3)
-    x, worst, bound = np.zeros(len(sequence[0]), np.float32), 0.0, rule.step_bound()
+    rule = build_strategy(spec, num_clients=3).rule
+    x, worst, bound, state = np.zeros(len(sequence[0]), np.float32), 0.0, rule.step_bound(), rule.State()
     for t, u in enumerate(sequence):
-        new, _ = rule.optimizer_step(t, x, np.asarray(u, np.float32))
+        new, state, _ = rule.step(state, t, x, np.asarray(u, np.float32))
         rounding = 2.0**-22 * np.maximum(np.abs(x), np.abs(new))
         worst = max(worst, float(np.max((np.abs(new.astype(np.float64) - x) - rounding) / bound)))
         x = new
@@ -101,9 +101,9 @@ def test_no_replies_move_a_coordinate_further_than_the_proved_step_bound(spec, r
 
 
 def test_the_step_bound_is_the_formula_at_the_defaults_and_infinite_where_none_holds():
-    assert build_strategy("fedadagrad", num_clients=3).step_bound() == pytest.approx(0.1)
-    assert build_strategy("fedyogi", num_clients=3).step_bound() == pytest.approx(0.01 * 0.1 / 0.1 / (1 - 0.9 / 0.99**0.5))
-    assert build_strategy("fedadam", num_clients=3).step_bound() == pytest.approx(0.1 * 0.1 / 0.1 / (1 - 0.81 / 0.99) ** 0.5,
+    assert build_strategy("fedadagrad", num_clients=3).rule.step_bound() == pytest.approx(0.1)
+    assert build_strategy("fedyogi", num_clients=3).rule.step_bound() == pytest.approx(0.01 * 0.1 / 0.1 / (1 - 0.9 / 0.99**0.5))
+    assert build_strategy("fedadam", num_clients=3).rule.step_bound() == pytest.approx(0.1 * 0.1 / 0.1 / (1 - 0.81 / 0.99) ** 0.5,
                                                                                   rel=1e-4)
-    assert build_strategy("fedadam:beta-1=0.995,beta-2=0.99", num_clients=3).step_bound() == np.inf  # β_1² ≥ β_2
-    assert build_strategy("fedavgm", num_clients=3).step_bound() == np.inf
+    assert build_strategy("fedadam:beta-1=0.995,beta-2=0.99", num_clients=3).rule.step_bound() == np.inf  # β_1² ≥ β_2
+    assert build_strategy("fedavgm", num_clients=3).rule.step_bound() == np.inf

@@ -162,7 +162,7 @@ def test_d_and_m_are_capped_by_the_federation_with_a_note(caplog):
     m > d given: m capped to d, said."""
     with caplog.at_level("INFO", logger="flwr"):
         capped = PowerOfChoice(num_clients=4, d=3, m=5)
-    assert (capped.d, capped.m) == (3, 3) and "m=5 > d=3: m capped" in caplog.text
+    assert (capped.rule.params.d, capped.rule.params.m) == (3, 3) and "m=5 > d=3: m capped" in caplog.text
     s = PowerOfChoice(num_clients=4, seed=1)
     grid = FakeGrid([4.0, 1.0, 3.0, 2.0])
     caplog.clear()
@@ -204,7 +204,7 @@ def test_a_probe_reply_cannot_take_a_client_id_bound_to_another_node():
     s = build_strategy("pow-d:d=2,m=2", num_clients=3)
     s.node_of_client[1] = 999  # client 1 belongs to node 999; node 101 claims it in its probe reply
     answers = s.evaluation.probe(1, named_arrays({"w": np.zeros(2, np.float32)}), Probe([100, 101]), FakeGrid([1.0, 2.0]))
-    losses = s.read_probe(1, [100, 101], answers)
+    losses = s.rule.read_probe(1, s.kept_state(), [100, 101], s.probe_answers(answers), [])
     assert losses == {100: 1.0, 101: 2.0} and s.client_of_node == {100: 0}
 
 
@@ -219,5 +219,5 @@ def test_a_probe_loss_beyond_the_honest_spread_is_not_picked():
         chosen = [play(s, grid, rnd)[0] for rnd in range(1, 4)]
         picked[spec] = sum(7 in c for c in chosen)
         if "ratio" not in spec:
-            assert s.selection["losses-out-of-range"] == 1 and chosen[0] == [1, 2, 4]
+            assert s.selection.metrics["losses-out-of-range"] == 1 and chosen[0] == [1, 2, 4]
     assert picked == {"pow-d:d=8,m=3": 0, "pow-d:d=8,m=3,max-loss-ratio=0": 3}

@@ -212,11 +212,11 @@ def test_the_serverapp_samples_among_the_online_as_a_deployment_does(over, tmp_p
     if over["strategy"].startswith("pow-d"):  # d candidates probed among the online, m of them trained
         strategy = build_strategy(over["strategy"], num_clients=int(over["num-clients"]))
         candidates = [server.get((r, PROBE), []) for r in range(1, rounds + 1)]
-        if strategy.variant == "rpow-d":  # no probe: it chooses by the train losses reported
+        if strategy.rule.params.variant == "rpow-d":  # no probe: it chooses by the train losses reported
             assert candidates == [[]] * rounds
         else:
-            assert [len(c) for c in candidates] == [min(strategy.d, len(o)) for o in online]
-            assert all(set(t) <= set(c) and len(t) == min(strategy.m, len(c))
+            assert [len(c) for c in candidates] == [min(strategy.rule.params.d, len(o)) for o in online]
+            assert all(set(t) <= set(c) and len(t) == min(strategy.rule.params.m, len(c))
                        for t, c in zip(trained, candidates, strict=True))
     else:  # Flower's size, max(int(fraction x online), 1), drawn by the rule's seeded generator from the online
         strategy = build_strategy(over["strategy"], num_clients=int(over["num-clients"]))

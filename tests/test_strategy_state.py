@@ -14,7 +14,7 @@ import torch
 from replies import run_round
 
 from experiments.inprocess import run_inprocess
-from strategies import ORACLES, STRATEGIES, build_strategy
+from strategies import ORACLES, STRATEGIES, build_strategy, state as rule_state
 
 ROOT = Path(__file__).resolve().parent.parent
 N = 4
@@ -52,9 +52,13 @@ def test_a_mifa_checkpoint_round_trip_keeps_the_table_and_the_binding():
 
 def test_a_checkpoint_of_another_rule_or_layout_is_a_clear_error():
     saved = build("pow-d").state_dict()
-    del saved["state"]["size_of"]
-    with pytest.raises(ValueError, match=r"lacks \['size_of'\]"):
-        build("pow-d").load_state_dict(saved)
+    del saved["state"]["size_of"]  # a rule value's State: every field has a default, which the checkpoint then gives
+    resumed = build("pow-d")
+    resumed.load_state_dict(saved)
+    assert resumed.rule_state.size_of == {}
+    Rows = dataclasses.make_dataclass("Rows", [("rows", list)])  # a State field without a default
+    with pytest.raises(ValueError, match=r"lacks \['rows'\] of strategy 'x'"):
+        rule_state.build(Rows, {}, "x")
     with pytest.raises(ValueError, match="format 9 is not the one this code reads and writes"):
         build("mifa").load_state_dict({**build("mifa").state_dict(), "format": 9})
     old = {"rng": np.random.default_rng(7).bit_generator.state, "client_of_node": {100: 0}, "mifa": {}}

@@ -19,18 +19,20 @@ normalised update above (v starts at 0, so the first step is u).
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
-from ..base import AvailabilityStrategy, ClientReport, ReplyRejected
 from ..bounds import MAX_STEPS_RATIO, RatioBound
-from ..intake import RoundIntake
+from ..contract import Finished, Needs, RoundContext, Rule
 from ..protocol import A_NORM, NUM_EXAMPLES, NUM_STEPS
+from ..replies import ClientReport, ReplyRejected
+from ..rule_strategy import RuleStrategy
 from ..state import kept_as
-from ..streaming import Fold, RunningSum, example_weight, step
+from ..streaming import RunningSum, step
 
 NEEDS_A_NORM = (
     "FedNova needs the 'a-norm' metric (‖a_i‖_1 of the local solver: the number of local steps "
@@ -43,19 +45,50 @@ NEEDS_NUM_STEPS = (
 )
 
 
+@dataclass(frozen=True)
+class FedNovaParams:
+    """server_momentum : β of the server momentum (0: none); max_a_norm_ratio : ‖a_i‖_1 at most
+    this × τ_i; max_steps_ratio : τ_i and ‖a_i‖_1 at most this × the lower median of the nodes'
+    recent ones (0 = off)."""
+
+    server_momentum: float = 0.0
+    max_a_norm_ratio: float = 10.0
+    max_steps_ratio: float = MAX_STEPS_RATIO
+
+    def __post_init__(self) -> None:
+        ratio = self.max_steps_ratio
+        if not (math.isfinite(ratio) and (ratio == 0 or ratio > 1)):
+            raise ValueError(f"max_steps_ratio (spec key max-steps-ratio) must be a finite number > 1 (0 = off), "
+                             f"got {ratio}")
+        if not 0.0 <= self.server_momentum < 1.0:
+            raise ValueError(f"server_momentum must be in [0, 1), got {self.server_momentum}")
+        if not (math.isfinite(self.max_a_norm_ratio) and self.max_a_norm_ratio >= 1):
+            raise ValueError(f"max_a_norm_ratio (spec key max-a-norm-ratio) must be a finite number >= 1, "
+                             f"got {self.max_a_norm_ratio}")
+
+
+def _reference() -> RatioBound:
+    return RatioBound(0.0)  # entries only: the rule applies max_steps_ratio to its reference
+
+
+def _loaded(saved: Any, rule: Any) -> RatioBound:
+    bound = _reference()
+    bound.load_state_dict(saved)
+    return bound
+
+
 @dataclass
 class FedNovaState:
     """The server momentum buffer v (None before the first round or without momentum) and the
-    recent accepted τ_i and ‖a_i‖_1 (the references of ``max_steps_ratio``)."""
+    recent accepted τ_i and ‖a_i‖_1 (the references of ``max_steps_ratio``; checkpointed as their
+    ``state_dict()``)."""
 
     buffer: np.ndarray | None = None
-    steps_bound: dict[str, list[Any]] = field(default_factory=dict, metadata=kept_as(
-        lambda bound: bound.state_dict(), lambda saved, rule: rule.steps_bound.restored(saved)))
-    a_norm_bound: dict[str, list[Any]] = field(default_factory=dict, metadata=kept_as(
-        lambda bound: bound.state_dict(), lambda saved, rule: rule.a_norm_bound.restored(saved)))
+    steps_bound: RatioBound = field(default_factory=_reference, metadata=kept_as(RatioBound.state_dict, _loaded))
+    a_norm_bound: RatioBound = field(default_factory=_reference, metadata=kept_as(RatioBound.state_dict, _loaded))
 
 
-class FedNova(AvailabilityStrategy):
+class FedNovaRule(Rule):
     """Normalised averaging (Wang et al., NeurIPS 2020, Eq. 7).
 
     p_i = n_i / n (``paper_weighting = "num-examples"``, what ``weighting="auto"``, the default,
@@ -73,104 +106,102 @@ class FedNova(AvailabilityStrategy):
     """
 
     name = "fednova"
-    required_metrics = (NUM_EXAMPLES, A_NORM, NUM_STEPS)
-    metric_hints = {A_NORM: NEEDS_A_NORM, NUM_STEPS: NEEDS_NUM_STEPS}
-    paper_weighting = "num-examples"  # p_i = n_i / n (Wang et al. 2020, Eq. 7)
-    mean_of_updates = True  # τ_eff × the robust statistic of the normalised updates Δ_i / a_i
-    State = FedNovaState
-    streams = True
+    Params, State = FedNovaParams, FedNovaState
+    # p_i = n_i / n (Wang et al. 2020, Eq. 7); the robust stage: τ_eff × the statistic of Δ_i / a_i
+    needs = Needs(paper_weighting="num-examples", mean_of_updates=True, metrics=(NUM_EXAMPLES, A_NORM, NUM_STEPS),
+                  metric_hints={A_NORM: NEEDS_A_NORM, NUM_STEPS: NEEDS_NUM_STEPS})
 
-    def __init__(self, *, server_momentum: float = 0.0, max_a_norm_ratio: float = 10.0,
-                 max_steps_ratio: float = MAX_STEPS_RATIO, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        if not (math.isfinite(max_steps_ratio) and (max_steps_ratio == 0 or max_steps_ratio > 1)):
-            raise ValueError(f"max_steps_ratio (spec key max-steps-ratio) must be a finite number > 1 (0 = off), "
-                             f"got {max_steps_ratio}")
-        self.steps_bound = RatioBound(float(max_steps_ratio))  # τ_i against the lower median of the nodes' latest τ
-        self.a_norm_bound = RatioBound(float(max_steps_ratio))  # ‖a_i‖_1 likewise
-        if not 0.0 <= server_momentum < 1.0:
-            raise ValueError(f"server_momentum must be in [0, 1), got {server_momentum}")
-        if not (math.isfinite(max_a_norm_ratio) and max_a_norm_ratio >= 1):
-            raise ValueError(f"max_a_norm_ratio (spec key max-a-norm-ratio) must be a finite number >= 1, "
-                             f"got {max_a_norm_ratio}")
-        self.server_momentum = float(server_momentum)
-        self.max_a_norm_ratio = float(max_a_norm_ratio)
-        self.buffer: np.ndarray | None = None  # server momentum v
-
-    def check_report(self, report: ClientReport) -> None:
+    def check(self, state: FedNovaState, report: ClientReport) -> None:
         """‖a_i‖_1 within [1, max_a_norm_ratio · τ_i] (the class docstring says why)."""
-        a, tau = report.a_norm, report.num_steps
+        a, tau, ratio = report.a_norm, report.num_steps, self.params.max_a_norm_ratio
         assert a is not None and tau is not None  # required metrics
-        if not 1.0 <= a <= self.max_a_norm_ratio * tau:
-            raise ReplyRejected(f"metric '{A_NORM}'={a:.3g} is outside [1, max-a-norm-ratio {self.max_a_norm_ratio:g} "
+        if not 1.0 <= a <= ratio * tau:
+            raise ReplyRejected(f"metric '{A_NORM}'={a:.3g} is outside [1, max-a-norm-ratio {ratio:g} "
                                 f"x num-steps {tau}]: no local solver gives it")
 
-    def check_counts(self, rnd: RoundIntake, reports: list[ClientReport]) -> list[ClientReport]:
+    def check_round(self, state: FedNovaState, reports: list[ClientReport],
+                    reject: Callable[[int, str], None]) -> list[ClientReport]:
         """τ_i and ‖a_i‖_1 within ``max_steps_ratio`` × the lower median over nodes of each node's
-        latest accepted one (:class:`RatioBound`: one entry per node; the first round's own), so that no client inflates τ_eff (which scales every client's
-        normalised update) by more than that factor (the norm bounds come next)."""
+        latest accepted one (:class:`RatioBound`: one entry per node; the first round's own), so
+        that no client inflates τ_eff (which scales every client's normalised update) by more than
+        that factor (the norm bounds come next)."""
+        ratio = float(self.params.max_steps_ratio)
         checks: tuple[tuple[str, RatioBound, Callable[[ClientReport], float]], ...] = (
-            ("num-steps", self.steps_bound, lambda r: float(r.num_steps or 0)),
-            ("a-norm", self.a_norm_bound, lambda r: float(r.a_norm or 0.0)))
+            ("num-steps", state.steps_bound, lambda r: float(r.num_steps or 0)),
+            ("a-norm", state.a_norm_bound, lambda r: float(r.a_norm or 0.0)))
         for name, bound, value_of in checks:
-            limit = bound.limit({r.node_id: value_of(r) for r in reports})
+            ref = bound.reference({r.node_id: value_of(r) for r in reports})
+            limit = ratio * ref if ratio and ref is not None else math.inf
             for r in reports:
                 if value_of(r) > limit:
-                    rnd.reject(r.node_id, f"metric '{name}'={value_of(r):.3g} > max-steps-ratio "
-                                           f"{bound.ratio:g} x the median of recent ones {limit / bound.ratio:.3g}")
+                    reject(r.node_id, f"metric '{name}'={value_of(r):.3g} > max-steps-ratio "
+                                      f"{ratio:g} x the median of recent ones {limit / ratio:.3g}")
             reports = [r for r in reports if value_of(r) <= limit]
         return reports
 
-    def commit_counts(self, reports: list[ClientReport]) -> None:
-        self.steps_bound.commit({r.node_id: float(r.num_steps) for r in reports if r.num_steps is not None})
-        self.a_norm_bound.commit({r.node_id: float(r.a_norm) for r in reports if r.a_norm is not None})
+    def accepted(self, state: FedNovaState, reports: list[ClientReport]) -> FedNovaState:
+        """The references with the round's accepted τ_i and ‖a_i‖_1 (one entry per node)."""
+        steps, a_norm = _reference(), _reference()
+        steps.entries, a_norm.entries = OrderedDict(state.steps_bound.entries), OrderedDict(state.a_norm_bound.entries)
+        steps.commit({r.node_id: float(r.num_steps) for r in reports if r.num_steps is not None})
+        a_norm.commit({r.node_id: float(r.a_norm) for r in reports if r.a_norm is not None})
+        return replace(state, steps_bound=steps, a_norm_bound=a_norm)
 
-    def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]) -> tuple[np.ndarray, dict[str, Any]]:
+    def references(self, state: FedNovaState) -> tuple[RatioBound, ...]:
+        return state.steps_bound, state.a_norm_bound
+
+    def fold(self, state: FedNovaState, ctx: RoundContext) -> FedNovaFold:
+        return FedNovaFold(self.params.server_momentum, state, ctx)
+
+    def robust_round(self, state: FedNovaState, ctx: RoundContext, reports: list[ClientReport],
+                     combine: Callable[[list[np.ndarray]], np.ndarray]) -> Finished:
         """``robust=median`` / ``trimmed-mean``: τ_eff and the normalised updates Δ_i / a_i, each by
-        the robust statistic (every reply at once); else the fold (:class:`FedNovaFold`)."""
-        if not self.robust.combines or not reports:
-            return super().aggregate(t, x, reports)
+        the robust statistic."""
         if any(r.a_norm is None for r in reports):
             raise ValueError(NEEDS_A_NORM)
         a = np.array([r.a_norm for r in reports], np.float64)
-        tau_eff = float(self.robust.combine(a[:, None].astype(np.float32))[0])
-        normalised = [r.delta / np.float32(ai) for r, ai in zip(reports, a, strict=True)]
-        u = tau_eff * self.robust.combine(self.stacked("robust", normalised)).astype(np.float64)
-        return step(x, self.server_lr, self.momentum(u)), {"tau-eff": tau_eff}
-
-    def momentum(self, u: np.ndarray) -> np.ndarray:
-        """v ← β v + u (server momentum β), returned; u itself without momentum."""
-        if self.server_momentum > 0:
-            self.buffer = u if self.buffer is None else self.server_momentum * self.buffer + u
-            return self.buffer
-        return u
-
-    def start_fold(self, t: int, x: np.ndarray) -> Fold:
-        return FedNovaFold(self, x)
+        tau_eff = float(combine([np.array([ai], np.float32) for ai in a])[0])
+        u = tau_eff * combine([r.delta / np.float32(ai) for r, ai in zip(reports, a, strict=True)]).astype(np.float64)
+        v, state = momentum(self.params.server_momentum, state, u)
+        return Finished(step(ctx.x, ctx.server_lr, v), state, {"tau-eff": tau_eff})
 
 
-class FedNovaFold(Fold):
-    """FedNova's update folded in reply by reply, with unnormalised weights v_i (n_i, or 1, or the
-    held round's weights: :meth:`strategies.streaming.Fold.report_weight`) and W = Σ v_i: τ_eff = Σ v_i a_i / W and Σ p_i Δ_i / a_i = (Σ (v_i / a_i) Δ_i) / W."""
+def momentum(beta: float, state: FedNovaState, u: np.ndarray) -> tuple[np.ndarray, FedNovaState]:
+    """v ← β v + u (server momentum β) and the state holding it; u itself without momentum."""
+    if beta > 0:
+        v = u if state.buffer is None else beta * state.buffer + u
+        return v, replace(state, buffer=v)
+    return u, state
 
-    def __init__(self, rule: FedNova, x: np.ndarray) -> None:
-        self.rule, self.x = rule, x
-        self.weight_of = example_weight(rule.weighting)
-        self.sum = RunningSum(x.size)
+
+class FedNovaFold:
+    """FedNova's update folded in reply by reply, with unnormalised weights v_i (``ctx.weight``:
+    n_i, or 1, or the held round's weights) and W = Σ v_i: τ_eff = Σ v_i a_i / W and
+    Σ p_i Δ_i / a_i = (Σ (v_i / a_i) Δ_i) / W."""
+
+    def __init__(self, beta: float, state: FedNovaState, ctx: RoundContext) -> None:
+        self.beta, self.state, self.ctx = beta, state, ctx
+        self.sum = RunningSum(ctx.x.size)
         self.work = 0.0  # Σ v_i a_i
         self.weight = 0.0  # Σ v_i
 
     def add(self, report: ClientReport) -> None:
         if report.a_norm is None:
             raise ValueError(NEEDS_A_NORM)
-        v, a = self.report_weight(report, self.weight_of), float(report.a_norm)
+        v, a = self.ctx.weight(report), float(report.a_norm)
         self.sum.add(v / a, report.delta)
         self.work += v * a
         self.weight += v
 
-    def finish(self) -> tuple[np.ndarray, dict[str, float]]:
+    def finish(self) -> Finished:
         if not self.sum.count:
-            return self.x, {}
+            return Finished(self.ctx.x, self.state, {})
         tau_eff = self.work / self.weight
-        u = (tau_eff / self.weight) * self.sum.total
-        return step(self.x, self.rule.server_lr, self.rule.momentum(u)), {"tau-eff": tau_eff}
+        v, state = momentum(self.beta, self.state, (tau_eff / self.weight) * self.sum.total)
+        return Finished(step(self.ctx.x, self.ctx.server_lr, v), state, {"tau-eff": tau_eff})
+
+
+class FedNova(RuleStrategy):
+    """:class:`FedNovaRule` as a Flower Strategy (Wang et al., NeurIPS 2020, Eq. 7)."""
+
+    rule = FedNovaRule()

@@ -7,7 +7,8 @@ Composed with Flower's classes, not rewritten. The base has already bound replie
 validated them and applied the sanity bounds; the rule averages the accepted updates as
 ``fedavg-active`` does (Δ̄ = Σ_i w_i Δ_i, the run's weighting; ``auto`` is Flower's n_i / n) and
 takes Flower's own strategy's step (``flwr.serverapp.strategy.FedAdam``, ...) on it through
-:class:`strategies.flower_step.FlowerStep`, which feeds Flower the averaged model x + Δ̄: Flower
+:class:`strategies.flower_step.FlowerStep` (built for each step, the moments set from the rule's
+state and read back into the new one), which feeds Flower the averaged model x + Δ̄: Flower
 takes the pseudo-gradient Δ̄ and applies its optimizer with its own parameters and defaults; spec
 keys are Flower's keyword names in kebab-case
 (``fedadam:eta=0.01,beta-1=0.9,beta-2=0.99,tau=0.001``, ``fedavgm:server-momentum=0.9``).
@@ -32,16 +33,17 @@ same size (docs/threat-model.md, "Adaptive optimizers").
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
 import numpy as np
 from flwr.serverapp import strategy as flower
 
-from .. import state as rule_state
-from ..base import AvailabilityStrategy, ClientReport
+from ..contract import Finished, Needs, RoundContext, Rule
 from ..flower_step import FlowerStep
-from ..streaming import Fold, RunningSum, example_weight
+from ..replies import ClientReport
+from ..rule_strategy import RuleStrategy
+from ..streaming import RunningSum
 
 
 @dataclass
@@ -59,69 +61,58 @@ class FedAvgMState:
     momentum_vector: list[np.ndarray] | None = None
 
 
-class _FlowerOptimizer(AvailabilityStrategy):
-    """A rule whose server step is one of Flower's strategies' (``flower_class``, its options
-    ``options``); its ``State`` names attributes of Flower's object (its moments), not of the rule."""
+class FlowerOptimizerRule(Rule):
+    """A rule whose server step is one of Flower's strategies' (``flower_class``, built with the
+    ``Params`` fields it takes); its ``State`` fields are attributes of Flower's object (its moments)."""
 
     flower_class: ClassVar[type] = type(None)
-    paper_weighting = "num-examples"  # Flower's FedAvg inside its optimizers weights by num-examples
-    step_key: ClassVar[str] = "eta"  # the spec key that is this optimizer's learning rate
-    streams = True
-    mean_of_updates = True  # the optimizer's step on the robust statistic of the round's Δ_i
     State: ClassVar[type] = FedOptState
+    # Flower's FedAvg inside its optimizers weights by num-examples; the robust stage: the
+    # optimizer's step on the robust statistic of the round's Δ_i; the server step is the optimizer's
+    needs = Needs(paper_weighting="num-examples", mean_of_updates=True, server_step="eta")
 
-    def use_optimizer(self, **options: Any) -> None:
-        """Build Flower's optimizer with ``options`` (the rule's own keyword arguments)."""
-        if self.server_lr != 1.0:
-            raise ValueError(f"strategy '{self.name}': its server step is the optimizer's learning rate: set "
-                             f"'{self.name}:{self.step_key}=...' and leave run config 'server-lr' at 1 "
-                             f"(got {self.server_lr})")
-        self.flower = FlowerStep(self.flower_class(**options))
+    def options(self) -> dict[str, Any]:
+        """Flower's constructor arguments: the ``Params`` fields (FedAdam's bias_correction is ours)."""
+        return {f.name: getattr(self.params, f.name) for f in fields(self.params)}
 
-    def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]) -> tuple[np.ndarray, dict[str, Any]]:
-        """``robust=median`` / ``trimmed-mean``: the optimizer's step on the robust statistic;
-        else the fold's (:class:`OptimizerFold`)."""
-        robust = self.robust_mean(reports)
-        if robust is None:
-            return super().aggregate(t, x, reports)
-        return self.optimizer_step(t, x, robust)
+    def fold(self, state: Any, ctx: RoundContext) -> OptimizerFold:
+        return OptimizerFold(self, state, ctx)
 
-    def start_fold(self, t: int, x: np.ndarray) -> Fold:
-        return OptimizerFold(self, t, x)
+    def robust_step(self, state: Any, ctx: RoundContext, statistic: np.ndarray, count: int) -> Finished:
+        """The optimizer's step on the robust statistic of the round's Δ_i."""
+        return self.step(state, ctx.t, ctx.x, statistic)
 
-    def optimizer_step(self, t: int, x: np.ndarray, u: np.ndarray | int) -> tuple[np.ndarray, dict[str, float]]:
-        """Flower's optimizer step from x^t with the round's weighted mean update u."""
-        new = self.flower.step(t, x, u)
-        return new, {"server-step-norm": float(np.linalg.norm(new - x))}
+    def step(self, state: Any, t: int, x: np.ndarray, u: np.ndarray | int) -> Finished:
+        """Flower's optimizer step from x^t with the round's weighted mean update u, from the
+        moments in ``state``; the new model, the new moments and ``server-step-norm``."""
+        optimizer = self.flower_class(**self.options())
+        for f in fields(state):
+            setattr(optimizer, f.name, getattr(state, f.name))
+        new = FlowerStep(optimizer).step(t, x, u)
+        return Finished(new, type(state)(**{f.name: getattr(optimizer, f.name) for f in fields(state)}),
+                        {"server-step-norm": float(np.linalg.norm(new - x))})
 
     def step_bound(self) -> float:
         """C η: the largest |x^{t+1}_j − x^t_j| any replies can cause (module docstring); inf
         where the optimizer has no such bound (FedAvgM: its step is its momentum's)."""
         return math.inf
 
-    def get_state(self) -> Any:
-        return rule_state.capture(self.flower.optimizer, self.State)
 
-    def set_state(self, state: Any) -> None:
-        rule_state.restore(self.flower.optimizer, state)
-
-
-class OptimizerFold(Fold):
+class OptimizerFold:
     """The weighted mean update Δ̄ folded in reply by reply (``fedavg-active``'s, the run's
-    weights), then Flower's optimizer step on it."""
+    weights: ``ctx.weight``), then Flower's optimizer step on it."""
 
-    def __init__(self, rule: _FlowerOptimizer, t: int, x: np.ndarray) -> None:
-        self.rule, self.t, self.x = rule, t, x
-        self.weight_of = example_weight(rule.weighting)
-        self.sum = RunningSum(x.size)
+    def __init__(self, rule: FlowerOptimizerRule, state: Any, ctx: RoundContext) -> None:
+        self.rule, self.state, self.ctx = rule, state, ctx
+        self.sum = RunningSum(ctx.x.size)
 
     def add(self, report: ClientReport) -> None:
-        self.sum.add(self.report_weight(report, self.weight_of), report.delta)
+        self.sum.add(self.ctx.weight(report), report.delta)
 
-    def finish(self) -> tuple[np.ndarray, dict[str, float]]:
+    def finish(self) -> Finished:
         if not self.sum.count:
-            return self.x, {}
-        return self.rule.optimizer_step(self.t, self.x, self.sum.total / self.sum.weight)
+            return Finished(self.ctx.x, self.state, {})
+        return self.rule.step(self.state, self.ctx.t, self.ctx.x, self.sum.total / self.sum.weight)
 
 
 def adam_ratio_bound(beta_1: float, beta_2: float, bias_correction: bool = True, rounds: int = 10_000) -> float:
@@ -139,7 +130,18 @@ def adam_ratio_bound(beta_1: float, beta_2: float, bias_correction: bool = True,
     return max(float(ratio.max()), limit)
 
 
-class FedAdam(_FlowerOptimizer):
+@dataclass(frozen=True)
+class FedAdamParams:
+    """Flower's ``FedAdam`` arguments and defaults; bias_correction : Flower's η_t (True) or Alg. 2's η."""
+
+    eta: float = 0.1
+    beta_1: float = 0.9
+    beta_2: float = 0.99
+    tau: float = 1e-3
+    bias_correction: bool = True
+
+
+class FedAdamRule(FlowerOptimizerRule):
     """FedAdam by Flower's ``FedAdam``; its defaults.
 
     Reddi et al., ICLR 2021, Alg. 2 step: x ← x + η m_t / (√v_t + τ). Flower's class adds Adam's
@@ -154,29 +156,38 @@ class FedAdam(_FlowerOptimizer):
     """
 
     name = "fedadam"
+    Params = FedAdamParams
     flower_class = flower.FedAdam
 
-    def __init__(self, *, eta: float = 0.1, beta_1: float = 0.9, beta_2: float = 0.99, tau: float = 1e-3,
-                 bias_correction: bool = True, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.use_optimizer(eta=eta, beta_1=beta_1, beta_2=beta_2, tau=tau)
-        self.bias_correction = bool(bias_correction)
+    def options(self) -> dict[str, Any]:
+        p = self.params
+        return {"eta": p.eta, "beta_1": p.beta_1, "beta_2": p.beta_2, "tau": p.tau}
 
-    def optimizer_step(self, t: int, x: np.ndarray, u: np.ndarray | int) -> tuple[np.ndarray, dict[str, float]]:
-        new, metrics = super().optimizer_step(t, x, u)
-        if not self.bias_correction:  # Reddi et al. Alg. 2: undo Flower's η_t / η (round r = t + 1)
-            b1, b2, r = self.flower.optimizer.beta_1, self.flower.optimizer.beta_2, t + 1
-            scale = (1 - b1 ** (r + 1)) / np.sqrt(1 - b2 ** (r + 1))
-            new = (x + scale * (new.astype(np.float64) - x)).astype(np.float32)
-            metrics = {**metrics, "server-step-norm": float(np.linalg.norm(new - x))}
-        return new, metrics
+    def step(self, state: Any, t: int, x: np.ndarray, u: np.ndarray | int) -> Finished:
+        done = super().step(state, t, x, u)
+        if self.params.bias_correction:
+            return done
+        b1, b2, r = self.params.beta_1, self.params.beta_2, t + 1  # Alg. 2: undo Flower's η_t / η (round r = t + 1)
+        scale = (1 - b1 ** (r + 1)) / np.sqrt(1 - b2 ** (r + 1))
+        new = (x + scale * (done.model.astype(np.float64) - x)).astype(np.float32)
+        return Finished(new, done.state, {**done.metrics, "server-step-norm": float(np.linalg.norm(new - x))})
 
     def step_bound(self) -> float:
-        opt = self.flower.optimizer
-        return opt.eta * adam_ratio_bound(opt.beta_1, opt.beta_2, self.bias_correction)
+        p = self.params
+        return p.eta * adam_ratio_bound(p.beta_1, p.beta_2, p.bias_correction)
 
 
-class FedYogi(_FlowerOptimizer):
+@dataclass(frozen=True)
+class FedYogiParams:
+    """Flower's ``FedYogi`` arguments and defaults."""
+
+    eta: float = 1e-2
+    beta_1: float = 0.9
+    beta_2: float = 0.99
+    tau: float = 1e-3
+
+
+class FedYogiRule(FlowerOptimizerRule):
     """FedYogi (Reddi et al., ICLR 2021, Alg. 2) by Flower's ``FedYogi``; its defaults.
 
     Step bound (:meth:`step_bound`): Yogi's v_t = v_{t−1} − (1 − β_2) g² sign(v_{t−1} − g²) (from 0)
@@ -185,22 +196,25 @@ class FedYogi(_FlowerOptimizer):
     """
 
     name = "fedyogi"
+    Params = FedYogiParams
     flower_class = flower.FedYogi
 
-    def __init__(self, *, eta: float = 1e-2, beta_1: float = 0.9, beta_2: float = 0.99, tau: float = 1e-3,
-                 **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.use_optimizer(eta=eta, beta_1=beta_1, beta_2=beta_2, tau=tau)
-
     def step_bound(self) -> float:
-        opt = self.flower.optimizer
-        b1, b2 = opt.beta_1, opt.beta_2
+        b1, b2 = self.params.beta_1, self.params.beta_2
         if not (0.5 <= b2 < 1 and 0 <= b1 < math.sqrt(b2)):
             return math.inf
-        return opt.eta * (1 - b1) / math.sqrt(1 - b2) / (1 - b1 / math.sqrt(b2))
+        return self.params.eta * (1 - b1) / math.sqrt(1 - b2) / (1 - b1 / math.sqrt(b2))
 
 
-class FedAdagrad(_FlowerOptimizer):
+@dataclass(frozen=True)
+class FedAdagradParams:
+    """Flower's ``FedAdagrad`` arguments and defaults."""
+
+    eta: float = 1e-1
+    tau: float = 1e-3
+
+
+class FedAdagradRule(FlowerOptimizerRule):
     """FedAdagrad (Reddi et al., ICLR 2021, Alg. 2) by Flower's ``FedAdagrad``; its defaults
     (Flower's has no first-moment momentum: β_1 = 0, so m_t = Δ_t).
 
@@ -208,25 +222,50 @@ class FedAdagrad(_FlowerOptimizer):
     """
 
     name = "fedadagrad"
+    Params = FedAdagradParams
     flower_class = flower.FedAdagrad
 
-    def __init__(self, *, eta: float = 1e-1, tau: float = 1e-3, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.use_optimizer(eta=eta, tau=tau)
-
     def step_bound(self) -> float:
-        return float(self.flower.optimizer.eta)
+        return float(self.params.eta)
 
 
-class FedAvgM(_FlowerOptimizer):
+@dataclass(frozen=True)
+class FedAvgMParams:
+    """Flower's ``FedAvgM`` arguments and defaults."""
+
+    server_learning_rate: float = 1.0
+    server_momentum: float = 0.0
+
+
+class FedAvgMRule(FlowerOptimizerRule):
     """FedAvgM (Hsu et al., arXiv:1909.06335, Sec. 3) by Flower's ``FedAvgM``; its defaults
     (server-momentum 0 and server-learning-rate 1: plain FedAvg until you set them)."""
 
     name = "fedavgm"
+    Params, State = FedAvgMParams, FedAvgMState
     flower_class = flower.FedAvgM
-    step_key = "server-learning-rate"
-    State = FedAvgMState
+    needs = Needs(paper_weighting="num-examples", mean_of_updates=True, server_step="server-learning-rate")
 
-    def __init__(self, *, server_learning_rate: float = 1.0, server_momentum: float = 0.0, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.use_optimizer(server_learning_rate=server_learning_rate, server_momentum=server_momentum)
+
+class FedAdam(RuleStrategy):
+    """:class:`FedAdamRule` as a Flower Strategy (Reddi et al., ICLR 2021, Alg. 2)."""
+
+    rule = FedAdamRule()
+
+
+class FedYogi(RuleStrategy):
+    """:class:`FedYogiRule` as a Flower Strategy (Reddi et al., ICLR 2021, Alg. 2)."""
+
+    rule = FedYogiRule()
+
+
+class FedAdagrad(RuleStrategy):
+    """:class:`FedAdagradRule` as a Flower Strategy (Reddi et al., ICLR 2021, Alg. 2)."""
+
+    rule = FedAdagradRule()
+
+
+class FedAvgM(RuleStrategy):
+    """:class:`FedAvgMRule` as a Flower Strategy (Hsu et al., arXiv:1909.06335, Sec. 3)."""
+
+    rule = FedAvgMRule()
