@@ -27,7 +27,7 @@ _WHERE = {
     "Scaffold": "rules.scaffold", "AmplifiedScaffold": "rules.scaffold", "FedPBC": "rules.fedpbc",
     "FedStale": "rules.fedstale", "DebiasedFedAvg": "rules.debiased_fedavg",
     "FedAdam": "rules.flower_opt", "FedYogi": "rules.flower_opt", "FedAdagrad": "rules.flower_opt",
-    "FedAvgM": "rules.flower_opt", "FedBuff": "rules.fedbuff", "FedAsync": "rules.fedasync",
+    "FedAvgM": "rules.flower_opt", "FedBuff": "rules.fedbuff", "CA2FL": "rules.ca2fl", "FedAsync": "rules.fedasync",
     "FedCompass": "rules.fedcompass",
 }
 __all__ = list(_WHERE)
