@@ -77,7 +77,8 @@ def steepest_step(spec: str, sequence: list[np.ndarray]) -> float:
     rule = build_strategy(spec, num_clients=3).rule
     x, worst, bound, state = np.zeros(len(sequence[0]), np.float32), 0.0, rule.step_bound(), rule.State()
     for t, u in enumerate(sequence):
-        new, state, _ = rule.step(state, t, x, np.asarray(u, np.float32))
+        done = rule.step(state, t, x, np.asarray(u, np.float32))
+        new, state = done.model, done.state
         rounding = 2.0**-22 * np.maximum(np.abs(x), np.abs(new))
         worst = max(worst, float(np.max((np.abs(new.astype(np.float64) - x) - rounding) / bound)))
         x = new
