@@ -190,7 +190,7 @@ def evaluate_models(workload: Workload, strategy: AvailabilityStrategy, arrays: 
 def config_record(grid: Grid, setup: Setup) -> dict[str, Any]:
     """``config.json``: the resolved run config, seeds, schedule, engine, versions."""
     cfg = setup.cfg
-    why = setup.strategy.holds_every_reply()
+    why = setup.strategy.reason_held()
     return {**cfg.to_dict(), "weighting-used": setup.strategy.weighting,
             "aggregation": f"holds every reply: {why}" if why else "streaming", "seeds": cfg.seeds,
             "schedule": setup.schedule.describe(), **engine_record(grid, cfg), "versions": _versions(), **ray_record(),

@@ -250,7 +250,7 @@ class AvailabilityStrategy(Rule, Strategy):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         if self.current is None or self.layout is None:
             raise RuntimeError("aggregate_train before configure_train/set_global (or current_arrays)")
-        rnd, holds = self.round, self.holds_every_reply()
+        rnd, holds = self.round, self.reason_held()
         if rnd.current is not self.current:  # replies without configure_train (a test, Flower's mocks)
             problems, rnd = rnd.problems, self.intake.new_round(rnd.sent, rnd.connected, self.current, self.layout)
             self.round, rnd.problems = rnd, problems
@@ -322,7 +322,7 @@ class AvailabilityStrategy(Rule, Strategy):
                  self.weighting, self.max_weight_share, self.robust, self.bounds, self.sampling, self.keys, self.failures.max_failed_rounds,
                  self.integer_arrays)
 
-    def holds_every_reply(self) -> str:
+    def reason_held(self) -> str:
         """Why this strategy holds every reply of a round ("" when it streams: the rule declares
         ``streams`` and ``stream`` is on); logged the first time."""
         if not self.params.stream:
@@ -331,7 +331,7 @@ class AvailabilityStrategy(Rule, Strategy):
             why = f"robust={self.robust} takes the coordinate-wise statistic of every reply's update"
         elif not self.streams:
             why = self.holds_replies
-        elif (override := self.aggregate_outside_fold()):
+        elif (override := self.reason_whole_round()):
             why = override
         elif self.weighting == "num-examples" and self.max_weight_share:
             why = "max-weight-share caps each weight against the whole round's (water-filling)"
@@ -343,7 +343,7 @@ class AvailabilityStrategy(Rule, Strategy):
                      "aggregates replies as they arrive (streaming)")
         return why
 
-    def aggregate_outside_fold(self) -> str:
+    def reason_whole_round(self) -> str:
         """Why this rule's ``aggregate`` runs on the whole round ("" when its fold stands for it):
         declared, not inferred. A rule of ``strategies`` that declares ``streams`` folds what its
         ``aggregate`` computes (tests/test_streaming.py checks each); an ``aggregate`` written elsewhere

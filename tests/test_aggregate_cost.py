@@ -116,7 +116,7 @@ def test_the_order_replies_arrive_in_does_not_change_the_model(spec):
         arrays, _ = s.aggregate_train(1, replies)
         assert not s.round_log.rejected
         out.append(arrays["w"].numpy())
-        streams = not s.holds_every_reply()
+        streams = not s.reason_held()
     if streams:
         np.testing.assert_allclose(out[0], out[1], rtol=1e-6, atol=1e-6)
     else:

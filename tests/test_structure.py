@@ -350,9 +350,9 @@ def test_the_base_declares_whether_a_round_streams_and_walks_no_mro(tmp_path):
     class Renamed(FedAvgActive):
         name = "renamed-fedavg"
 
-    assert FedAvgActive().holds_every_reply() == "" and Renamed().holds_every_reply() == ""
-    assert "Scaled writes its own aggregate" in Scaled().holds_every_reply()
-    assert ScaledAndDeclared().holds_every_reply() == ""
+    assert FedAvgActive().reason_held() == "" and Renamed().reason_held() == ""
+    assert "Scaled writes its own aggregate" in Scaled().reason_held()
+    assert ScaledAndDeclared().reason_held() == ""
 
 
 def math_written_twice(path: Path) -> list[str]:
