@@ -34,7 +34,7 @@ def service_main(args: argparse.Namespace) -> int:
 def drive(site: Site, args: argparse.Namespace) -> int:
     """The churn service's run on ``site`` (containers in the stack; any :class:`deploy.nodes.Site`
     works, which tests/test_deploy.py checks with processes): submit, follow with the round
-    churn driver, print the participation report; 0 only if ``Outcome.ok``."""
+    churn driver, print the participation report; 0 only if ``RunOutcome.ok``."""
     user = {"results-dir": args.results_dir, **parse_run_config(args.run_config)}
     given = getattr(args, "round_timeout", 0.0)
     if given and "round-timeout" not in user:

@@ -22,7 +22,7 @@ from .errors import DeployError
 from .local import ProcessSite
 from .procs import exit_on_signals
 from .record import run_recorded, summary
-from .run import Outcome, run_deployment
+from .run import RunOutcome, run_deployment
 from .submission import latest_checkpoint, parse_run_config
 from .waits import Waits, for_host, scale_run_waits, slowest_cap
 
@@ -131,7 +131,7 @@ class ProgressBar:
             self.console.print(status, soft_wrap=True)
 
 
-def print_outcome(console: Console, dep: ProcessSite | MultiHostSite, out: Outcome, counts: dict[str, dict[str, int]],
+def print_outcome(console: Console, dep: ProcessSite | MultiHostSite, out: RunOutcome, counts: dict[str, dict[str, int]],
                   devices: bool = False) -> int:
     """Print the run's outcome, participation report, per-class counts and 401s; the exit status
     (0 only when the run completed and its participation followed the schedule)."""

@@ -30,7 +30,7 @@ from .realised import (
     write_clients_jsonl,
     write_trace_matrix,
 )
-from .run import Outcome, run_deployment
+from .run import RunOutcome, run_deployment
 
 
 class NodeFigures(Protocol):
@@ -43,7 +43,7 @@ class NodeFigures(Protocol):
     def write(self, path: Path, timing: Mapping[tuple[int, int], Mapping[str, Any]]) -> None: ...
 
 
-def finish(site: ProcessSite, out: Outcome, figures: NodeFigures | None = None) -> dict[str, dict[str, int]]:
+def finish(site: ProcessSite, out: RunOutcome, figures: NodeFigures | None = None) -> dict[str, dict[str, int]]:
     """Write clients.jsonl, realised-trace.csv (and, with ``figures``, devices.csv); return the
     per-class counts (one class ``all`` without devices)."""
     n = site.num_nodes
@@ -73,7 +73,7 @@ def finish(site: ProcessSite, out: Outcome, figures: NodeFigures | None = None) 
 
 def run_recorded(site: ProcessSite, user_config: Mapping[str, Any], *,
                  on_row: Callable[[dict[str, Any]], None] | None = None,
-                 **kwargs: Any) -> tuple[Outcome, NodeFigures | None, dict[str, dict[str, int]]]:
+                 **kwargs: Any) -> tuple[RunOutcome, NodeFigures | None, dict[str, dict[str, int]]]:
     """:func:`deploy.run.run_deployment` on ``site``, then the per-client files; with device
     classes, calibrate them first and sample the nodes at every round. Returns (outcome, the
     devices' figures or None, per-class counts)."""

@@ -5,7 +5,7 @@ The run config is built once (:func:`deploy.submission.build_run_config`: one ru
 churn driver and the server follow the same folder), the nodes started, the run submitted and
 followed; a run can continue from a checkpoint (``resume_from``: a fresh SuperLink and fresh
 nodes, the same run folder). Afterwards the realised participation is compared with the
-schedule (:func:`deploy.participation.participation_report`); :attr:`Outcome.ok` requires both a
+schedule (:func:`deploy.participation.participation_report`); :attr:`RunOutcome.ok` requires both a
 completed run and no difference beyond the timing slack.
 """
 
@@ -51,7 +51,7 @@ DEFAULT_BOUND = 30.0
 
 
 @dataclass
-class Outcome:
+class RunOutcome:
     status: str
     run_id: int
     run_dir: Path
@@ -159,7 +159,7 @@ def churn_driver(site: Site, schedule: Schedule | None, num_rounds: int, drive: 
     raise ValueError(f"churn must be None, 'rounds' or 'wallclock', not {drive.churn!r}")
 
 
-def run_app(site: Site, user_config: Mapping[str, Any], app: AppRun, drive: Drive, follow: Follow) -> Outcome:
+def run_app(site: Site, user_config: Mapping[str, Any], app: AppRun, drive: Drive, follow: Follow) -> RunOutcome:
     """Another Flower app (:mod:`deploy.app`): ``user_config`` submitted as it is; the rounds, run
     folder, schedule and signal folder are the app run's. No look-ahead: the app lists round r's
     nodes after its round r - 1 evaluation, later than the signal, so a node started early for
@@ -184,9 +184,9 @@ def run_deployment(site: Site, user_config: Mapping[str, Any], *, churn: str | N
                    grace: float | None = None, lookahead: bool = True, crashes: Mapping[int, list[Crash]] | None = None,
                    speedup: float = 1.0, timeout: float = 1800.0, on_row: Callable[[dict[str, Any]], None] | None = None,
                    status_every: float = 10.0, resume_from: str | Path | None = None,
-                   round_start_signal: bool | None = None, app: AppRun | None = None) -> Outcome:
+                   round_start_signal: bool | None = None, app: AppRun | None = None) -> RunOutcome:
     """Start the nodes (all, or the schedule's first-round set), submit the run, drive churn, wait,
-    then compare the realised participation with the schedule (``Outcome.report``). ``churn``: None
+    then compare the realised participation with the schedule (``RunOutcome.report``). ``churn``: None
     (all nodes stay up), ``"rounds"`` (:class:`deploy.churn.RoundChurn`) or ``"wallclock"``
     (:class:`deploy.churn.WallClockChurn`); ``grace`` and ``round_start_signal``: :func:`decide_timing`;
     ``resume_from``: a checkpoint, continued in its own folder on a fresh SuperLink and fresh nodes;
@@ -213,7 +213,7 @@ def run_deployment(site: Site, user_config: Mapping[str, Any], *, churn: str | N
 
 
 def run_with(site: Site, cfg: dict[str, Any], driver: ChurnDriver | None, schedule: Schedule | None, follow: Follow,
-             num_rounds: int, run_dir: Path, start_round: int = 1, asynchronous: bool = False) -> Outcome:
+             num_rounds: int, run_dir: Path, start_round: int = 1, asynchronous: bool = False) -> RunOutcome:
     """Start the nodes, submit ``cfg``, follow the run to its end, compare participation
     (``asynchronous``: the rule is, and the rows are aggregations)."""
     site.ensure_superlink(fresh=start_round > 1)
@@ -224,7 +224,7 @@ def run_with(site: Site, cfg: dict[str, Any], driver: ChurnDriver | None, schedu
     follower = RunFollower(run_dir)  # the one follower: the driver's events, on_row's rows
     t0 = time.monotonic()
     run_id = cli.submit(site.project, cfg)
-    out = Outcome("", run_id, run_dir, follower.rows, cfg, driver, submitted_at=t0)
+    out = RunOutcome("", run_id, run_dir, follower.rows, cfg, driver, submitted_at=t0)
     if driver is not None:
         driver.on_event(Submitted(t0))
     follow_run(site, cli, out, follower, follow, num_rounds)
@@ -246,7 +246,7 @@ def start_nodes(site: Site, driver: ChurnDriver | None) -> None:
         site.wait_registered(i)
 
 
-def follow_run(site: Site, cli: FlwrCli, out: Outcome, follower: RunFollower, follow: Follow,
+def follow_run(site: Site, cli: FlwrCli, out: RunOutcome, follower: RunFollower, follow: Follow,
                num_rounds: int) -> None:
     """Hand the follower's events to the driver and the rows to ``on_row`` until the run has
     finished (any status) or the SuperLink died; DeployError after the timeout."""
@@ -285,7 +285,7 @@ def give_up(cli: FlwrCli, run_id: int, timeout: float) -> NoReturn:
     raise DeployError(f"run {run_id} not finished after {timeout:.0f} s (stopped)")
 
 
-def compare_participation(site: Site, out: Outcome, schedule: Schedule | None, num_rounds: int,
+def compare_participation(site: Site, out: RunOutcome, schedule: Schedule | None, num_rounds: int,
                           asynchronous: bool = False) -> None:
     """``out.report``: each round's participants against the schedule (round churn or none). Not
     for wall-clock churn (time, not rounds) nor an asynchronous rule (``out.off_arrivals``)."""

@@ -24,7 +24,7 @@ from typing import Any
 from flwr.app import Message
 from flwr.serverapp import Grid
 
-from strategies.asynchronous import AsyncRule, Outcome
+from strategies.asynchronous import ArrivalOutcome, AsyncRule
 
 from .network import PULL_INTERVAL, PULL_INTERVAL_VAR
 from .setup import Setup
@@ -95,7 +95,7 @@ def run_realtime(grid: Grid, setup: Setup, strategy: AsyncRule, rec: Any) -> flo
                 strategy.release(job.version)
                 strategy.round_log.unavailable.append(job.node)
                 rec.note(strategy, strategy.client_of_node.get(job.node, -1),
-                         Outcome(job.node, reason="unavailable: no reply within the timeout", unavailable=True), t - t0)
+                         ArrivalOutcome(job.node, reason="unavailable: no reply within the timeout", unavailable=True), t - t0)
         time.sleep(interval)
     for job in jobs.values():  # jobs still out when the run ends: their replies are not waited for
         strategy.release(job.version)

@@ -50,7 +50,7 @@ from rich.console import Console
 
 from flowerlink import set_message_id
 from runconfig import ConfigError
-from strategies.asynchronous import AsyncRule, Outcome
+from strategies.asynchronous import ArrivalOutcome, AsyncRule
 from strategies.replies import brief
 from virtualtime import Event, EventQueue, VirtualClock
 from virtualtime.events import run_events
@@ -348,7 +348,7 @@ class VirtualLoop:
         if job.reply is None or job.lost:  # no reply, or offline before the job ended
             s.release(job.version)
             s.round_log.unavailable.append(job.message.metadata.dst_node_id)
-            outcome = Outcome(job.message.metadata.dst_node_id, job.client, reason="unavailable", unavailable=True)
+            outcome = ArrivalOutcome(job.message.metadata.dst_node_id, job.client, reason="unavailable", unavailable=True)
         else:
             outcome = s.arrive(job.reply, job.message, job.version, self.connected, now)
         self.rec.note(s, job.client, outcome, now)

@@ -71,7 +71,7 @@ class Arrival:
 
 
 @dataclass
-class Outcome:
+class ArrivalOutcome:
     """What one arrival did: rejected (``reason``), accepted, and whether the rule aggregated."""
 
     node: int
@@ -226,10 +226,10 @@ class AsyncRule(AvailabilityStrategy):
             self.snapshots.pop(version, None)
 
     def arrive(self, reply: Message, sent: Message, version: int, connected: set[int], now: float = 0.0
-               ) -> Outcome:
+               ) -> ArrivalOutcome:
         """One reply to the job ``sent`` (from ``version``): checked, then given to the rule.
 
-        Never raises on what the reply holds: a bad reply is an Outcome with its reason (also in
+        Never raises on what the reply holds: a bad reply is an ArrivalOutcome with its reason (also in
         ``round_log``, which the loop reads and resets per aggregation)."""
         node = sent.metadata.dst_node_id
         staleness = self.version - version
@@ -237,7 +237,7 @@ class AsyncRule(AvailabilityStrategy):
             if staleness > self.max_staleness:
                 reason = f"stale: staleness {staleness} > max-staleness {self.max_staleness}"
                 self.round_log.rejected.append((node, reason))
-                return Outcome(node, staleness=staleness, reason=reason)
+                return ArrivalOutcome(node, staleness=staleness, reason=reason)
             report = self._check_one(reply, sent, version, connected)
             start = self.snapshots.get(version, self.current)  # x^τ, before release may drop it
         finally:
@@ -245,11 +245,11 @@ class AsyncRule(AvailabilityStrategy):
         if report is None:
             log = self.round_log
             why = next((r for n, r in reversed(log.rejected) if n == node), "")
-            return Outcome(node, staleness=staleness, reason=why or "unavailable", unavailable=not why)
+            return ArrivalOutcome(node, staleness=staleness, reason=why or "unavailable", unavailable=not why)
         assert start is not None
         arrival = Arrival(_owned(report), version, staleness, start, now)
         self._nodes = max(self.num_clients or 0, len(connected))
-        outcome = Outcome(node, report.client_id, staleness, held=self._holding())
+        outcome = ArrivalOutcome(node, report.client_id, staleness, held=self._holding())
         if outcome.held:  # judged when the hold ends (the scheduler of a rule still sees it now)
             arrival.judged = False
         else:

@@ -17,14 +17,14 @@ log = logging.getLogger(__name__)
 flwr_log = logging.getLogger("flwr")
 
 
-class Claim(Protocol):
+class IdClaim(Protocol):
     """What a claim needs: the node that sent it and the client id it claims."""
 
     node_id: int
     client_id: int
 
 
-C = TypeVar("C", bound=Claim)
+C = TypeVar("C", bound=IdClaim)
 
 
 class ClientBinding:
@@ -48,7 +48,7 @@ class ClientBinding:
         """The verdicts on one round's claims, one claim at a time (:class:`RoundClaims`)."""
         return RoundClaims(self, connected)
 
-    def bind(self, accepted: Sequence[Claim]) -> None:
+    def bind(self, accepted: Sequence[IdClaim]) -> None:
         """Bind the accepted claims (a rejected one must leave no trace: bind only these)."""
         for r in accepted:
             owner = self.node_of_client.get(r.client_id)
@@ -123,7 +123,7 @@ class RoundClaims:
         self.bound_to = {node: client for client, node in binding.node_of_client.items()}
         self.winner: dict[int, int] = {}  # client id -> the node whose claim stands this round
 
-    def take(self, r: Claim, reject: Callable[[int, str], None]) -> bool:
+    def take(self, r: IdClaim, reject: Callable[[int, str], None]) -> bool:
         """Whether ``r`` stands; if not, ``reject`` is told why."""
         own = self.bound_to.setdefault(r.node_id, r.client_id)  # a node's first claim this round
         if own != r.client_id:
