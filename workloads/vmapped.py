@@ -86,6 +86,24 @@ def prefers_cohort(model: nn.Module) -> tuple[bool, str]:
     return True, "the cohort wherever it can train the run, on every machine"
 
 
+def batched_kernels(device: torch.device) -> bool:
+    """Whether the cohort engine runs one vmapped forward and backward pass per chunk on
+    ``device`` (a GPU), or each client's own pass with the per-client engine's kernels (a CPU).
+
+    On a CPU the vmapped pass sums in another order than the per-client one: a vmapped
+    convolution is one grouped convolution (its weight gradient, a sum over batch x height x
+    width, ~1e-6 relative apart per step on CIFAR-10's first layer) and a vmapped linear layer a
+    batched product (~1e-6 apart forward). That is ten times the 1e-7 start move that measures a
+    config's own sensitivity, so where a ReLU or a max-pool is within rounding of flipping the
+    engines take different sides (issue 49: the CIFAR-10 ``cnn`` at lr 0.05, one client of ten
+    1.8e-3 apart after a flip at step 18, the round's model 2.9e-4 against its own 7.3e-7). With
+    the per-client kernels the engines are bit-identical on a CPU, and no slower there (one
+    client's pass already keeps a core busy; ``benchmarks/engine_speed.py``). On a GPU batching is
+    the lever, and the vmapped pass agrees within the config's own sensitivity in exact float32.
+    """
+    return device.type != "cpu"
+
+
 def has_convolution(model: nn.Module) -> str | None:
     """The name of ``model``'s first convolution, or None (the CPU speed note of ``engine = auto``)."""
     for name, m in model.named_modules():
@@ -117,6 +135,10 @@ class CohortTrainer:
         self._mask_shapes: dict[int, list[tuple[int, ...]]] = {}
         self._chunks: dict[tuple[int, bool, bool], int] = {}
         self._losses = vmap(self._loss, in_dims=(0, 0, 0, 0), randomness="error")
+        #: One vmapped pass for the whole chunk (a GPU), or each client's own forward and backward
+        #: pass, the per-client engine's kernels, on its rows of the stacks (a CPU: see
+        #: :func:`batched_kernels`); the solver step is batched either way.
+        self.batched = batched_kernels(wl.device)
         self._dry_run()
 
     def _dry_run(self) -> None:
@@ -128,10 +150,32 @@ class CohortTrainer:
         for name, shape in zip(self.dropouts, self.mask_shapes(batch), strict=True):
             others[name] = torch.ones((2, *shape), device=self.x.device)
         idx = torch.zeros((2, batch), dtype=torch.long, device=self.x.device)
-        self._step(params, others, self.x[idx], self.y[idx])
+        self._vmapped_step(params, others, self.x[idx], self.y[idx])  # on every device: one verdict
 
     def _step(self, params: StateDict, others: StateDict, x: torch.Tensor,
               y: torch.Tensor) -> tuple[StateDict, torch.Tensor]:
+        """Every client's loss gradient and loss, stacked (see :attr:`batched`)."""
+        if self.batched:
+            return self._vmapped_step(params, others, x, y)
+        return self._each_step(params, others, x, y)
+
+    def _each_step(self, params: StateDict, others: StateDict, x: torch.Tensor,
+                   y: torch.Tensor) -> tuple[StateDict, torch.Tensor]:
+        """Client after client, the per-client engine's forward and backward pass (the same
+        operations on the same tensors: bit for bit its gradients and losses), on views of the
+        client's rows; the gradients stacked for the batched solver step."""
+        names, per_client, losses = list(params), [], []
+        for c in range(x.shape[0]):
+            leaves = [params[k][c].detach().requires_grad_() for k in names]
+            state = {**dict(zip(names, leaves, strict=True)), **{k: v[c] for k, v in others.items()}}
+            loss = self._loss(state, {}, x[c], y[c])
+            per_client.append(torch.autograd.grad(loss, leaves, allow_unused=True, materialize_grads=True))
+            losses.append(loss.detach())
+        grads = {k: torch.stack(gs) for k, gs in zip(names, zip(*per_client, strict=True), strict=True)}
+        return grads, torch.stack(losses)
+
+    def _vmapped_step(self, params: StateDict, others: StateDict, x: torch.Tensor,
+                      y: torch.Tensor) -> tuple[StateDict, torch.Tensor]:
         """Every client's loss gradient and loss: the vmapped forward pass (batched matmuls and
         convolutions), then autograd through it; the sum's gradient with respect to client c's
         parameters is client c's own (the clients share nothing). On a CPU this is about twice as
