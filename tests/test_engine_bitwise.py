@@ -15,6 +15,7 @@ miniature (the CIFAR-10 ``cnn`` with its head, lr 0.05, 20 steps of 32, Dirichle
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -23,7 +24,7 @@ from fixtures_data import make_cifar_npz
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
 from torch import nn
 
-from experiments.inprocess import default_run_config
+from experiments.inprocess import default_run_config, run_inprocess
 from runconfig import WorkloadConfig, from_run_config
 from workloads import workload as workload_module
 from workloads.models import Classifier
@@ -104,6 +105,23 @@ def test_the_issue_case_in_miniature_is_bit_for_bit(tmp_path):
         "partition": "dirichlet:alpha=0.1", "lr": 0.05, "local-steps": "steps:n=20", "batch-size": 32,
         "device": "cpu"}))
     assert_bitwise(wl, 0)
+
+
+def test_auto_on_a_cpu_gives_the_per_client_runs_numbers_bit_for_bit(tmp_path):
+    """A whole in-process run (ServerApp loop, ClientApp, rule) under ``engine = auto`` ends where
+    ``engine = per-client`` ends, every tensor and every round's training loss equal: auto picks
+    the faster engine and changes no number."""
+    cfg = {"num-server-rounds": 3, "num-clients": 6, "model": "cnn", "availability": "bernoulli:p=0.7",
+           "local-steps": "epochs:min=1,max=2", "batch-size": 16, "lr": 0.1, "checkpoint-every": 0,
+           "eval-every": 0, "progress": False, "results-dir": str(tmp_path)}
+    runs = {e: run_inprocess({**cfg, "engine": e, "run-name": e}) for e in ("per-client", "auto")}
+    assert json.loads((runs["auto"] / "config.json").read_text())["engine-used"] == "cohort"
+    ref, got = (torch.load(runs[e] / "final_model.pt") for e in ("per-client", "auto"))
+    assert ref.keys() == got.keys() and all(torch.equal(ref[k], got[k]) for k in ref)
+    ref_rows, rows = ([json.loads(line) for line in (runs[e] / "metrics.jsonl").read_text().splitlines()]
+                      for e in ("per-client", "auto"))
+    assert [r.get("train-loss") for r in rows] == [r.get("train-loss") for r in ref_rows]
+    assert [r["participants"] for r in rows] == [r["participants"] for r in ref_rows]
 
 
 def test_batched_kernels_only_off_a_cpu():

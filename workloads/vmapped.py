@@ -1,22 +1,25 @@
-"""Local training of a whole cohort at once: the clients' parameters stacked, one vmapped step.
+"""Local training of a whole cohort at once: the clients' parameters stacked, one batched step.
 
 :class:`CohortTrainer` runs, for every client of a round, exactly the local steps of
 :meth:`~workloads.workload.Workload.train_client` (the same mini-batches, learning rate, solver
-and dropout masks), but as ``torch.func.vmap(functional_call)`` with autograd through it over the clients'
-stacked parameters, in chunks that fit a memory budget. Clients are grouped by mini-batch size (a
+and dropout masks) on the clients' stacked parameters, in chunks that fit a memory budget: on a
+GPU as ``torch.func.vmap(functional_call)`` with autograd through it, on a CPU each client's own
+forward and backward pass on its rows. Clients are grouped by mini-batch size (a
 client with fewer examples than the batch uses all of them, as per client); clients with fewer
 local steps than others stop updating (the update is applied to the rows of the clients
 with steps left). The update is :func:`workloads.solvers.solver_step`, the function the
 per-client engine calls, on the stacked tensors; the loss is :func:`~workloads.solvers.batch_loss`.
-Results equal the per-client ones up to float reassociation in the forward and backward pass
-(batched matrix products): where training is chaotic (a ReLU that flips on one example, then
-momentum and a large step amplifying it) that is as large as a 1e-7 perturbation of the start
-gives the per-client engine itself; see ``benchmarks/engine_agreement.py``.
+On a GPU, results equal the per-client ones up to float reassociation in the vmapped forward and
+backward pass (batched matrix products, grouped convolutions): where training is chaotic (a ReLU
+that flips on one example, then momentum and a large step amplifying it) that is as large as a
+1e-7 perturbation of the start gives the per-client engine itself; see
+``benchmarks/engine_agreement.py``. On a CPU they are equal bit for bit.
 
 :func:`cohort_unsupported` says why a workload cannot be batched (then the engine trains it per
 client and says so); a dry vmapped step catches what it does not know. :func:`prefers_cohort`
-is ``engine = auto``'s choice, from what the model is (or declares), never from its name or the
-machine. Both engines train in exact float32 on a GPU (:func:`workloads.precision.exact_float32`).
+is ``engine = auto``'s choice, from what the model is (or declares), never from its name;
+:func:`batched_kernels` says which pass a device runs. Both engines train in exact float32 on a
+GPU (:func:`workloads.precision.exact_float32`).
 """
 
 from __future__ import annotations
@@ -70,20 +73,22 @@ def cohort_unsupported(model: nn.Module) -> str | None:
 
 
 def prefers_cohort(model: nn.Module) -> tuple[bool, str]:
-    """Whether ``engine = auto`` should train ``model`` as a cohort, and why: by what the model is,
-    never by its name, and never by the machine (a CPU and a GPU run of one config choose the same
-    engine, so they train the same way).
+    """Whether ``engine = auto`` should train ``model`` as a cohort, and why: by what the model is
+    (or declares), never by its name.
 
-    A model may declare it (attribute ``prefers_cohort = True/False``); otherwise the cohort. On a
-    GPU batching the clients is the lever; on a CPU vmapped dense layers are as fast or faster than
-    one client after the other and vmapped convolutions slower (``benchmarks/engine_speed.py``),
-    which ``experiments.cohort_grid.auto_engine`` logs. Whether the cohort engine *can* train
-    it is decided afterwards by :class:`CohortTrainer`'s dry vmapped step.
+    A model may declare it (attribute ``prefers_cohort = True/False``); otherwise the cohort, the
+    faster engine on every machine (``benchmarks/engine_speed.py``): on a GPU batching the clients
+    is the lever; on a CPU the cohort runs each client's pass with the per-client kernels
+    (:func:`batched_kernels`: the per-client engine's numbers bit for bit) and saves the
+    ClientApp's per-message training path. Whether the cohort engine *can* train it is decided
+    afterwards by :class:`CohortTrainer`'s dry vmapped step.
     """
     declared = getattr(model, "prefers_cohort", None)
     if declared is not None:
         return bool(declared), f"the model declares prefers_cohort={bool(declared)}"
-    return True, "the cohort wherever it can train the run, on every machine"
+    return True, ("the cohort wherever it can train the run, the faster engine on every machine: on a GPU "
+                  "one vmapped pass, on a CPU each client's pass with the per-client kernels (the same numbers "
+                  "bit for bit)")
 
 
 def batched_kernels(device: torch.device) -> bool:
@@ -102,14 +107,6 @@ def batched_kernels(device: torch.device) -> bool:
     the lever, and the vmapped pass agrees within the config's own sensitivity in exact float32.
     """
     return device.type != "cpu"
-
-
-def has_convolution(model: nn.Module) -> str | None:
-    """The name of ``model``'s first convolution, or None (the CPU speed note of ``engine = auto``)."""
-    for name, m in model.named_modules():
-        if isinstance(m, nn.modules.conv._ConvNd):
-            return f"{name} ({type(m).__name__})"
-    return None
 
 
 class CohortTrainer:
