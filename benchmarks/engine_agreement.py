@@ -20,16 +20,21 @@ Two ways to run the engines:
 
 ``--pytorch-defaults`` trains with PyTorch's default arithmetic on a GPU (TF32 convolutions, any
 cuDNN algorithm: the code before issue 37) instead of :func:`workloads.precision.exact_float32`.
+``--vmapped-cpu`` runs the cohort engine's vmapped pass on a CPU too (the code before issue 49;
+since then a CPU runs each client's pass with the per-client kernels, bit-identical).
 
 Suites:
 
 - ``issue37`` (default): issue 37's table, CIFAR-10 (the shared JPEG-q75 copy), the ``cnn`` model,
   per-class Dirichlet 0.1 over ``--clients`` clients, every client available, round 1.
 - ``issue28``: issue 28's configs (Fashion-MNIST, MLP, 100 clients, Dirichlet 0.1, ``bernoulli:p=0.15``).
+- ``issue49``: issue 49's case (CIFAR-10 ``cnn``, 200 clients, per-class Dirichlet 0.1,
+  ``bernoulli:p=0.04``, ``fedavg-active``, lr 0.05, 20 steps of 32); ``--clients`` does not apply.
 
     python -m benchmarks.engine_agreement                         # issue 37's four rows, round 1
     python -m benchmarks.engine_agreement --suite issue28 --rounds 1 4
     python -m benchmarks.engine_agreement --via trainers --device cuda [--pytorch-defaults]
+    python -m benchmarks.engine_agreement --suite issue49 [--vmapped-cpu]
 """
 
 from __future__ import annotations
@@ -63,6 +68,10 @@ SUITES: dict[str, tuple[dict[str, object], dict[str, dict[str, object]]]] = {
         "steps200": {"local-steps": "steps:n=200"},
         "epochs1": {"local-steps": "epochs:min=1,max=1"},
         "momentum": {"local-steps": "epochs:min=1,max=2", "solver": "momentum", "momentum": 0.9},
+    }),
+    "issue49": ({"dataset": "cifar10", "model": "cnn", "num-clients": 200, "partition": "dirichlet:alpha=0.1",
+                 "availability": "bernoulli:p=0.04", "strategy": "fedavg-active"}, {
+        "sgd-0.05": {"lr": 0.05, "local-steps": "steps:n=20", "batch-size": 32},
     }),
 }
 
@@ -141,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--device", default="cpu", help="the run config's device (cpu, cuda, auto)")
     ap.add_argument("--via", default="runs", choices=["runs", "trainers"])
+    ap.add_argument("--vmapped-cpu", action="store_true",
+                    help="the cohort engine's vmapped pass on a CPU too (before issue 49)")
     ap.add_argument("--pytorch-defaults", action="store_true",
                     help="train with PyTorch's default GPU arithmetic (TF32, any cuDNN algorithm): before issue 37")
     a = ap.parse_args(argv)
@@ -154,8 +165,11 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--via trainers measures round 1 only")
     if a.pytorch_defaults:
         workload.exact_float32 = vmapped.exact_float32 = pytorch_defaults
+    if a.vmapped_cpu:
+        vmapped.batched_kernels = lambda device: True
     base = {**COMMON, "num-clients": a.clients, **base, "device": a.device}
-    print(f"suite {a.suite}, device {a.device}, via {a.via}{', PyTorch defaults' if a.pytorch_defaults else ''}; "
+    print(f"suite {a.suite}, device {a.device}, via {a.via}{', PyTorch defaults' if a.pytorch_defaults else ''}"
+          f"{', vmapped on a CPU' if a.vmapped_cpu else ''}; "
           "relative L2 difference of the final model, max over tensors")
     extra = " clients past 10x | reruns not identical |" if a.via == "trainers" else ""
     print(f"| config | rounds | cohort vs per-client | own sensitivity | ratio |{extra} seconds |")

@@ -7,7 +7,10 @@ steps) and each cohort size (``bernoulli:p=0.15``: about 15 participants a round
   start weights, SGD on the same mini-batches): the raw-compute reference;
 - ``per-client``: the in-process engine (the real ServerApp loop and ClientApp, one client after
   the other);
-- ``cohort``: the cohort engine (the same loop; local training vmapped over the cohort);
+- ``cohort``: the cohort engine (the same loop; local training of the cohort at once: on a CPU
+  each client's pass with the per-client kernels, on a GPU one vmapped pass);
+- ``cohort-vmapped``: the cohort engine with the vmapped pass on a CPU too (the code before issue
+  49, whose numbers differ from the per-client engine's);
 - ``flwr``: Flower's Ray simulation through ``experiments.run`` (``--flwr``; slow to start).
 
 Each figure is the best of ``--repeats`` repetitions (interleaved across engines, so that a load
@@ -25,6 +28,7 @@ wall`` times elapsed seconds. The load average is printed with the figures.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -32,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -43,6 +48,7 @@ from experiments.inprocess import default_run_config, run_inprocess
 from experiments.presets import DATA_DIR
 from runconfig import WorkloadConfig, from_run_config
 from server_app import experiment
+from workloads import vmapped
 from workloads.workload import get_workload
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -100,8 +106,22 @@ def raw_round_times(cfg: dict) -> list[float]:
 
 
 def engine_round_times(cfg: dict, engine: str, out: Path) -> list[float]:
+    if engine == "cohort-vmapped":
+        with vmapped_kernels():
+            return engine_round_times(cfg, "cohort", out)
     run_dir = run_inprocess({**cfg, "engine": engine, "results-dir": str(out), "run-name": f"{engine}-{time.time_ns()}"})
     return [json.loads(line)["round-time"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@contextlib.contextmanager
+def vmapped_kernels() -> Iterator[None]:
+    """The cohort engine's vmapped pass on every device (before issue 49: also on a CPU)."""
+    saved = vmapped.batched_kernels
+    vmapped.batched_kernels = lambda device: True
+    try:
+        yield
+    finally:
+        vmapped.batched_kernels = saved
 
 
 def flwr_round_times(cfg: dict, out: Path) -> list[float]:
@@ -127,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=6, help="rounds per run (>= 3: rounds 2..R-1 are timed)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--engines", nargs="*", default=["raw", "per-client", "cohort"],
-                    choices=["raw", "per-client", "cohort", "auto"])
+                    choices=["raw", "per-client", "cohort", "cohort-vmapped", "auto"])
     ap.add_argument("--flwr", action="store_true", help="also time Flower's Ray simulation (flwr run)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dataset", default="fashion-mnist", help="fashion-mnist (default) or cifar10 (the JPEG-q75 copy)")
@@ -144,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{a.clock} seconds per round; {a.dataset}; device {a.device}, torch threads {torch.get_num_threads()}, cpus {os.cpu_count()}, "
           f"load average at start {os.getloadavg()[0]:.2f}; best of {a.repeats} "
           f"(median over rounds 2..{a.rounds - 1})")
-    print(f"{'model':5} {'parts':>5} " + " ".join(f"{e:>11}" for e in engines) + "   vs raw")
+    print(f"{'model':5} {'parts':>5} " + " ".join(f"{e:>14}" for e in engines) + "   vs raw")
     with tempfile.TemporaryDirectory() as tmp:
         for model in a.models:
             for size in a.sizes:
@@ -161,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
                             runs[engine].append(per_round(engine_round_times(cfg, engine, Path(tmp))))
                 best = {e: min(v) for e, v in runs.items()}
                 ratios = " ".join(f"{e} {best[e] / best['raw']:.2f}x" for e in engines if e != "raw" and "raw" in best)
-                print(f"{model:5} {size:5d} " + " ".join(f"{best[e]:11.3f}" for e in engines) + f"   {ratios}",
+                print(f"{model:5} {size:5d} " + " ".join(f"{best[e]:14.3f}" for e in engines) + f"   {ratios}",
                       flush=True)
     print(f"load average at end {os.getloadavg()[0]:.2f}")
     return 0

@@ -1,13 +1,13 @@
 """The cohort engine: an in-process Grid that trains a round's whole cohort at once.
 
 Run config ``engine``: ``per-client`` (every train message through the ClientApp, one after the
-other), ``cohort`` (this grid) or ``auto`` (:func:`auto_engine`: by the model, never the
-machine). :class:`CohortGrid` receives a round's train messages together; for each it runs the
+other), ``cohort`` (this grid) or ``auto`` (:func:`auto_engine`: the faster engine, the cohort
+unless the model declares otherwise; on a CPU with the per-client engine's numbers bit for bit). :class:`CohortGrid` receives a round's train messages together; for each it runs the
 ClientApp's own *start* (:func:`client_app.app.train_start`: decode, the availability gate, the
 client rule's start model such as FedAWE's own copy) and *reply*
 (:func:`client_app.app.train_reply`: metrics, FedAWE's echo, FedNova's a-norm), and replaces only
-the local training in between by :class:`workloads.vmapped.CohortTrainer` (vmapped over the
-stacked parameters). Every other message (identity queries, evaluation, FedAWE's adoption) goes
+the local training in between by :class:`workloads.vmapped.CohortTrainer` (stacked parameters,
+one batched solver step; a vmapped pass on a GPU, each client's own pass on a CPU). Every other message (identity queries, evaluation, FedAWE's adoption) goes
 through the ClientApp as in :class:`~experiments.inprocess.InProcessGrid`. Replies come back in
 the messages' order, so the strategy, the schedule, the checkpoints and the results folder cannot
 tell the engines apart.
@@ -15,7 +15,7 @@ tell the engines apart.
 A workload the cohort engine cannot batch (see :func:`workloads.vmapped.cohort_unsupported`), and a
 rule whose client corrects every local step (SCAFFOLD, Amplified SCAFFOLD), runs per client; the
 reason is logged once and recorded in ``config.json`` (``engine-used``,
-``engine-reason``).
+``engine-reason``; how the cohort computed: ``engine-kernels``).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from runconfig import WorkloadConfig, from_run_config
 from server_app.config import ENGINES
 from strategies.protocol import CORRECTED_RULES, LOCAL_STEPS
 from strategies.secure import secure_spec
-from workloads.vmapped import CohortTrainer, has_convolution, prefers_cohort
+from workloads.vmapped import CohortTrainer, batched_kernels, prefers_cohort
 from workloads.workload import Workload, get_workload
 
 from .grid import InProcessGrid, default_client_app
@@ -43,16 +43,22 @@ COHORT_PULL = 1024  # training messages started and trained together when their 
 
 def auto_engine(wl: Workload) -> tuple[str, str]:
     """(engine, why) for ``engine = auto``: :func:`workloads.vmapped.prefers_cohort` on the
-    workload's actual model, never its device, so a CPU and a GPU run of one config choose the same
-    engine (``config.json`` records it: ``engine-used``, ``engine-reason``). The engines agree
-    within the config's own sensitivity (``tests/test_engine_property.py``), so auto changes the
-    time a run takes, not its numbers."""
-    model = wl.new_model()
-    cohort, why = prefers_cohort(model)
-    if cohort and wl.device.type == "cpu" and (conv := has_convolution(model)) is not None:
-        log.info("engine=auto trains as a cohort on every machine (the same engine on a CPU and a GPU); "
-                 "with the convolution %s, engine=per-client is faster on a CPU", conv)
+    workload's actual model (``config.json`` records it: ``engine-used``, ``engine-reason``,
+    ``engine-kernels``). The cohort is the faster engine on both kinds of machine
+    (``benchmarks/engine_speed.py``): on a GPU its one vmapped pass (2.4-3.3x the per-client
+    engine's speed on an H200), on a CPU each client's pass with the per-client kernels, which
+    skips the ClientApp's per-message training path and computes the per-client engine's numbers
+    bit for bit (:func:`workloads.vmapped.batched_kernels`), so there auto changes the time a run
+    takes, never its numbers."""
+    cohort, why = prefers_cohort(wl.new_model())
     return ("cohort" if cohort else "per-client"), f"auto: {why}"
+
+
+def kernels_record(wl: Workload) -> str:
+    """How the cohort engine computes each client's pass on this run's device (``engine-kernels``)."""
+    if batched_kernels(wl.device):
+        return f"vmapped ({wl.device.type}): one batched pass a chunk, within the config's own sensitivity of per-client"
+    return f"per-client ({wl.device.type}): each client's own pass, bit-identical to engine=per-client"
 
 
 class CohortGrid(InProcessGrid):
@@ -69,7 +75,8 @@ class CohortGrid(InProcessGrid):
 
     @property
     def engine_record(self) -> dict[str, str]:
-        """What ``config.json`` records: ``engine-used`` and, when not what was asked, ``engine-reason``."""
+        """What ``config.json`` records: ``engine-used``; when not what was asked, ``engine-reason``;
+        for the cohort, ``engine-kernels`` (:func:`kernels_record`)."""
         if self._record is None:
             wl = get_workload(from_run_config(WorkloadConfig, self.run_config))
             used, why = (("cohort", "") if self.requested == "cohort" else auto_engine(wl))
@@ -88,7 +95,8 @@ class CohortGrid(InProcessGrid):
                     used, why = "per-client", f"the cohort engine cannot batch this workload: {exc}"
             if used == "per-client":
                 log.warning("engine=%s: training per client (%s)", self.requested, why)
-            self._record = {"engine-used": used, **({"engine-reason": why} if why else {})}
+            self._record = {"engine-used": used, **({"engine-reason": why} if why else {}),
+                            **({"engine-kernels": kernels_record(wl)} if used == "cohort" else {})}
         return self._record
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:

@@ -143,6 +143,7 @@ def test_auto_says_what_it_picked(tmp_path):
         _, cfg, _ = final_and_config(tmp_path / model, "auto", model=model)
         assert cfg["engine-used"] == "cohort" and cfg["engine-reason"].startswith("auto:")
         assert "every machine" in cfg["engine-reason"]
+        assert cfg["engine-kernels"].startswith("per-client (cpu)")  # how the cohort computed, here
 
 
 @pytest.mark.parametrize("model", ["mlp", "cnn"])

@@ -1,22 +1,25 @@
-"""Local training of a whole cohort at once: the clients' parameters stacked, one vmapped step.
+"""Local training of a whole cohort at once: the clients' parameters stacked, one batched step.
 
 :class:`CohortTrainer` runs, for every client of a round, exactly the local steps of
 :meth:`~workloads.workload.Workload.train_client` (the same mini-batches, learning rate, solver
-and dropout masks), but as ``torch.func.vmap(functional_call)`` with autograd through it over the clients'
-stacked parameters, in chunks that fit a memory budget. Clients are grouped by mini-batch size (a
+and dropout masks) on the clients' stacked parameters, in chunks that fit a memory budget: on a
+GPU as ``torch.func.vmap(functional_call)`` with autograd through it, on a CPU each client's own
+forward and backward pass on its rows. Clients are grouped by mini-batch size (a
 client with fewer examples than the batch uses all of them, as per client); clients with fewer
 local steps than others stop updating (the update is applied to the rows of the clients
 with steps left). The update is :func:`workloads.solvers.solver_step`, the function the
 per-client engine calls, on the stacked tensors; the loss is :func:`~workloads.solvers.batch_loss`.
-Results equal the per-client ones up to float reassociation in the forward and backward pass
-(batched matrix products): where training is chaotic (a ReLU that flips on one example, then
-momentum and a large step amplifying it) that is as large as a 1e-7 perturbation of the start
-gives the per-client engine itself; see ``benchmarks/engine_agreement.py``.
+On a GPU, results equal the per-client ones up to float reassociation in the vmapped forward and
+backward pass (batched matrix products, grouped convolutions): where training is chaotic (a ReLU
+that flips on one example, then momentum and a large step amplifying it) that is as large as a
+1e-7 perturbation of the start gives the per-client engine itself; see
+``benchmarks/engine_agreement.py``. On a CPU they are equal bit for bit.
 
 :func:`cohort_unsupported` says why a workload cannot be batched (then the engine trains it per
 client and says so); a dry vmapped step catches what it does not know. :func:`prefers_cohort`
-is ``engine = auto``'s choice, from what the model is (or declares), never from its name or the
-machine. Both engines train in exact float32 on a GPU (:func:`workloads.precision.exact_float32`).
+is ``engine = auto``'s choice, from what the model is (or declares), never from its name;
+:func:`batched_kernels` says which pass a device runs. Both engines train in exact float32 on a
+GPU (:func:`workloads.precision.exact_float32`).
 """
 
 from __future__ import annotations
@@ -70,28 +73,40 @@ def cohort_unsupported(model: nn.Module) -> str | None:
 
 
 def prefers_cohort(model: nn.Module) -> tuple[bool, str]:
-    """Whether ``engine = auto`` should train ``model`` as a cohort, and why: by what the model is,
-    never by its name, and never by the machine (a CPU and a GPU run of one config choose the same
-    engine, so they train the same way).
+    """Whether ``engine = auto`` should train ``model`` as a cohort, and why: by what the model is
+    (or declares), never by its name.
 
-    A model may declare it (attribute ``prefers_cohort = True/False``); otherwise the cohort. On a
-    GPU batching the clients is the lever; on a CPU vmapped dense layers are as fast or faster than
-    one client after the other and vmapped convolutions slower (``benchmarks/engine_speed.py``),
-    which ``experiments.cohort_grid.auto_engine`` logs. Whether the cohort engine *can* train
-    it is decided afterwards by :class:`CohortTrainer`'s dry vmapped step.
+    A model may declare it (attribute ``prefers_cohort = True/False``); otherwise the cohort, the
+    faster engine on every machine (``benchmarks/engine_speed.py``): on a GPU batching the clients
+    is the lever; on a CPU the cohort runs each client's pass with the per-client kernels
+    (:func:`batched_kernels`: the per-client engine's numbers bit for bit) and saves the
+    ClientApp's per-message training path. Whether the cohort engine *can* train it is decided
+    afterwards by :class:`CohortTrainer`'s dry vmapped step.
     """
     declared = getattr(model, "prefers_cohort", None)
     if declared is not None:
         return bool(declared), f"the model declares prefers_cohort={bool(declared)}"
-    return True, "the cohort wherever it can train the run, on every machine"
+    return True, ("the cohort wherever it can train the run, the faster engine on every machine: on a GPU "
+                  "one vmapped pass, on a CPU each client's pass with the per-client kernels (the same numbers "
+                  "bit for bit)")
 
 
-def has_convolution(model: nn.Module) -> str | None:
-    """The name of ``model``'s first convolution, or None (the CPU speed note of ``engine = auto``)."""
-    for name, m in model.named_modules():
-        if isinstance(m, nn.modules.conv._ConvNd):
-            return f"{name} ({type(m).__name__})"
-    return None
+def batched_kernels(device: torch.device) -> bool:
+    """Whether the cohort engine runs one vmapped forward and backward pass per chunk on
+    ``device`` (a GPU), or each client's own pass with the per-client engine's kernels (a CPU).
+
+    On a CPU the vmapped pass sums in another order than the per-client one: a vmapped
+    convolution is one grouped convolution (its weight gradient, a sum over batch x height x
+    width, ~1e-6 relative apart per step on CIFAR-10's first layer) and a vmapped linear layer a
+    batched product (~1e-6 apart forward). That is ten times the 1e-7 start move that measures a
+    config's own sensitivity, so where a ReLU or a max-pool is within rounding of flipping the
+    engines take different sides (issue 49: the CIFAR-10 ``cnn`` at lr 0.05, one client of ten
+    1.8e-3 apart after a flip at step 18, the round's model 2.9e-4 against its own 7.3e-7). With
+    the per-client kernels the engines are bit-identical on a CPU, and no slower there (one
+    client's pass already keeps a core busy; ``benchmarks/engine_speed.py``). On a GPU batching is
+    the lever, and the vmapped pass agrees within the config's own sensitivity in exact float32.
+    """
+    return device.type != "cpu"
 
 
 class CohortTrainer:
@@ -117,6 +132,10 @@ class CohortTrainer:
         self._mask_shapes: dict[int, list[tuple[int, ...]]] = {}
         self._chunks: dict[tuple[int, bool, bool], int] = {}
         self._losses = vmap(self._loss, in_dims=(0, 0, 0, 0), randomness="error")
+        #: One vmapped pass for the whole chunk (a GPU), or each client's own forward and backward
+        #: pass, the per-client engine's kernels, on its rows of the stacks (a CPU: see
+        #: :func:`batched_kernels`); the solver step is batched either way.
+        self.batched = batched_kernels(wl.device)
         self._dry_run()
 
     def _dry_run(self) -> None:
@@ -128,10 +147,32 @@ class CohortTrainer:
         for name, shape in zip(self.dropouts, self.mask_shapes(batch), strict=True):
             others[name] = torch.ones((2, *shape), device=self.x.device)
         idx = torch.zeros((2, batch), dtype=torch.long, device=self.x.device)
-        self._step(params, others, self.x[idx], self.y[idx])
+        self._vmapped_step(params, others, self.x[idx], self.y[idx])  # on every device: one verdict
 
     def _step(self, params: StateDict, others: StateDict, x: torch.Tensor,
               y: torch.Tensor) -> tuple[StateDict, torch.Tensor]:
+        """Every client's loss gradient and loss, stacked (see :attr:`batched`)."""
+        if self.batched:
+            return self._vmapped_step(params, others, x, y)
+        return self._each_step(params, others, x, y)
+
+    def _each_step(self, params: StateDict, others: StateDict, x: torch.Tensor,
+                   y: torch.Tensor) -> tuple[StateDict, torch.Tensor]:
+        """Client after client, the per-client engine's forward and backward pass (the same
+        operations on the same tensors: bit for bit its gradients and losses), on views of the
+        client's rows; the gradients stacked for the batched solver step."""
+        names, per_client, losses = list(params), [], []
+        for c in range(x.shape[0]):
+            leaves = [params[k][c].detach().requires_grad_() for k in names]
+            state = {**dict(zip(names, leaves, strict=True)), **{k: v[c] for k, v in others.items()}}
+            loss = self._loss(state, {}, x[c], y[c])
+            per_client.append(torch.autograd.grad(loss, leaves, allow_unused=True, materialize_grads=True))
+            losses.append(loss.detach())
+        grads = {k: torch.stack(gs) for k, gs in zip(names, zip(*per_client, strict=True), strict=True)}
+        return grads, torch.stack(losses)
+
+    def _vmapped_step(self, params: StateDict, others: StateDict, x: torch.Tensor,
+                      y: torch.Tensor) -> tuple[StateDict, torch.Tensor]:
         """Every client's loss gradient and loss: the vmapped forward pass (batched matmuls and
         convolutions), then autograd through it; the sum's gradient with respect to client c's
         parameters is client c's own (the clients share nothing). On a CPU this is about twice as
