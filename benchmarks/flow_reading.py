@@ -212,7 +212,7 @@ FEDBUFF: list[Stop] = [
         ("strategies/rule.py", "Rule.commit_counts"), ("strategies/intake.py", "RoundIntake.absorb"),
         ("strategies/asynchronous.py", "AsyncRule._holding"), ("strategies/asynchronous.py", "AsyncRule._share"),
         ("strategies/asynchronous.py", "AsyncRule.arrival_limit"), ("strategies/asynchronous.py", "AsyncRule.share_window"),
-        ("strategies/asynchronous.py", "Arrival"), ("strategies/asynchronous.py", "Outcome"),
+        ("strategies/asynchronous.py", "Arrival"), ("strategies/asynchronous.py", "ArrivalOutcome"),
     ]),
     ("5 FedBuff add, _aggregate_now, apply", [
         ("strategies/rules/fedbuff.py", "FedBuff"), ("strategies/asynchronous.py", "AsyncRule._aggregate_now"),
