@@ -80,7 +80,7 @@ def assert_bitwise(wl: Workload, rnd: int) -> None:
         assert result == ref, f"client {c}: {result} != {ref}"
 
 
-@settings(max_examples=14, deadline=None, derandomize=True,
+@settings(max_examples=8, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(over=configs())
 def test_the_cohort_engine_on_a_cpu_is_the_per_client_engine_bit_for_bit(over):
@@ -98,11 +98,12 @@ def test_the_cohort_engine_on_a_cpu_is_the_per_client_engine_bit_for_bit(over):
 
 def test_the_issue_case_in_miniature_is_bit_for_bit(tmp_path):
     """Issue 49's case (CIFAR-10 ``cnn`` with its 256-64 head, per-class Dirichlet 0.1, lr 0.05,
-    20 steps of 32) on a small generated CIFAR-10 file: every client equal bit for bit."""
+    20 steps of 32: 6 here, for CI's budget, the old code differing from the first step) on a
+    small generated CIFAR-10 file: every client equal bit for bit."""
     make_cifar_npz(tmp_path, n_train=400, n_test=10)
     wl = Workload(from_run_config(WorkloadConfig, {
         **default_run_config(), "dataset": "cifar10", "data-dir": str(tmp_path), "model": "cnn", "num-clients": 4,
-        "partition": "dirichlet:alpha=0.1", "lr": 0.05, "local-steps": "steps:n=20", "batch-size": 32,
+        "partition": "dirichlet:alpha=0.1", "lr": 0.05, "local-steps": "steps:n=6", "batch-size": 32,
         "device": "cpu"}))
     assert_bitwise(wl, 0)
 
