@@ -62,7 +62,7 @@ def bench(n: int, d: int, repeat: int, seed: int = 0) -> dict[str, float]:
     aware.aggregate(0, x, reports)  # fills the momenta and marks everyone seen (one full round)
     t_aware, _ = best_of(repeat, lambda: aware.aggregate(1, x, reports))
 
-    mom = aware.momenta
+    mom = aware.rule_state.momenta
     t_gram, gram = best_of(repeat, lambda: (mom @ mom.T).astype(np.float64))
     norms = np.sqrt(np.diag(gram))
     unit = gram / np.outer(norms, norms)

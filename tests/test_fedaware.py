@@ -7,7 +7,7 @@ from scipy.optimize import minimize
 
 from strategies import build_strategy
 from strategies.base import ClientReport
-from strategies.rules.fedaware import FedAWARE, min_norm_solve, min_norm_weights
+from strategies.rules.fedaware import FedAWARE, direction, min_norm_solve, min_norm_weights
 
 
 def objective(gram, lam):
@@ -112,8 +112,8 @@ def test_fedaware_step_by_hand():
     x = np.array([1.0, 1.0])
     new = run_round(s, 1, x, {0: np.array([-2.0, 0.0]), 1: np.array([0.0, -4.0]), 2: np.array([-2.0, -2.0])})
     np.testing.assert_allclose(new, x - 0.5 * np.array([0.5, 0.5]), atol=1e-6)
-    np.testing.assert_allclose(s.momenta, [[1, 0], [0, 2], [1, 1]])
-    assert s.momenta.dtype == np.float32 and s.momenta.shape == (3, 2)
+    np.testing.assert_allclose(s.rule_state.momenta, [[1, 0], [0, 2], [1, 1]])
+    assert s.rule_state.momenta.dtype == np.float32 and s.rule_state.momenta.shape == (3, 2)
 
 
 def test_fedavg_until_all_seen_then_momenta_of_absent_clients_are_kept():
@@ -121,13 +121,13 @@ def test_fedavg_until_all_seen_then_momenta_of_absent_clients_are_kept():
     x = np.zeros(2)
     x1 = run_round(s, 1, x, {0: np.array([-2.0, 0.0]), 1: np.array([0.0, -4.0])})
     np.testing.assert_allclose(x1, [-1.0, -2.0])  # FedAvg over active: client 2 never seen yet
-    np.testing.assert_allclose(s.momenta, [[1, 0], [0, 2], [0, 0]])
+    np.testing.assert_allclose(s.rule_state.momenta, [[1, 0], [0, 2], [0, 0]])
     # round 2: only client 2; now all seen. m_2 = ½ (2, 2)·... -> m̂_2 = (1, 1)/√2
     x2 = run_round(s, 2, x1, {2: np.array([-2.0, -2.0])})
     np.testing.assert_allclose(x2, x1 - np.array([0.5, 0.5]), atol=1e-6)
     # round 3: client 0 again: m_0 = ½ m_0 + ½ g_0
     run_round(s, 3, x2, {0: np.array([2.0, 0.0])})
-    np.testing.assert_allclose(s.momenta[0], [0.5 * 1 + 0.5 * -2, 0])
+    np.testing.assert_allclose(s.rule_state.momenta[0], [0.5 * 1 + 0.5 * -2, 0])
 
 
 def test_min_seen_excludes_never_seen_and_zero_momenta():
@@ -136,13 +136,13 @@ def test_min_seen_excludes_never_seen_and_zero_momenta():
     new = run_round(s, 1, x, {0: np.array([-2.0, 0.0]), 1: np.array([0.0, -2.0]), 3: np.zeros(2)})
     # client 3 sent Δ = 0 (m = 0), client 2 never seen: both left out -> min norm of e1, e2
     np.testing.assert_allclose(new, [-0.5, -0.5], atol=1e-6)
-    d, info = s.direction()
+    d, info = direction(s.rule_state.momenta, s.rule_state.seen)
     assert info["lambda-support"] == 2
 
 
 def test_empty_round_state_and_registry():
     s = build_strategy("fedaware:alpha=0.25,min-seen=1", num_clients=3)
-    assert isinstance(s, FedAWARE) and s.alpha == 0.25 and s.min_seen == 1
+    assert isinstance(s, FedAWARE) and s.rule.params.alpha == 0.25 and s.rule.params.min_seen == 1
     x = np.ones(3, np.float32)
     rep = [ClientReport(client_id=1, node_id=101, delta=np.array([1, 0, 0], np.float32), num_examples=5)]
     new, metrics = s.aggregate(0, x, rep)
@@ -151,8 +151,8 @@ def test_empty_round_state_and_registry():
     np.testing.assert_array_equal(same, new)
     t = FedAWARE(num_clients=3)
     t.load_state_dict(s.state_dict())
-    np.testing.assert_array_equal(t.momenta, s.momenta)
-    assert t.seen.tolist() == [False, True, False]
+    np.testing.assert_array_equal(t.rule_state.momenta, s.rule_state.momenta)
+    assert t.rule_state.seen.tolist() == [False, True, False]
     unknown = FedAWARE()  # N not given: the base takes the nodes connected at the first round
     with pytest.raises(ValueError, match="num_clients"):
         unknown.aggregate(0, x, rep)  # called without that round: a clear error, not a wrong N

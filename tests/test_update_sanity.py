@@ -15,7 +15,7 @@ from replies import rule_reply, start_round
 
 from strategies import STRATEGIES, FedAvgActive, build_strategy
 from strategies.bounds import MAX_NORM_RATIO, MAX_UPDATE_NORM
-from strategies.rules.fedaware import FedAWARE
+from strategies.rules.fedaware import FedAWARE, direction
 
 DIM, N = 3, 4
 
@@ -146,11 +146,9 @@ def test_bad_bounds_are_refused_naming_the_key(bounds, why):
 
 
 # ------------------------------------------------------------------------------ FedAWARE's solver
-def aware_with(rows):
-    s = FedAWARE(num_clients=len(rows), min_seen=1)
-    s.momenta = np.asarray(rows, np.float32)
-    s.seen[:] = True
-    return s
+def aware_direction(rows):
+    """FedAWARE's direction on momenta ``rows``, every client seen."""
+    return direction(np.asarray(rows, np.float32), np.ones(len(rows), bool))
 
 
 def test_fedaware_direction_is_finite_and_right_for_extreme_finite_momenta():
@@ -158,20 +156,20 @@ def test_fedaware_direction_is_finite_and_right_for_extreme_finite_momenta():
     v = rng.normal(size=50)
     v /= np.linalg.norm(v)
     # a vector of norm 1e30 and its opposite of norm 1e-30: the min-norm point of ±v is 0
-    d, info = aware_with([1e30 * v, -1e-30 * v]).direction()
+    d, info = aware_direction([1e30 * v, -1e-30 * v])
     assert np.all(np.isfinite(d)) and np.linalg.norm(d) < 1e-6 and info["solver-fallback"] == 0
     # near-duplicates at 1e30 (and one 3e38 entry): the min-norm point is v itself
     rows = [1e30 * v, 1e30 * (v + 1e-7 * rng.normal(size=50)), 1e30 * v * (1 + 1e-7)]
-    d, info = aware_with(rows).direction()
+    d, info = aware_direction(rows)
     assert np.all(np.isfinite(d)) and abs(np.linalg.norm(d) - 1) < 1e-4 and abs(d @ v - 1) < 1e-4
     assert info["solver-fallback"] == 0
     # a momentum of norm 1e-25 (its float32 squared norm underflows to 0) still counts: v ⟂ w -> (v + w)/2
     w = rng.normal(size=50)
     w -= (w @ v) * v
     w /= np.linalg.norm(w)
-    d, _ = aware_with([v, 1e-25 * w]).direction()
+    d, _ = aware_direction([v, 1e-25 * w])
     np.testing.assert_allclose(d, (v + w) / 2, atol=1e-5)
-    d, _ = aware_with([np.full(50, 3e38), -np.full(50, 3e38) + 1e31]).direction()
+    d, _ = aware_direction([np.full(50, 3e38), -np.full(50, 3e38) + 1e31])
     assert np.all(np.isfinite(d)) and np.linalg.norm(d) <= 1 + 1e-6
 
 
@@ -180,7 +178,7 @@ def test_fedaware_with_bounds_off_survives_huge_replies():
     ups = {0: np.full(DIM, 1e30), 1: np.full(DIM, 1e30) * (1 + 1e-6), 2: np.array([-3e38, 0.0, 3e38])}
     new, metrics = play(s, "fedaware", 1, np.zeros(DIM), ups)
     assert np.all(np.isfinite(new)) and metrics["num-participants"] == 3
-    assert np.all(np.isfinite(s.momenta))
+    assert np.all(np.isfinite(s.rule_state.momenta))
 
 
 def test_fedaware_solver_failure_falls_back_to_equal_weights_and_is_logged(monkeypatch, caplog):
@@ -188,8 +186,7 @@ def test_fedaware_solver_failure_falls_back_to_equal_weights_and_is_logged(monke
         raise np.linalg.LinAlgError("SVD did not converge")
 
     monkeypatch.setattr("strategies.rules.fedaware.min_norm_solve", broken)
-    s = aware_with([[2.0, 0.0], [0.0, 4.0]])
     with caplog.at_level(logging.ERROR):
-        d, info = s.direction()
+        d, info = aware_direction([[2.0, 0.0], [0.0, 4.0]])
     np.testing.assert_allclose(d, [0.5, 0.5])  # the mean of the unit momenta
     assert info["solver-fallback"] == 1 and "SVD did not converge" in caplog.text

@@ -19,10 +19,10 @@ Memory: the momenta are one float32 N × d matrix (the paper's O(N d) server sta
 
 Numerical safety (any finite input): the Gram matrix falls back from one float32 product to a
 blockwise product of the rows divided by their largest entry, scaled back in float64, when the
-float32 one overflows or underflows (:meth:`FedAWARE.gram`); d = Σ (λ_i / ‖m_i‖) m_i has
+float32 one overflows or underflows (:func:`gram`); d = Σ (λ_i / ‖m_i‖) m_i has
 ‖d‖ ≤ 1, and momenta with a norm below ~1e-38 (float32's smallest normal) count as zero. A
 momentum update stays within float32's range (|α m − (1 − α) Δ| ≤ max(|m|, |Δ|):
-:meth:`FedAWARE.update_momenta`). If the solver fails (an exception, or λ not finite or off the
+:func:`update_momenta`). If the solver fails (an exception, or λ not finite or off the
 simplex) the round falls back to equal weights λ_i = 1/|S| on the normalised momenta, the FedAvg
 of the unit momenta (logged; metric ``solver-fallback`` = 1).
 
@@ -36,12 +36,14 @@ divides zero-norm momenta by 1 instead of dropping them.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..base import AvailabilityStrategy, ClientReport
+from ..contract import Finished, Needs, RoundContext, Rule
+from ..replies import ClientReport
+from ..rule import Rule as HookRule
+from ..rule_strategy import RuleStrategy
 from ..weighting import weighted_sum
 
 log = logging.getLogger(__name__)
@@ -177,139 +179,165 @@ def min_norm_weights(gram: np.ndarray, *, tol: float = 1e-5, max_iter: int = 100
     return min_norm_solve(gram, tol=tol, max_iter=max_iter, polish=polish)[0]
 
 
+@dataclass(frozen=True)
+class FedAWAREParams:
+    """alpha : α, the momentum's weight of the past (in [0, 1)).
+    min_seen : clients to see before the min-norm direction is used (0: all N).
+    polish : the exact finish of Frank–Wolfe (False: plain Frank–Wolfe, as the official code)."""
+
+    alpha: float = 0.5
+    min_seen: int = 0
+    polish: bool = True
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.alpha < 1.0:
+            raise ValueError(f"alpha must be in [0, 1), got {self.alpha}")
+
+
 @dataclass
 class FedAWAREState:
     """The per-client momenta m_i (N × d float32, None before the first round) and who was seen."""
 
-    momenta: np.ndarray | None
-    seen: np.ndarray
+    momenta: np.ndarray | None = None
+    seen: np.ndarray | None = None
 
 
-class FedAWARE(AvailabilityStrategy):
-    """Min-norm direction of normalised per-client momenta (Zeng et al., arXiv:2310.02702, Alg. 1)."""
+class FedAWARERule(Rule):
+    """Min-norm direction of normalised per-client momenta (Zeng et al., arXiv:2310.02702, Alg. 1).
+
+    The momenta are the state's N × d matrix, changed in place by each round (a copy per round
+    would cost O(N d)); a checkpoint copies it."""
 
     name = "fedaware"
-    needs_client_ids = True  # momenta are rows 0..N-1 of a matrix
-    State = FedAWAREState
+    Params, State = FedAWAREParams, FedAWAREState
+    needs = Needs(client_ids=True, holds=HookRule.holds_replies)  # momenta are rows 0..N-1 of a matrix
 
-    def __init__(self, *, alpha: float = 0.5, min_seen: int = 0, polish: bool = True, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        if not 0.0 <= alpha < 1.0:
-            raise ValueError(f"alpha must be in [0, 1), got {alpha}")
-        n = self.num_clients  # None: the nodes connected at the first round (the base counts them)
-        if not 0 <= min_seen <= (n if n is not None else min_seen):
-            raise ValueError(f"min_seen must be in [0, N={n}] (0 = all clients), got {min_seen}")
-        self.alpha = float(alpha)
-        self._min_seen = int(min_seen)
-        self.polish = bool(polish)  # False: plain Frank–Wolfe only, as the official code
-        self.momenta: np.ndarray | None = None  # N × d float32
-        self.seen = np.zeros(n or 0, bool)
+    def validate(self, num_clients: int | None) -> None:
+        n = num_clients  # None: the nodes connected at the first round (the adapter counts them)
+        if not 0 <= self.params.min_seen <= (n if n is not None else self.params.min_seen):
+            raise ValueError(f"min_seen must be in [0, N={n}] (0 = all clients), got {self.params.min_seen}")
 
-    @property
-    def min_seen(self) -> int:
-        """Clients to see before the min-norm direction is used (0 given: all N)."""
-        return self._min_seen or self.require_num_clients()
+    def fold(self, state: FedAWAREState, ctx: RoundContext) -> FedAWAREFold:
+        return FedAWAREFold(self, state, ctx)
 
-    def aggregate(self, t: int, x: np.ndarray, reports: list[ClientReport]):
-        n = self.require_num_clients()
-        if self._min_seen > n:
-            raise ValueError(f"min_seen must be in [0, N={n}] (0 = all clients), got {self._min_seen}")
-        if self.seen.size != n:
-            self.seen = np.zeros(n, bool)
-        if self.momenta is None or self.momenta.shape[1] != x.size:
-            self.momenta = np.zeros((n, x.size), np.float32)
-            self.seen[:] = False
-        self.update_momenta(reports)
-        metrics: dict[str, float] = {"num-seen": int(self.seen.sum())}
+
+class FedAWAREFold:
+    """A FedAWARE round: the reports held, the momenta updated and the direction taken at the end."""
+
+    def __init__(self, rule: FedAWARERule, state: FedAWAREState, ctx: RoundContext) -> None:
+        self.rule, self.state, self.ctx = rule, state, ctx
+        self.reports: list[ClientReport] = []
+
+    def add(self, report: ClientReport) -> None:
+        self.reports.append(report)
+
+    def finish(self) -> Finished:
+        p, ctx, reports = self.rule.params, self.ctx, self.reports
+        x, n = ctx.x, ctx.require_num_clients()
+        self.rule.validate(n)
+        state = self.state
+        if state.seen is None or state.seen.size != n:
+            state = replace(state, seen=np.zeros(n, bool))
+        if state.momenta is None or state.momenta.shape[1] != x.size:
+            state = replace(state, momenta=np.zeros((n, x.size), np.float32), seen=np.zeros(n, bool))
+        assert state.momenta is not None and state.seen is not None
+        update_momenta(state.momenta, state.seen, reports, p.alpha)
+        metrics: dict[str, float] = {"num-seen": int(state.seen.sum())}
         if not reports:
-            return x, metrics
-        if self.seen.sum() < self.min_seen:
-            w = self.weights(reports)
-            return x + self.server_lr * weighted_sum(w, (r.delta for r in reports)), metrics
-        direction, info = self.direction()
-        return x - self.server_lr * direction, {**metrics, **info}
+            return Finished(x, state, metrics)
+        if state.seen.sum() < (p.min_seen or n):
+            w = [ctx.weight(r) for r in reports]
+            return Finished(x + ctx.server_lr * weighted_sum(w, (r.delta for r in reports)), state, metrics)
+        d, info = direction(state.momenta, state.seen, p.polish)
+        return Finished(x - ctx.server_lr * d, state, {**metrics, **info})
 
-    def update_momenta(self, reports: list[ClientReport]) -> None:
-        """m_i ← α m_i + (1 − α) g_i with g_i = −Δ_i, in float32 (each product is within
-        float32's range; three roundings instead of one: within 1.5 ulp), in one pass over blocks
-        of columns, every participant's block while the scratch blocks stay in cache. Where the
-        float32 difference overflows (entries near float32's largest, possible only with the
-        norm bounds off), that block is computed in float64: |α m − (1 − α) Δ| <= max(|m|, |Δ|)."""
-        assert self.momenta is not None
-        dim = self.momenta.shape[1]
-        alpha, beta = np.float32(self.alpha), np.float32(1.0 - self.alpha)
-        scaled, term = np.empty(min(dim, MOMENTUM_BLOCK), np.float32), np.empty(min(dim, MOMENTUM_BLOCK), np.float32)
-        with np.errstate(over="raise", under="ignore", invalid="raise"):
-            for lo in range(0, dim, MOMENTUM_BLOCK):
-                cols = slice(lo, min(lo + MOMENTUM_BLOCK, dim))
-                a, b = scaled[: cols.stop - lo], term[: cols.stop - lo]
-                for r in reports:
-                    row = self.momenta[r.client_id, cols]
-                    try:
-                        np.subtract(np.multiply(row, alpha, out=a), np.multiply(r.delta[cols], beta, out=b), out=a)
-                    except FloatingPointError:
-                        a[...] = self.alpha * row.astype(np.float64) - (1.0 - self.alpha) * r.delta[cols].astype(np.float64)
-                    row[...] = a
-        for r in reports:
-            self.seen[r.client_id] = True
 
-    def direction(self) -> tuple[np.ndarray, dict[str, float]]:
-        """d = Σ λ_i m̂_i over the seen, non-zero momenta, and solver metrics."""
-        assert self.momenta is not None
-        gram = self.gram()
-        norms = np.sqrt(np.maximum(np.diag(gram), 0.0))
-        keep = np.flatnonzero(self.seen & (norms >= TINY))  # below: zero (1/‖m_i‖ is not a float32)
-        if keep.size == 0:
-            return np.zeros(self.momenta.shape[1], np.float32), {"min-norm": 0.0}
-        nk = norms[keep]
-        unit = gram[np.ix_(keep, keep)] / np.outer(nk, nk)  # Gram of the normalised momenta
-        lam, iters, fallback = self.solve(unit)
-        coef = np.zeros(len(norms), np.float32)
-        coef[keep] = lam / nk  # <= 1 / TINY, a float32; each λ_i m_ij / ‖m_i‖ is <= λ_i
-        d = coef @ self.momenta  # ‖d‖ <= 1
-        return d, {
-            "min-norm": float(np.sqrt(max(lam @ unit @ lam, 0.0))),
-            "fw-iterations": iters,
-            "lambda-support": int((lam > 1e-8).sum()),
-            "lambda-max": float(lam.max()),
-            "solver-fallback": float(fallback),
-        }
+def update_momenta(momenta: np.ndarray, seen: np.ndarray, reports: list[ClientReport], alpha: float) -> None:
+    """m_i ← α m_i + (1 − α) g_i with g_i = −Δ_i, in place, in float32 (each product is within
+    float32's range; three roundings instead of one: within 1.5 ulp), in one pass over blocks
+    of columns, every participant's block while the scratch blocks stay in cache. Where the
+    float32 difference overflows (entries near float32's largest, possible only with the
+    norm bounds off), that block is computed in float64: |α m − (1 − α) Δ| <= max(|m|, |Δ|)."""
+    dim = momenta.shape[1]
+    a32, b32 = np.float32(alpha), np.float32(1.0 - alpha)
+    scaled, term = np.empty(min(dim, MOMENTUM_BLOCK), np.float32), np.empty(min(dim, MOMENTUM_BLOCK), np.float32)
+    with np.errstate(over="raise", under="ignore", invalid="raise"):
+        for lo in range(0, dim, MOMENTUM_BLOCK):
+            cols = slice(lo, min(lo + MOMENTUM_BLOCK, dim))
+            a, b = scaled[: cols.stop - lo], term[: cols.stop - lo]
+            for r in reports:
+                row = momenta[r.client_id, cols]
+                try:
+                    np.subtract(np.multiply(row, a32, out=a), np.multiply(r.delta[cols], b32, out=b), out=a)
+                except FloatingPointError:
+                    a[...] = alpha * row.astype(np.float64) - (1.0 - alpha) * r.delta[cols].astype(np.float64)
+                row[...] = a
+    for r in reports:
+        seen[r.client_id] = True
 
-    def gram(self) -> np.ndarray:
-        """M Mᵀ of the momenta in float64 (N × N).
 
-        One float32 product, unless it overflowed (norms ≳ 1e19) or a non-zero row's squared norm
-        fell below 1e-30 (precision lost to underflow); then blockwise over columns on the rows
-        divided by their largest entry (entries in [-1, 1]: no overflow), scaled back in float64.
-        """
-        assert self.momenta is not None
-        m = self.momenta
-        with np.errstate(over="ignore", under="ignore", invalid="ignore"):
-            gram = (m @ m.T).astype(np.float64)
-        small = np.flatnonzero(np.diag(gram) < 1e-30)
-        if np.all(np.isfinite(gram)) and not m[small].any():
-            return gram
-        n, dim = m.shape
-        step = max(1, BLOCK // n)
-        scale = np.zeros(n, np.float32)  # largest |entry| of each row
-        for lo in range(0, dim, step):
-            scale = np.maximum(scale, np.abs(m[:, lo:lo + step]).max(axis=1, initial=0.0))
-        divisor = np.where(scale > 0, scale, 1.0).astype(np.float32)[:, None]
-        gram = np.zeros((n, n))
-        for lo in range(0, dim, step):
-            block = m[:, lo:lo + step] / divisor
-            gram += block @ block.T
-        scale64 = scale.astype(np.float64)
-        return gram * np.outer(scale64, scale64)
+def direction(momenta: np.ndarray, seen: np.ndarray, polish: bool = True) -> tuple[np.ndarray, dict[str, float]]:
+    """d = Σ λ_i m̂_i over the seen, non-zero momenta, and solver metrics."""
+    g = gram(momenta)
+    norms = np.sqrt(np.maximum(np.diag(g), 0.0))
+    keep = np.flatnonzero(seen & (norms >= TINY))  # below: zero (1/‖m_i‖ is not a float32)
+    if keep.size == 0:
+        return np.zeros(momenta.shape[1], np.float32), {"min-norm": 0.0}
+    nk = norms[keep]
+    unit = g[np.ix_(keep, keep)] / np.outer(nk, nk)  # Gram of the normalised momenta
+    lam, iters, fallback = solve(unit, polish)
+    coef = np.zeros(len(norms), np.float32)
+    coef[keep] = lam / nk  # <= 1 / TINY, a float32; each λ_i m_ij / ‖m_i‖ is <= λ_i
+    d = coef @ momenta  # ‖d‖ <= 1
+    return d, {
+        "min-norm": float(np.sqrt(max(lam @ unit @ lam, 0.0))),
+        "fw-iterations": iters,
+        "lambda-support": int((lam > 1e-8).sum()),
+        "lambda-max": float(lam.max()),
+        "solver-fallback": float(fallback),
+    }
 
-    def solve(self, unit: np.ndarray) -> tuple[np.ndarray, int, bool]:
-        """λ from :func:`min_norm_solve`, or equal weights (logged) when the solver fails."""
-        try:
-            lam, iters = min_norm_solve(unit, polish=self.polish)
-            if np.all(np.isfinite(lam)) and lam.min() >= 0 and abs(lam.sum() - 1) < 1e-6:
-                return lam, iters, False
-            why = f"λ off the simplex (sum {lam.sum():.3g}, min {lam.min():.3g})"
-        except (ArithmeticError, ValueError, np.linalg.LinAlgError) as exc:
-            why = f"{type(exc).__name__}: {exc}"
-        log.error("fedaware: min-norm solver failed (%s); using equal weights on the unit momenta", why)
-        return np.full(len(unit), 1.0 / len(unit)), 0, True
+
+def gram(m: np.ndarray) -> np.ndarray:
+    """M Mᵀ of the momenta in float64 (N × N).
+
+    One float32 product, unless it overflowed (norms ≳ 1e19) or a non-zero row's squared norm
+    fell below 1e-30 (precision lost to underflow); then blockwise over columns on the rows
+    divided by their largest entry (entries in [-1, 1]: no overflow), scaled back in float64.
+    """
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        g = (m @ m.T).astype(np.float64)
+    small = np.flatnonzero(np.diag(g) < 1e-30)
+    if np.all(np.isfinite(g)) and not m[small].any():
+        return g
+    n, dim = m.shape
+    step = max(1, BLOCK // n)
+    scale = np.zeros(n, np.float32)  # largest |entry| of each row
+    for lo in range(0, dim, step):
+        scale = np.maximum(scale, np.abs(m[:, lo:lo + step]).max(axis=1, initial=0.0))
+    divisor = np.where(scale > 0, scale, 1.0).astype(np.float32)[:, None]
+    g = np.zeros((n, n))
+    for lo in range(0, dim, step):
+        block = m[:, lo:lo + step] / divisor
+        g += block @ block.T
+    scale64 = scale.astype(np.float64)
+    return g * np.outer(scale64, scale64)
+
+
+def solve(unit: np.ndarray, polish: bool = True) -> tuple[np.ndarray, int, bool]:
+    """λ from :func:`min_norm_solve`, or equal weights (logged) when the solver fails."""
+    try:
+        lam, iters = min_norm_solve(unit, polish=polish)
+        if np.all(np.isfinite(lam)) and lam.min() >= 0 and abs(lam.sum() - 1) < 1e-6:
+            return lam, iters, False
+        why = f"λ off the simplex (sum {lam.sum():.3g}, min {lam.min():.3g})"
+    except (ArithmeticError, ValueError, np.linalg.LinAlgError) as exc:
+        why = f"{type(exc).__name__}: {exc}"
+    log.error("fedaware: min-norm solver failed (%s); using equal weights on the unit momenta", why)
+    return np.full(len(unit), 1.0 / len(unit)), 0, True
+
+
+class FedAWARE(RuleStrategy):
+    """:class:`FedAWARERule` as a Flower Strategy (Zeng et al., arXiv:2310.02702, Alg. 1)."""
+
+    rule = FedAWARERule()
