@@ -37,6 +37,13 @@ class RoundPrivacy:
         self.noise_multiplier, self.clipping_norm = noise_multiplier, clipping_norm
         self.churn = ChurnNoise(num_clients, delta, accountant=accountant)
 
+    def state_dict(self) -> dict[str, Any]:
+        """The accountant's rounds, for the run's checkpoint (a resumed run goes on from them)."""
+        return self.churn.accountant.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.churn.accountant.load_state_dict(state)
+
     def clip(self, replies: Iterable[Message], arrays: ArrayRecord) -> Iterator[Message]:
         """Each reply with every array record's update (against the round's model) clipped to C."""
         reference = arrays.to_numpy_ndarrays()

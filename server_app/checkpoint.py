@@ -46,10 +46,12 @@ def path_of(run_dir: str | Path, rnd: int) -> Path:
 
 
 def save(run_dir: str | Path, rnd: int, arrays: Mapping[str, np.ndarray], strategy: dict[str, Any],
-         config: Mapping[str, Any], loop: Mapping[str, Any] | None = None) -> Path:
-    """Write round ``rnd``'s checkpoint with the current RNG states and ``loop`` (the loop's own
-    state, ``{"kind": ...}``; None: the round loop); never leaves a truncated file (written to
-    ``.pt.partial``, then renamed)."""
+         config: Mapping[str, Any], loop: Mapping[str, Any] | None = None,
+         privacy: Mapping[str, Any] | None = None) -> Path:
+    """Write round ``rnd``'s checkpoint with the current RNG states, ``loop`` (the loop's own
+    state, ``{"kind": ...}``; None: the round loop) and ``privacy`` (central DP's accountant, the
+    rounds it composed; None: no DP); never leaves a truncated file (written to ``.pt.partial``,
+    then renamed)."""
     path = path_of(run_dir, rnd)
     path.parent.mkdir(parents=True, exist_ok=True)  # made by the first checkpoint: none with checkpoint-every=0
     partial = path.with_suffix(".pt.partial")
@@ -60,6 +62,7 @@ def save(run_dir: str | Path, rnd: int, arrays: Mapping[str, np.ndarray], strate
         "config": dict(config),
         "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
         "loop": dict(loop) if loop is not None else {"kind": ROUNDS},
+        **({"privacy": dict(privacy)} if privacy is not None else {}),
     }, partial)
     partial.replace(path)
     return path

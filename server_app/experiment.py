@@ -186,7 +186,13 @@ def _run_rounds(grid: Grid, setup: Setup, client_of_node: dict[int, int], consol
     recorder.resume_at(setup.start_round - 1)
     LOST.begin()  # Ray nodes dead before this run are not its lost workers
     if setup.start_round > 1:
-        checkpoint.restore_rng(checkpoint.load(s.resume_from))
+        saved = checkpoint.load(s.resume_from)
+        checkpoint.restore_rng(saved)
+        if setup.privacy is not None:  # the accountant goes on from the rounds it composed
+            if "privacy" not in saved:
+                raise ConfigError(f"resume-from {s.resume_from!r}: the checkpoint was written without central DP "
+                                  f"(dp-noise-multiplier = 0): its rounds' privacy was not accounted")
+            setup.privacy.load_state_dict(saved["privacy"])
     else:
         random.seed(cfg.workload.train_seed)
 

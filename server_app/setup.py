@@ -93,8 +93,7 @@ def round_privacy(cfg: RunConfig) -> RoundPrivacy | None:
              "'fedavg-active' (no secure=): the accountant's per-round sensitivity C/m is that of the equal-weight "
              "mean of the round's fresh updates; rules that reuse stored updates release them again"),
             (s.weighting == "equal", "weighting", s.weighting, "'equal' (weights by num-examples raise the "
-                                                                "sensitivity to C·max n_i/Σ n_i)"),
-            (not s.resume_from, "resume-from", s.resume_from, "'' (a resumed run's accountant would start from 0)")):
+                                                                "sensitivity to C·max n_i/Σ n_i)")):
         if not ok:
             raise ConfigError(f"run config '{key}' = {value!r} with dp-noise-multiplier = {s.dp_noise_multiplier}: "
                               f"DP needs {why} (docs/privacy.md)")
@@ -170,7 +169,8 @@ def load_checkpoint(path: str, cfg: RunConfig, asynchronous: bool = False) -> di
 def save_checkpoint(setup: Setup, rnd: int, arrays: ArrayRecord, loop: Mapping[str, Any] | None = None) -> Path:
     """Round (or version) ``rnd``'s checkpoint; ``loop``: an asynchronous loop's state (None: the round loop)."""
     return checkpoint.save(setup.run_dir, rnd, dict(zip(arrays.keys(), arrays.to_numpy_ndarrays(), strict=True)),
-                           setup.strategy.state_dict(), setup.cfg.to_dict(), loop)
+                           setup.strategy.state_dict(), setup.cfg.to_dict(), loop,
+                           setup.privacy.state_dict() if setup.privacy is not None else None)
 
 
 def evaluate(workload: Workload, arrays: ArrayRecord) -> dict[str, float]:

@@ -83,3 +83,28 @@ def test_the_report_states_the_epsilon_each_cell_ended_with(tmp_path):
     always = read_metrics(results / "always__fedavg-active__s0")[-1]
     churn = read_metrics(results / "churn__fedavg-active__s0")[-1]
     assert churn["dp-epsilon"] < always["dp-epsilon"]  # fewer clients a round: amplified, and fewer rounds each
+
+
+def test_a_dp_run_resumed_from_a_checkpoint_ends_as_the_uninterrupted_run(tmp_path):
+    """The checkpoint holds the accountant's rounds: the resumed run's ε goes on from them (not
+    from 0), and its noise (the loop's seeded generator, restored) gives the same model, bit for bit."""
+    import shutil
+
+    import torch
+
+    cfg = {**SMALL, "results-dir": str(tmp_path), "checkpoint-every": 1}
+    full = run_inprocess({**cfg, "run-name": "full"})
+    copy = tmp_path / "resumed"
+    shutil.copytree(full, copy)
+    (copy / "final_model.pt").unlink()
+    resumed = run_inprocess({**cfg, "resume-from": str(copy / "checkpoints" / "round-0002.pt")})
+    def timeless(run):
+        return [{k: v for k, v in r.items() if "time" not in k} for r in read_metrics(run)]
+
+    assert timeless(resumed) == timeless(full) and len(timeless(full)) == 4
+    assert read_metrics(resumed)[-1]["dp-epsilon"] > read_metrics(resumed)[1]["dp-epsilon"] > 0
+    a, b = torch.load(full / "final_model.pt"), torch.load(resumed / "final_model.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    without = run_inprocess({**cfg, "run-name": "plain", "dp-noise-multiplier": 0.0})
+    with pytest.raises(ConfigError, match=r"other settings for \['dp-noise-multiplier'\]"):
+        run_inprocess({**cfg, "run-name": "again", "resume-from": str(without / "checkpoints" / "round-0002.pt")})
