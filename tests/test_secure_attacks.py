@@ -39,8 +39,11 @@ def _add(index, k):
 
 
 ATTACKS = {  # name -> (stage, edit of the reply's SecAgg+ record, what the round's problem says)
-    "weight element 0": (Stage.COLLECT_MASKED_VECTORS, lambda r: _masked(r, _add(0, -Q)), "weight element"),
-    "weight element 1": (Stage.COLLECT_MASKED_VECTORS, lambda r: _masked(r, _add(0, 1 - Q)), "weight element"),
+    # the sum's weight element (Flower divides by it) set to 0 or 1: the attacker, which knows the round's
+    # N honest elements of 2^22, shifts its own by -N 2^22 (or 1 - N 2^22)
+    "weight element 0": (Stage.COLLECT_MASKED_VECTORS, lambda r: _masked(r, _add(0, -N * Q)), "weight element"),
+    "weight element 1": (Stage.COLLECT_MASKED_VECTORS, lambda r: _masked(r, _add(0, 1 - N * Q)), "weight element"),
+    "weight element of its own 0": (Stage.COLLECT_MASKED_VECTORS, lambda r: _masked(r, _add(0, -Q)), "weight element"),
     "+2^31-1 quanta on every entry": (Stage.COLLECT_MASKED_VECTORS, lambda r: _masked(r, _add(1, 2**31 - 1)),
                                       "a vector was shifted"),
     "masked vector one entry short": (Stage.COLLECT_MASKED_VECTORS,
