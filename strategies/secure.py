@@ -255,8 +255,9 @@ class SecureRound(AvailabilityStrategy):
         new, aggregated = super().aggregate_train(server_round, synthetic)
         record_metrics: dict[str, Any] = dict(aggregated or {})
         record_metrics.update({"secure-completed": int(out.completed), "secure-survivors": len(out.survivors),
-                               "secure-threshold": out.threshold, "secure-addressed": len(out.addressed),
-                               "secure-attack": int(bool(out.attacks) or self.secure_attack)})
+                               "secure-threshold": out.threshold, "secure-addressed": len(out.addressed)})
+        if out.attacks or self.secure_attack:  # failed closed: recorded as an attack (the reason: the problems)
+            record_metrics["secure-attack"] = 1
         return new, MetricRecord(record_metrics)
 
     def start_fold(self, t: int, x: np.ndarray) -> Fold:
