@@ -52,6 +52,7 @@ log = logging.getLogger("flwr")  # Flower's logger: ChurnGrid follows SecAgg+'s 
 
 STAGES = (Stage.SETUP, Stage.SHARE_KEYS, Stage.COLLECT_MASKED_VECTORS, Stage.UNMASK)
 MAX_WEIGHT = 1.0  # each client's Flower weight is 1 (num_examples = 1): its vector is already weighted
+FAILED_CLOSED = "SecAgg+, round %s: %s"  # one line per attack, before "halted." (server_app's watch records it)
 
 
 @dataclass(frozen=True)
@@ -197,6 +198,8 @@ def secagg_plus_round(grid: Grid, server_round: int, contents: Mapping[int, Reco
                  "(its shares and threshold count the nodes that are there)", len(answered), len(nodes))
         out = _run(grid, server_round, {n: contents[n] for n in answered}, answered, settings, seed)
         out.addressed = nodes
+    for why in out.attacks:
+        log.warning(FAILED_CLOSED, server_round, why)
     log.info("Secure aggregation completed." if out.completed else "Secure aggregation halted.")
     return out
 

@@ -244,9 +244,7 @@ class SecureRound(AvailabilityStrategy):
                 synthetic.append(Message(RecordDict({"arrays": record, "metrics": MetricRecord(metrics)}),
                                          reply_to=out.sent[node]))
         elif out.attacks:  # a malformed reply, a stage that raised, a sum no honest survivors give: failed closed
-            rnd.problems += out.attacks
-            for why in out.attacks:
-                log.warning("%s (secure), round %d: %s", self.name, server_round, why)
+            rnd.problems += out.attacks  # (logged by secagg_plus_round)
         elif out.addressed:  # halted: too few were there (offline, left, or answered errors): an empty round
             log.warning("%s (secure), round %d: %s: an empty round (churn), not a failed one", self.name,
                         server_round, out.failures[-1])

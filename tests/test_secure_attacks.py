@@ -138,3 +138,27 @@ def test_a_run_whose_secure_rounds_all_fail_ends_failed_with_the_reason():
     one_round(strategy, 2, x, grid)
     with pytest.raises(StrategyFailure, match="SecAgg\\+ attack.*weight element"):
         one_round(strategy, 3, x, grid)  # max_failed_rounds = 3 in a row
+
+
+def test_the_churn_grid_records_a_failed_closed_round_as_an_attack_not_churn(tmp_path):
+    """The ServerApp's availability grid (the drop-in's ChurnGrid) says why in ``rounds.jsonl``:
+    status ``failed-closed`` and the attack's reason, not "halted (fewer than its threshold)"."""
+    import json
+    import logging
+
+    from server_app.dropin import with_availability
+
+    stage, edit, says = ATTACKS["weight element 1"]
+    run_config = {**default_run_config(), **TINY}
+    hostile = HostileGrid(InProcessGrid(N, run_config), 0, stage, edit)
+    hostile.node = sorted(hostile.get_node_ids())[-1]
+    grid = with_availability(hostile, "always", num_clients=N, seed=0, results_dir=tmp_path, max_idle_rounds=0)
+    strategy = build_strategy("fedavg-active:secure=secagg+", num_clients=N, min_available_nodes=0)
+    x = ArrayRecord(get_workload(from_run_config(WorkloadConfig, run_config)).new_model().state_dict())
+    for rnd in (1, 2):
+        logging.getLogger("flwr").info("[ROUND %s/%s]", rnd, 2)
+        x, _ = one_round(strategy, rnd, x, grid)
+        hostile.on = False
+    lines = [json.loads(line) for line in (tmp_path / "rounds.jsonl").read_text().splitlines()]
+    assert [line["secure"]["status"] for line in lines[:2]] == ["failed-closed", "completed"]
+    assert any(says in p and "fails closed" in p for p in lines[0]["problems"]), lines[0]["problems"]
