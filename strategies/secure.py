@@ -21,7 +21,12 @@ bounds (``max-norm-ratio``, ``max-model-ratio``, ``max-examples-ratio``), ``max-
 reply checks that need no update (client ids, counts, metrics) still run on the survivors'
 metrics; a survivor whose reply they reject makes the round apply nothing (its vector is in the
 sum: fail closed). A round SecAgg+ halts (fewer than its threshold of active clients) applies no
-update and is recorded as such (``secure-completed`` = 0, the reason logged). Too few clients
+update and is recorded as such (``secure-completed`` = 0, the reason logged). A round a client
+attacks fails closed (issue 47, item 4): a malformed stage reply (its node named and dropped), a
+stage that raises, an unmasked sum whose weight element or integer range no honest survivors give
+(:mod:`strategies.secagg_checks`), or a sum whose norm exceeds the survivors' factors × the
+client-side clip (:meth:`_SecureFold.norm_problem`) applies nothing and is a failed round with the
+reason in its problems (``secure-attack`` = 1), never churn and never an exception. Too few clients
 online, clients that left mid-round, or error replies (which the plain rules also count as
 unavailable) make an empty round, as a round with nobody online: churn is not a failure, and
 nodes that stay away cannot end the run (``max_failed_rounds`` counts none of it). A run in which
