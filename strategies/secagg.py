@@ -226,7 +226,8 @@ def _run(grid: Grid, server_round: int, contents: Mapping[int, RecordDict], node
         except Exception as err:  # noqa: BLE001  # any reply a stage cannot digest: a failed round, never a crash
             ok = False
             out.attacks.append(attack_reason(None, stage, f"Flower's stage raised {type(err).__name__}: "
-                                                          f"{str(err).splitlines()[0][:160] if str(err) else ''}"))
+                                                          f"{str(err).splitlines()[0][:160] if str(err) else ''}",
+                                             who="a reply the stage could not digest (its node not told apart)"))
         finally:
             random.setstate(saved)
         out.attacks[:0] = [attack_reason(node, st, why) for node, st, why in stages.attacks]

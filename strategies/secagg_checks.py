@@ -133,9 +133,9 @@ def capture_sum(into: dict[str, Any]) -> Iterator[None]:
         secaggplus_workflow.factor_extract = original
 
 
-def attack_reason(node: int | None, stage: str, why: str) -> str:
-    """One attack's line for the round's record."""
-    who = f"node {node}" if node is not None else "a survivor (not attributable: the sum is masked)"
+def attack_reason(node: int | None, stage: str, why: str, who: str = "") -> str:
+    """One attack's line for the round's record (``who``: the culprit when no node can be named)."""
+    who = f"node {node}" if node is not None else who or "a survivor (not attributable: the sum is masked)"
     return f"SecAgg+ attack at stage {stage}: {who}: {why}: the round fails closed (no update applied)"
 
 

@@ -52,6 +52,9 @@ ATTACKS = {  # name -> (stage, edit of the reply's SecAgg+ record, what the roun
                                             lambda r: r.pop(Key.MASKED_PARAMETERS), "no 'masked_params'"),
     "stage-3 reply one share short": (Stage.UNMASK, lambda r: r.__setitem__(Key.SHARE_LIST, r[Key.SHARE_LIST][:-1]),
                                       "5 nids but 4 shares"),
+    "stage-3 reply with garbage shares": (Stage.UNMASK,  # well-formed, so Flower's own code meets it
+                                          lambda r: r.__setitem__(Key.SHARE_LIST, [b"x" * 3 for _ in r[Key.SHARE_LIST]]),
+                                          "SecAgg+ attack at stage unmask"),
     "setup reply without its public keys": (Stage.SETUP, lambda r: r.pop(Key.PUBLIC_KEY_1), "no bytes field"),
     "share-keys reply one ciphertext short": (Stage.SHARE_KEYS,
                                               lambda r: r.__setitem__(Key.CIPHERTEXT_LIST, r[Key.CIPHERTEXT_LIST][:-1]),
@@ -99,7 +102,7 @@ def test_each_attack_fails_its_round_closed_and_the_run_goes_on(attack):
     assert np.array_equal(layout.flatten(new), layout.flatten(x))  # no update applied
     assert metrics["secure-attack"] == 1 and metrics["secure-completed"] == 0
     assert any("SecAgg+ attack" in p and says in p and "fails closed" in p for p in strategy.problems), strategy.problems
-    if "weight" not in attack and "shifted" not in says:
+    if "weight" not in attack and "shifted" not in says and "garbage" not in attack:
         assert any(f"node {grid.node}" in p for p in strategy.problems)  # a malformed reply names its node
     grid.on = False  # the next round, honest: completes and trains
     new2, metrics2 = one_round(strategy, 2, new, grid)
