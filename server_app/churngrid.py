@@ -44,6 +44,7 @@ from flwr.serverapp import Grid
 
 from availability import Schedule
 from runconfig import did_you_mean
+from strategies.secagg import FAILED_CLOSED
 
 from .flowerlog import FlowerLogWatch
 from .identity import quoted_error
@@ -314,7 +315,11 @@ class ChurnGrid(AvailabilityGrid):
                 return
             info = self.rounds[rnd]["secure"]
             info["status"] = "completed" if completed else "halted"
-            if not completed and info.get("last-stage") is None:
+            attacks = [str(args[1]) for msg, args in self.secure.notes if msg == FAILED_CLOSED and len(args) == 2]
+            if not completed and attacks:  # the project's secure round failed closed: an attack, not churn
+                info["status"] = "failed-closed"
+                self.rounds[rnd]["problems"] += attacks
+            elif not completed and info.get("last-stage") is None:
                 self.rounds[rnd]["problems"].append(self.secure.reason(self.listed))
             elif not completed:
                 threshold = self.secure.seen.get("threshold")

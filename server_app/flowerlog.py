@@ -7,6 +7,8 @@ import logging
 import weakref
 from typing import Any, Protocol
 
+from strategies.secagg import FAILED_CLOSED
+
 from .messages import ROUND_STARTS, RUN_ENDS, SECURE_DONE
 from .securecheck import SETUP_NOTES
 
@@ -46,5 +48,5 @@ class FlowerLogWatch(logging.Handler):
             grid.announce(int(str(record.args[0])))  # may raise NoWorkDone too
         elif record.msg in RUN_ENDS:
             grid.finish()  # raises NoWorkDone when no round had a participant: the run ends failed
-        elif record.msg in SETUP_NOTES:  # why a SecAgg+ round was not started (its recorded reason)
+        elif record.msg in SETUP_NOTES or record.msg == FAILED_CLOSED:  # why a SecAgg+ round halted (recorded)
             grid.secure.note(record.msg, tuple(record.args) if isinstance(record.args, tuple) else ())

@@ -27,6 +27,7 @@ neighbour ring is seeded per round (and the global ``random`` state restored), s
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 from collections.abc import Iterable, Mapping
@@ -45,11 +46,13 @@ from flwr.serverapp import Grid
 
 from .grid import DelegatingGrid
 from .protocol import SERVER_ROUND
+from .secagg_checks import attack_reason, capture_sum, model_entries, problems_of, sum_problem
 
 log = logging.getLogger("flwr")  # Flower's logger: ChurnGrid follows SecAgg+'s outcome lines on it
 
 STAGES = (Stage.SETUP, Stage.SHARE_KEYS, Stage.COLLECT_MASKED_VECTORS, Stage.UNMASK)
 MAX_WEIGHT = 1.0  # each client's Flower weight is 1 (num_examples = 1): its vector is already weighted
+FAILED_CLOSED = "SecAgg+, round %s: %s"  # one line per attack, before "halted." (server_app's watch records it)
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,9 @@ class SecAggOutcome:
     sent : node -> the stage-2 message it was sent.
     addressed, threshold, shares : the round's nodes and protocol sizes.
     failures : the error replies' reasons (quoted), and why the round halted.
+    attacks : why the round failed closed (a malformed stage reply, its node named and dropped; an
+        exception of a stage; an unmasked sum no honest survivors can give): the round applies
+        nothing, and is a failed round, not churn.
     """
 
     stage: str = Stage.SETUP
@@ -122,6 +128,7 @@ class SecAggOutcome:
     shares: int = 0
     failures: list[str] = field(default_factory=list)
     setup_answers: list[int] = field(default_factory=list)  # the nodes that answered the setup stage
+    attacks: list[str] = field(default_factory=list)
 
 
 class _Nodes:
@@ -143,9 +150,10 @@ class _StageGrid(DelegatingGrid):
     """The grid the stages send through: dates every message by ``server-round``, keeps each
     stage's messages and replies (as lists: Flower's stages read the replies more than once)."""
 
-    def __init__(self, grid: Grid, server_round: int) -> None:
+    def __init__(self, grid: Grid, server_round: int, entries: int = 0) -> None:
         super().__init__(grid)
-        self.server_round = server_round
+        self.server_round, self.entries = server_round, entries
+        self.attacks: list[tuple[int, str, str]] = []  # (node, stage, why): malformed replies, dropped
         self.sent: dict[str, dict[int, Message]] = {}
         self.replies: dict[str, list[Message]] = {}
         self.node_of: dict[str, int] = {}  # message id -> the node it went to (an error reply may come from the SuperLink)
@@ -161,8 +169,13 @@ class _StageGrid(DelegatingGrid):
             stage = str(m.content.config_records[RECORD_KEY_CONFIGS].get(Key.STAGE, ""))
         replies = list(self.grid.send_and_receive(messages, timeout=timeout)) if messages else []
         self.sent[stage] = {m.metadata.dst_node_id: m for m in messages}
-        self.replies[stage] = replies
         self.node_of.update({m.metadata.message_id: m.metadata.dst_node_id for m in messages})
+        bad = problems_of(replies, self.sent[stage], self.node_of, stage, self.entries)
+        self.attacks += [(node, stage, why) for node, why in bad]
+        dropped = {node for node, _ in bad}  # Flower's stage never reads them: those nodes did not answer
+        replies = [m for m in replies if self.node_of.get(m.metadata.reply_to_message_id, m.metadata.src_node_id)
+                   not in dropped or m.has_error()]
+        self.replies[stage] = replies
         return replies
 
     def push_messages(self, messages):  # noqa: D102
@@ -180,11 +193,13 @@ def secagg_plus_round(grid: Grid, server_round: int, contents: Mapping[int, Reco
     log.info("Secure aggregation commencing.")
     out = _run(grid, server_round, contents, nodes, settings, seed)
     answered = sorted(set(out.setup_answers))
-    if out.stage == Stage.SETUP and not out.completed and 2 <= len(answered) < len(nodes):
+    if out.stage == Stage.SETUP and not out.completed and not out.attacks and 2 <= len(answered) < len(nodes):
         log.info("SecAgg+: %d of the %d addressed node(s) answered the setup: the round restarts with them "
                  "(its shares and threshold count the nodes that are there)", len(answered), len(nodes))
         out = _run(grid, server_round, {n: contents[n] for n in answered}, answered, settings, seed)
         out.addressed = nodes
+    for why in out.attacks:
+        log.warning(FAILED_CLOSED, server_round, why)
     log.info("Secure aggregation completed." if out.completed else "Secure aggregation halted.")
     return out
 
@@ -197,17 +212,29 @@ def _run(grid: Grid, server_round: int, contents: Mapping[int, RecordDict], node
         state=RecordDict({MAIN_CONFIGS_RECORD: ConfigRecord({WorkflowKey.CURRENT_ROUND: server_round}),
                           MAIN_PARAMS_RECORD: ArrayRecord()}),
         strategy=adapter, client_manager=SimpleNamespace(num_available=lambda: len(nodes)))
-    state, stages = WorkflowState(), _StageGrid(grid, server_round)
-    out = SecAggOutcome(addressed=nodes)
+    entries = model_entries(contents[nodes[0]]) if nodes else 0
+    state, stages = WorkflowState(), _StageGrid(grid, server_round, entries)
+    out, unmasked = SecAggOutcome(addressed=nodes), dict[str, Any]()
     for stage, step in zip(STAGES, (workflow.setup_stage, workflow.share_keys_stage,
                                     workflow.collect_masked_vectors_stage, workflow.unmask_stage), strict=True):
         out.stage = stage
         saved = random.getstate()
         random.seed(f"secagg+:{seed}:{server_round}")  # the setup's shuffle of the neighbour ring
         try:
-            ok = step(stages, context, state)  # type: ignore[arg-type]  # the two calls a LegacyContext serves
+            with capture_sum(unmasked) if stage == Stage.UNMASK else contextlib.nullcontext():
+                ok = step(stages, context, state)  # type: ignore[arg-type]  # the two calls a LegacyContext serves
+        except Exception as err:  # noqa: BLE001  # any reply a stage cannot digest: a failed round, never a crash
+            ok = False
+            out.attacks.append(attack_reason(None, stage, f"Flower's stage raised {type(err).__name__}: "
+                                                          f"{str(err).splitlines()[0][:160] if str(err) else ''}",
+                                             who="a reply the stage could not digest (its node not told apart)"))
         finally:
             random.setstate(saved)
+        out.attacks[:0] = [attack_reason(node, st, why) for node, st, why in stages.attacks]
+        stages.attacks = []
+        if out.attacks:  # a malformed reply (its node dropped) or a stage that raised: fail closed now
+            out.failures += [_reason(m, stages.node_of) for m in stages.replies.get(stage, []) if m.has_error()]
+            return out
         if stage == Stage.SETUP and state.nid_to_fitins:  # the rule's own train messages in the stage that trains
             state.nid_to_fitins = {n: RecordDict(dict(contents[n].items())) for n in state.nid_to_fitins}
         if stage == Stage.SHARE_KEYS:  # U2 of Bonawitz et al.: only who shared keys can be masked with, or recovered
@@ -225,8 +252,14 @@ def _run(grid: Grid, server_round: int, contents: Mapping[int, RecordDict], node
     out.survivors = {m.metadata.src_node_id: m for m in stages.replies.get(Stage.COLLECT_MASKED_VECTORS, [])
                      if not m.has_error()}
     results = adapter.results or []
-    if len(results) != len(out.survivors):
-        raise RuntimeError(f"SecAgg+ unmasked {len(results)} vectors but {len(out.survivors)} nodes sent one")
+    why = (f"SecAgg+ unmasked {len(results)} vectors but {len(out.survivors)} nodes sent one"
+           if len(results) != len(out.survivors) else
+           "Flower's unmask stage no longer hands its integers to factor_extract (strategies/secagg_checks.py)"
+           if "q_total" not in unmasked else
+           sum_problem(unmasked["q_total"], unmasked["integers"], len(out.survivors), settings.quantization_range))
+    if why:
+        out.attacks.append(attack_reason(None, Stage.UNMASK, f"the unmasked sum: {why}"))
+        return out
     if results:
         mean = np.concatenate([np.asarray(a, np.float64).ravel() for a in parameters_to_ndarrays(results[0][1].parameters)])
         out.total = mean * len(results)  # Flower's unmask gives the mean of weight-1 vectors

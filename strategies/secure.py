@@ -21,7 +21,12 @@ bounds (``max-norm-ratio``, ``max-model-ratio``, ``max-examples-ratio``), ``max-
 reply checks that need no update (client ids, counts, metrics) still run on the survivors'
 metrics; a survivor whose reply they reject makes the round apply nothing (its vector is in the
 sum: fail closed). A round SecAgg+ halts (fewer than its threshold of active clients) applies no
-update and is recorded as such (``secure-completed`` = 0, the reason logged). Too few clients
+update and is recorded as such (``secure-completed`` = 0, the reason logged). A round a client
+attacks fails closed (issue 47, item 4): a malformed stage reply (its node named and dropped), a
+stage that raises, an unmasked sum whose weight element or integer range no honest survivors give
+(:mod:`strategies.secagg_checks`), or a sum whose norm exceeds the survivors' factors × the
+client-side clip (:meth:`_SecureFold.norm_problem`) applies nothing and is a failed round with the
+reason in its problems (``secure-attack`` = 1), never churn and never an exception. Too few clients
 online, clients that left mid-round, or error replies (which the plain rules also count as
 unavailable) make an empty round, as a round with nobody online: churn is not a failure, and
 nodes that stay away cannot end the run (``max_failed_rounds`` counts none of it). A run in which
@@ -32,6 +37,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 from typing import Any
 
 import numpy as np
@@ -184,6 +190,8 @@ class SecureRound(AvailabilityStrategy):
         self.by_examples = False  # the rule weights by num-examples: the client also scales by n_i / example_scale
         self.outcome: SecAggOutcome | None = None
         self.secure_sent: list[Message] = []  # this round's train messages (their contents went out in stage 2)
+        self.secure_factors = np.zeros(0)  # this round's factors sent, per client id
+        self.secure_attack = False
 
     # --------------------------------------------------------------- the weights sent
     def client_weights(self, t: int) -> np.ndarray:
@@ -205,8 +213,9 @@ class SecureRound(AvailabilityStrategy):
     def train_config(self, t: int, node_ids: list[int]) -> dict[str, Any]:
         weights = self.client_weights(t)
         self.secure_scale = float(weights.max()) if weights.size and weights.max() > 0 else 1.0
+        self.secure_factors = weights / self.secure_scale
         return {**super().train_config(t, node_ids),
-                SECURE_FACTORS: [float(w) for w in weights / self.secure_scale],
+                SECURE_FACTORS: [float(w) for w in self.secure_factors],
                 SECURE_EXAMPLE_SCALE: self.example_scale if self.by_examples else 0.0,
                 SECURE_CLIP_NORM: float(self.bounds.max_update_norm),
                 SECURE_CLIPPING_RANGE: float(self.settings.clipping_range)}
@@ -226,6 +235,7 @@ class SecureRound(AvailabilityStrategy):
             log.warning("%s (secure): a reply outside SecAgg+'s stages is ignored (node %s)", self.name,
                         stray.metadata.src_node_id)
         out, rnd = self.outcome or SecAggOutcome(), self.round
+        self.secure_attack = False  # the sum's norm beyond what the survivors' clip allows (_SecureFold)
         assert self.current is not None and self.layout is not None
         synthetic: list[Message] = []
         if out.completed:
@@ -238,15 +248,19 @@ class SecureRound(AvailabilityStrategy):
                 metrics = _plain_metrics(reply)
                 synthetic.append(Message(RecordDict({"arrays": record, "metrics": MetricRecord(metrics)}),
                                          reply_to=out.sent[node]))
+        elif out.attacks:  # a malformed reply, a stage that raised, a sum no honest survivors give: failed closed
+            rnd.problems += out.attacks  # (logged by secagg_plus_round)
         elif out.addressed:  # halted: too few were there (offline, left, or answered errors): an empty round
             log.warning("%s (secure), round %d: %s: an empty round (churn), not a failed one", self.name,
                         server_round, out.failures[-1])
-        for why in out.failures[:-1] if not out.completed else out.failures:
+        for why in out.failures[:-1] if not (out.completed or out.attacks) else out.failures:
             log.warning("%s (secure), round %d: %s", self.name, server_round, why)
         new, aggregated = super().aggregate_train(server_round, synthetic)
         record_metrics: dict[str, Any] = dict(aggregated or {})
         record_metrics.update({"secure-completed": int(out.completed), "secure-survivors": len(out.survivors),
                                "secure-threshold": out.threshold, "secure-addressed": len(out.addressed)})
+        if out.attacks or self.secure_attack:  # failed closed: recorded as an attack (the reason: the problems)
+            record_metrics["secure-attack"] = 1
         return new, MetricRecord(record_metrics)
 
     def start_fold(self, t: int, x: np.ndarray) -> Fold:
@@ -275,11 +289,13 @@ class _SecureFold(Fold):
         self.fold, self.rule, self.x = fold, rule, x
         self.nodes: set[int] = set()
         self.examples: list[int] = []
+        self.clients: list[int] = []
 
     def add(self, report: ClientReport) -> None:
         self.fold.add(report)
         self.nodes.add(report.node_id)
         self.examples.append(report.num_examples)
+        self.clients.append(report.client_id)
 
     def finish(self) -> tuple[np.ndarray, dict[str, float]]:
         out = self.rule.outcome
@@ -290,12 +306,36 @@ class _SecureFold(Fold):
                 f"SecAgg+'s sum holds the vectors of nodes {sorted(set(out.survivors) - self.nodes)} whose replies "
                 f"were rejected: the round applies nothing (fail closed)")
             return self.x, {}
+        if why := self.norm_problem(out.total):
+            self.rule.round.problems.append(why)
+            self.rule.secure_attack = True
+            log.warning("%s (secure): %s", self.rule.name, why)
+            return self.x, {}
         scale = self.rule.secure_scale
         if self.rule.by_examples:  # the clients scaled by n_i / example_scale; the next round's scale: the largest n_i
             scale *= self.rule.example_scale
             self.rule.example_scale = float(max(self.examples, default=self.rule.example_scale))
         self.fold.sum.add_sum(scale * out.total)  # type: ignore[attr-defined]
         return self.fold.finish()
+
+    def norm_problem(self, total: np.ndarray) -> str:
+        """Why ‖Σ f_i clip(Δ_i)‖ is beyond what the survivors can give ("" when it is not): each
+        honest survivor adds at most its factor × the client-side clip, plus one quantum per entry."""
+        rule, clip = self.rule, float(self.rule.bounds.max_update_norm)
+        if not clip > 0 or not math.isfinite(clip):
+            return ""
+        factors = rule.secure_factors
+        own = [float(factors[c]) if 0 <= c < len(factors) else 1.0 for c in self.clients]
+        if rule.by_examples:
+            own = [f * n / rule.example_scale for f, n in zip(own, self.examples, strict=True)]
+        slack = len(own) * rule.settings.quantum * math.sqrt(max(total.size, 1))
+        bound, norm = clip * sum(own) + slack, float(np.linalg.norm(total))
+        if norm <= bound:
+            return ""
+        return (f"SecAgg+ attack: the unmasked sum's norm {norm:.4g} exceeds what its {len(own)} survivor(s) can "
+                f"give, {bound:.4g} (their factors × the client-side clip max-update-norm={clip:g}, plus "
+                f"quantisation): a survivor (not attributable: the sum is masked) sent more; the round fails "
+                f"closed (no update applied)")
 
 
 __all__ = ["KINDS", "NUM_EXAMPLES", "REFUSALS", "SECURE_RULES", "SecureRound", "refusal", "secure_class", "secure_kind"]

@@ -220,6 +220,9 @@ def test_the_flower_surface_the_secure_round_drives_is_there():
     for stage in ("setup_stage", "share_keys_stage", "collect_masked_vectors_stage", "unmask_stage"):
         assert list(inspect.signature(getattr(SecAggPlusWorkflow, stage)).parameters) == ["self", "grid", "context",
                                                                                         "state"], stage
+    from flwr.server.workflow.secure_aggregation import secaggplus_workflow
+    assert "factor_extract(" in inspect.getsource(SecAggPlusWorkflow.unmask_stage)  # strategies/secagg_checks.py
+    assert callable(secaggplus_workflow.factor_extract)
 
 
 @pytest.mark.parametrize(("spec", "why"), [

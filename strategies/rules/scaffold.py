@@ -83,8 +83,8 @@ def amplify(x: np.ndarray, anchor: np.ndarray, gamma: float) -> np.ndarray:
 class VariateSketch:
     """A CountSketch S of each client's c_i (the sum of its applied Δc_i): k numbers per client,
     ‖S c_i‖ ≈ ‖c_i‖ (the module docstring). S maps coordinate j to bucket h(j) with sign s(j),
-    both drawn from ``seed`` (the strategy's ``sketch-seed``: a client that knew S could hide c_i
-    in its kernel, so a deployment keeps it private; None: a fresh secret one); S v = Σ_j s(j) v_j
+    both drawn from ``seed`` (the strategy's ``sketch-seed``; None, the default: a fresh secret one
+    from :mod:`secrets`, since a client that knew S could hide c_i in its kernel); S v = Σ_j s(j) v_j
     e_{h(j)}, O(d)."""
 
     def __init__(self, seed: int | None = None, rows: dict[int, np.ndarray] | None = None) -> None:
@@ -165,9 +165,10 @@ class Scaffold(AvailabilityStrategy):
     Parameters
     ----------
     sketch_seed : the seed of the c_i sketch's hash (spec key ``sketch-seed``); -1 (the default):
-        derived from the strategy's ``seed``, which is public in most configs: a deployment sets a
-        private one (a client that knew the hash could hide its c_i in the sketch's kernel). It is
-        kept by checkpoints (a resumed run keeps its sketch) and written to the run's config.
+        a private one, drawn from :mod:`secrets` when the strategy is built, never derived from the
+        strategy's ``seed`` (public in most configs: a client that knew the hash could hide its c_i
+        in the sketch's kernel; issue 47, item 5). Kept by checkpoints (a resumed run keeps its
+        sketch, bit for bit); set it only to repeat a run's verdicts exactly (tests), and keep it private.
     """
 
     name = "scaffold"
@@ -185,15 +186,14 @@ class Scaffold(AvailabilityStrategy):
     def __init__(self, *, sketch_seed: int = -1, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if isinstance(sketch_seed, bool) or not isinstance(sketch_seed, int) or not -1 <= sketch_seed < 2**63:
-            raise ValueError(f"{self.name}: sketch-seed must be an integer in [0, 2^63) (-1: derived from the "
-                             f"strategy's seed), got {sketch_seed!r}")
+            raise ValueError(f"{self.name}: sketch-seed must be an integer in [0, 2^63) (-1: a private one, "
+                             f"drawn at random), got {sketch_seed!r}")
         self.run_key = secrets.token_hex(8)  # new run, new client variates; kept by checkpoints
         self.c: np.ndarray | None = None
         self.accepted: dict[int, int] = {}  # client id -> the round of its last applied reply
-        # S c_i per client: the c_i bound's norms; its hash from sketch-seed, or by default from the
-        # strategy's seed (same config, same verdicts on every engine); kept by checkpoints
-        self.variates = VariateSketch(sketch_seed if sketch_seed >= 0 else int(
-            np.random.SeedSequence([int(self.params.seed), SKETCH_SIZE]).generate_state(1)[0]))
+        # S c_i per client: the c_i bound's norms; its hash from sketch-seed, by default a private one
+        # (secrets, never the public seed); kept by checkpoints
+        self.variates = VariateSketch(sketch_seed if sketch_seed >= 0 else None)
         self.variate_bounds: NormBounds = self.params.bounds()  # ‖c_i^+‖ (no widening: a mean gradient)
         self.variate_bounds.widens, self.variate_bounds.first_only = False, True
         self.variate_bounds.follows = self.bounds  # first ‖c_j^+‖ x the model reference's capped growth
