@@ -147,7 +147,9 @@ def test_streaming_fedawe_and_fedpbc_give_the_hold_all_numbers(spec, rounds, see
         assert m1.keys() == m2.keys()
         for key in m1:
             assert m1[key] == pytest.approx(m2[key], rel=1e-6, abs=1e-6), key
-    np.testing.assert_allclose(s1.xbar, s2.xbar, rtol=0, atol=1e-6)
+    # x̄ sums every round's float32 changes in another order: a few ulp apart (6.4e-7 relative seen at
+    # |x̄| = 2.25, where 1e-6 absolute is 4 ulp), so the bound is relative as well
+    np.testing.assert_allclose(s1.xbar, s2.xbar, rtol=2e-6, atol=1e-6)
     assert s1.last_accepted == s2.last_accepted
 
 
