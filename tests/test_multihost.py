@@ -304,7 +304,13 @@ def test_a_run_resumed_on_a_fresh_superlink_with_every_client_moved_to_another_h
     assert resumed.run_dir == first.run_dir and [r["round"] for r in resumed.rows] == [R]
     timing = ("time", "wall", "client-")  # when things happened differs; what the round computed may not
     same = [{k: v for k, v in row.items() if not any(t in k for t in timing)} for row in (first.rows[-1], resumed.rows[0])]
-    assert same[0] == same[1]
+    # fedavg-active streams: its sums follow the replies' arrival order, which a deployment does not fix,
+    # so the model (and the figures computed from it) are the same to float32 rounding (docs/strategies.md);
+    # who took part, who was rejected and every count are the same exactly
+    exact = [{k: v for k, v in row.items() if not isinstance(v, float)} for row in same]
+    assert exact[0] == exact[1]
+    assert {k: v for k, v in same[1].items() if isinstance(v, float)} == pytest.approx(
+        {k: v for k, v in same[0].items() if isinstance(v, float)}, rel=1e-5, abs=1e-7)
     assert [r["round"] for r in read_metrics(first.run_dir)] == list(range(1, R + 1))
     # the same keys on other hosts: each key's id is the one the fresh SuperLink listed for it
     again = across_hosts["resumed-site"]
