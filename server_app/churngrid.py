@@ -44,10 +44,10 @@ from flwr.serverapp import Grid
 
 from availability import Schedule
 from runconfig import did_you_mean
+from strategies.failures import quoted_error
 from strategies.secagg import FAILED_CLOSED
 
 from .flowerlog import FlowerLogWatch
-from .identity import quoted_error
 from .messages import (
     STAGES,
     TRAINING_STAGE,

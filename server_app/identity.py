@@ -4,19 +4,18 @@
   (``client_app.app``) and ``client_app.dropin`` answer it.
 - :func:`identity` reads the answer, :func:`discover_clients` asks every unknown node at once
   (bounded wait) and keeps node id -> client id.
-- :func:`quoted_error` quotes the exception behind a Flower error reply (``Type: first line``),
-  for the warnings and records that say why a node is not known.
+- why an answer was refused quotes the error reply (:func:`strategies.failures.quoted_error`).
 """
 
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Iterable, Mapping
 
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
+from strategies.failures import quoted_error
 from strategies.protocol import CLIENT_ID, IDENTITY_QUERY, SERVER_ROUND
 from strategies.replies import ReplyRejected, count
 
@@ -32,31 +31,6 @@ def identity_query(node: int, server_round: int = 1) -> Message:
     a user's mod that reads ``msg.content["config"]["server-round"]`` works on it too."""
     content = RecordDict({"config": ConfigRecord({SERVER_ROUND: int(server_round)})})
     return Message(content, dst_node_id=node, message_type=IDENTITY_QUERY)
-
-
-_TRACEBACK_LAST = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning)): ?(.*)$")
-_WRAPPERS = ("ClientAppException", "RayTaskError")  # Flower's and Ray's wrappers around the real exception
-_FLOWER_REASON = re.compile(r"^<class '([\w.]+)'>:<'(.*)'>$", re.S)
-
-
-def quoted_error(reason: str | None) -> str:
-    """The exception behind a Flower error reply, as ``Type: first line`` (Flower writes
-    ``<class 'T'>:<'message'>``; in simulation the message holds Ray's traceback, whose first
-    ``Type: ...`` line that is not a wrapper is the real exception); the reason's first line where
-    it holds none."""
-    text = (reason or "").strip()
-    if not text:
-        return "(no reason given)"
-    found = [m for line in text.splitlines() if (m := _TRACEBACK_LAST.match(line.strip()))
-             and not m.group(1).endswith(_WRAPPERS)]
-    if found:  # a traceback (Ray's, in simulation): its first exception, the root of the chain
-        kind, message = found[0].group(1), found[0].group(2)
-        return f"{kind.rsplit('.', 1)[-1]}: {message.strip()}"[:300]
-    outer = _FLOWER_REASON.match(text)
-    if outer:
-        first = next((line.strip() for line in outer.group(2).splitlines() if line.strip()), "")
-        return f"{outer.group(1).rsplit('.', 1)[-1]}: {first}"[:300]
-    return next(line.strip() for line in text.splitlines() if line.strip())[:300]
 
 
 def identity(reply: Message) -> int:

@@ -23,11 +23,13 @@ Two drivers use the same two hooks:
 Two guards of the bounds, off with ``max-norm-ratio=0`` (the papers' rules; ``docs/threat-model.md``,
 "A fast asynchronous node", with their cost to honest runs):
 
-- **one node's share of a window**: one node's accepted updates among the last ``share_window``
-  accepted arrivals (FedBuff: its K; FedAsync: 10) together have a norm of at most one update's
-  bound (``max-norm-ratio`` x the reference x its work factor): beyond what its node has left an
-  arrival is cut to it (``share-cut`` in the row), or rejected when nothing is left;
-- **the start-up hold**: until a majority of the run's nodes (3 to 64) have an entry in the bounds,
+- **one client's share of a window**: one client identity's accepted updates among the last
+  ``share_window`` accepted arrivals (FedBuff: its K; FedAsync: 10), from whichever node ids spoke
+  for it, together have a norm of at most one update's bound (``max-norm-ratio`` x the reference x
+  its work factor): beyond what it has left an arrival is cut to it (``share-cut`` in the row), or
+  rejected when nothing is left;
+- **the start-up hold**: until a majority of the run's clients (3 to 64 distinct client identities,
+  of ``num_clients`` or of the nodes connected) have an entry in the bounds,
   the rule's aggregations wait (``held``, at most ``max_staleness`` + 1 arrivals); the first one
   after it applies them, each arrival of the hold judged against that majority's reference (then
   the share limit). Nothing honest is dropped: the first arrivals are applied later than in the paper.
@@ -92,7 +94,7 @@ class AsyncState:
     pending: list[Arrival] = field(default_factory=list)
     snapshots: dict[int, np.ndarray] = field(default_factory=dict)
     held: list[Arrival] = field(default_factory=list)  # the start-up hold
-    recent: list[tuple[int, float]] = field(default_factory=list)  # the share window: (node, norm applied)
+    recent: list[tuple[int, float]] = field(default_factory=list)  # the share window: (client id, norm applied)
     released: bool = False  # the start-up hold is over
 
 
@@ -120,13 +122,13 @@ class AsyncRule(AvailabilityStrategy):
             raise ValueError(f"strategy '{self.name}': concurrency={concurrency} must be >= 0 (0: no limit)")
         if share_window < 0:
             raise ValueError(f"strategy '{self.name}': share-window={share_window} must be >= 0 (0: the rule's "
-                             f"own, 1: no limit on a node's share)")
+                             f"own, 1: no limit on a client's share)")
         self.max_staleness = int(max_staleness)
         self.concurrency = int(concurrency)
         self._share_window = int(share_window)
         self.held: list[Arrival] = []  # accepted before the bounds had a reference (the start-up hold)
-        self.recent: deque[tuple[int, float]] = deque()  # the share window's last arrivals: (node, norm applied)
-        self.share_cuts = 0  # arrivals cut to their node's share (since the last aggregation)
+        self.recent: deque[tuple[int, float]] = deque()  # the share window's last arrivals: (client id, norm applied)
+        self.share_cuts = 0  # arrivals cut to their client's share (since the last aggregation)
         self.version = 0
         self.pending: list[Arrival] = []
         self.snapshots: dict[int, np.ndarray] = {}
@@ -265,8 +267,9 @@ class AsyncRule(AvailabilityStrategy):
         return outcome
 
     def _holding(self) -> bool:
-        """Whether the start-up hold is on: until a majority of the run's nodes (at least
-        :data:`MIN_POOL`, at most :data:`REFERENCE_WINDOW`) have an entry in the bounds, so that
+        """Whether the start-up hold is on: until a majority of the run's clients (at least
+        :data:`MIN_POOL`, at most :data:`REFERENCE_WINDOW` distinct client identities: node ids
+        that speak for one client count once) have an entry in the bounds, so that
         the reference that judges the held arrivals is a majority's even when the fastest nodes
         are hostile; and at most ``max_staleness`` + 1 held arrivals (churn may keep most nodes
         away): then it ends against the reference there is, or, with fewer than 3 nodes heard,
@@ -305,28 +308,29 @@ class AsyncRule(AvailabilityStrategy):
         return bounds.max_norm_ratio * reference * bounds.work_factor(report.num_steps, bounds.work.reference({}))
 
     def _share(self, arrival: Arrival, judge: bool) -> tuple[str, bool]:
-        """One node's share of the window: ("", cut?) with ``arrival``'s Δ_i scaled down to what its
-        node has left, or (why, False) when it is rejected. ``judge``: a held arrival, first judged
+        """One client's share of the window: ("", cut?) with ``arrival``'s Δ_i scaled down to what
+        its client identity has left (the bound client id: every node id that speaks for it shares
+        one share), or (why, False) when it is rejected. ``judge``: a held arrival, first judged
         here against the reference that released it."""
-        report, node = arrival.report, arrival.report.node_id
+        report, client = arrival.report, arrival.report.client_id
         limit = self.arrival_limit(report)
         if limit is None:  # no reference and no hold (fewer than 3 nodes, or the rule holds nothing)
             return "", False
         norm = float(report.norm) if report.norm is not None else float(np.linalg.norm(report.delta))
         if judge and norm > limit:
             return (f"update norm {norm:.2g} > max-norm-ratio {self.bounds.max_norm_ratio:g} x the median of recent "
-                    f"norms (one per node), judged when the bounds first had a reference (start-up hold)"), False
-        left = limit - sum(n for who, n in self.recent if who == node)
+                    f"norms (one per client), judged when the bounds first had a reference (start-up hold)"), False
+        left = limit - sum(n for who, n in self.recent if who == client)
         cut = norm > left
         if cut and left <= 0:
-            return (f"the node's share of the last {self.share_window} arrivals is spent (its updates there "
+            return (f"the client's share of the last {self.share_window} arrivals is spent (its updates there "
                     f"together reach one update's bound {limit:.2g})"), False
         if cut:
             report.delta = report.delta * np.float32(left / norm)
             report.norm, norm = left, left
             self.share_cuts += 1
             self.round.norms_clipped += 1
-        self.recent.append((node, norm))
+        self.recent.append((client, norm))
         while len(self.recent) >= self.share_window:
             self.recent.popleft()
         return "", cut

@@ -1,10 +1,14 @@
 """Sanity bounds on what a reply may change before it is rejected (or, for data sizes, cut).
 
-**One reference per node.** A reply is judged against references that hold at most one entry
-per node (its latest judged value: accepted, or beyond the ratio bound), never one per arrival:
-a reference is the lower median over the nodes of those entries, so a minority of nodes cannot
-move it far whatever it sends and however often or in whatever order it replies (a node making
-80 % of an asynchronous run's arrivals is one entry). Once :data:`MIN_POOL` nodes have an entry,
+**One reference per identity.** A reply is judged against references that hold at most one
+entry per client identity (its latest judged value: accepted, or beyond the ratio bound), never
+one per arrival nor one per node id: the identity is the client id the reply's node is bound to
+(:mod:`strategies.client_binding`; under SuperNode authentication the node id is its key's, so
+the binding is to a key). A node that comes back with a fresh node id and claims its client id
+is the same entry, so minting node ids buys no entries (docs/threat-model.md, "Identities"). A
+reference is the lower median over the identities of those entries, so a minority cannot move it
+far whatever it sends and however often or in whatever order it replies (a client making 80 % of
+an asynchronous run's arrivals is one entry). Once :data:`MIN_POOL` nodes have an entry,
 a round's reference comes from earlier rounds' entries alone, independent of arrival order, and
 each reply is judged at once; before that (the first round) the round's own values join (its
 reference window, :data:`REFERENCE_WINDOW` replies, held until judged: the only place arrival
@@ -19,7 +23,8 @@ reached 53.5 x the median of the latest norms under FedAdam, 3.2 x the larger; a
 so does an attacker's bound when it displaces the model and the honest updates answer it: without
 the cap, geometric growth); a reply's limit is ``max_norm_ratio`` x the reference x √(its declared
 ``num-steps`` / the nodes' median), at most ``WORK_RATIO``, x (for rules whose client keeps state across rounds,
-SCAFFOLD's c_i or FedAWE's copy) 1 + the rounds since its node was last judged, at most
+SCAFFOLD's c_i or FedAWE's copy) 1 + the rounds since its identity was last judged (1 for one
+judged for the first time: absence is counted per identity, so a fresh one gets no widening), at most
 ``GAP_RATIO``; the product of the two at most ``WIDEN_RATIO`` (honest replies use one or the
 other: an attacker that declared 100 x the median work and stayed silent 49 rounds got both, 500
 x, and moved SCAFFOLD's model 1,256 m in one reply, 126 with the cap; ``tests/test_widening.py``).
@@ -53,7 +58,7 @@ WORK_RATIO = 10.0  # declared num-steps widen a norm bound by √(num-steps / th
 GAP_RATIO = 50.0  # rounds since a stateful client was last judged widen it by at most this
 WIDEN_RATIO = GAP_RATIO  # the product of the two widenings, at most this (they do not compound)
 
-NODES = 10_000  # nodes whose latest value a reference remembers (the most recently heard)
+NODES = 10_000  # identities whose latest value a reference remembers (the most recently heard)
 MIN_POOL = 3  # nodes below which a median says nothing about which one is wrong
 # the first round's values that join its reference (before MIN_POOL nodes have an entry): those of
 # its first REFERENCE_WINDOW replies that pass the per-reply checks, so that a streaming rule need
@@ -114,7 +119,7 @@ class RatioBound:
         return self.ratio * ref if self.ratio and ref is not None else math.inf
 
     def commit(self, values: Mapping[int, float]) -> None:
-        """Each node's value of this round becomes its entry (one per node)."""
+        """Each identity's value of this round becomes its entry (one per identity)."""
         for node, value in values.items():
             self.entries.pop(node, None)
             self.entries[node] = float(value)
@@ -186,7 +191,7 @@ class NormBounds:
     what: str = "update norm"  # in reasons
     ratio: RatioBound = field(init=False, compare=False, repr=False)
     examples: RatioBound = field(init=False, compare=False, repr=False)
-    work: RatioBound = field(init=False, compare=False, repr=False)  # declared num-steps, per node
+    work: RatioBound = field(init=False, compare=False, repr=False)  # declared num-steps, per identity
     fresh: RatioBound = field(init=False, compare=False, repr=False)  # each node's first judged norm
     last_reference: float | None = field(default=None, compare=False, repr=False)  # the last check's
     last_seen: dict[int, int] = field(default_factory=dict, compare=False, repr=False)  # node -> round judged
@@ -237,17 +242,22 @@ class NormBounds:
         other (the honest matrix: docs/threat-model.md), an attacker would use both (10 x 50)."""
         return min(work * gap, WIDEN_RATIO)
 
-    def gap_factor(self, node: int) -> float:
-        """1 + the rounds since ``node`` was last judged (since the first for a new one), at most
-        GAP_RATIO: a client that keeps state (a control variate, a copy) returns with a change
-        that grew with its absence."""
-        return min(1.0 + self.rounds - self.last_seen.get(node, 0), GAP_RATIO)
+    def gap_factor(self, identity: int) -> float:
+        """1 + the rounds since ``identity`` was last judged, at most GAP_RATIO: a client that
+        keeps state (a control variate, a copy) returns with a change that grew with its absence.
+        1 for an identity never judged: its state is new (SCAFFOLD's c_i = 0, FedAWE's copy
+        x^t), and a fresh node id's first reply must not get the absence of the run so far."""
+        seen = self.last_seen.get(identity)
+        return 1.0 if seen is None else min(1.0 + self.rounds - seen, GAP_RATIO)
 
     def check(self, reports: list[R], norm_of: Callable[[R], float], node_of: Callable[[R], int],
               reject: Callable[[int, str], None], scale: float = 0.0,
               clip: Callable[[R, float, float], None] | None = None,
-              steps_of: Callable[[R], float | None] | None = None, stateful: bool = False) -> list[R]:
-        """The reports within the bounds; the others go to ``reject`` with the reason.
+              steps_of: Callable[[R], float | None] | None = None, stateful: bool = False,
+              identity_of: Callable[[R], int] | None = None) -> list[R]:
+        """The reports within the bounds; the others go to ``reject`` (with ``node_of``'s node)
+        and the reason. ``identity_of``: whose entry a report's values are (the bound client id;
+        default ``node_of``).
 
         First the absolute cap ``max_update_norm`` (and a norm that is not a finite number, or
         whose computation raised), and without a reference ``max_model_ratio`` × ``scale``
@@ -260,9 +270,10 @@ class NormBounds:
         """
         if not self.widens:
             steps_of, stateful = None, False
+        who = identity_of or node_of
         no_reference = self._no_reference
         if no_reference is None:
-            no_reference = len(set(self.ratio.entries) | {node_of(r) for r in reports}) < MIN_POOL
+            no_reference = len(set(self.ratio.entries) | {who(r) for r in reports}) < MIN_POOL
             if self.ratio.fix:  # fixed by the round's first call (its reference window)
                 self._no_reference = no_reference
         model_cap = self.max_model_ratio * scale if no_reference and self.max_model_ratio and scale > 0 else math.inf
@@ -282,31 +293,32 @@ class NormBounds:
                                    f"model's norm {scale:.2g}")
             else:
                 under.append((r, norm))
-        steps = {node_of(r): s for r, _ in under if steps_of is not None and (s := steps_of(r)) is not None}
+        steps = {who(r): s for r, _ in under if steps_of is not None and (s := steps_of(r)) is not None}
         work = self.work.reference(steps)
-        reference = self.reference({node_of(r): norm for r, norm in under})
+        reference = self.reference({who(r): norm for r, norm in under})
         kept = []
         for r, norm in under:
-            node = node_of(r)
-            self._pending[node] = norm
-            if node in steps:
-                self._steps[node] = float(steps[node])
+            identity = who(r)
+            self._pending[identity] = norm
+            if identity in steps:
+                self._steps[identity] = float(steps[identity])
             if not self.max_norm_ratio or reference is None:
                 kept.append(r)
                 continue
-            widen = self.widening(self.work_factor(steps.get(node), work), self.gap_factor(node) if stateful else 1.0)
+            widen = self.widening(self.work_factor(steps.get(identity), work),
+                                  self.gap_factor(identity) if stateful else 1.0)
             limit = self.max_norm_ratio * reference * widen
             if norm <= limit:
                 kept.append(r)
             elif clip is not None:
                 clip(r, norm, limit)
                 kept.append(r)
-                self._pending[node] = limit
+                self._pending[identity] = limit
             else:
                 why = f" x work {widen:.3g}" if widen > 1 else ""
-                reject(node, f"{self.what} {norm:.2g} > max-norm-ratio {self.max_norm_ratio:g}{why} x the "
+                reject(node_of(r), f"{self.what} {norm:.2g} > max-norm-ratio {self.max_norm_ratio:g}{why} x the "
                              f"median of {'first' if self.first_only else 'recent'} norms{' x their growth' if self.follows else ''} "
-                             f"{reference:.2g} (one per node)")
+                             f"{reference:.2g} (one per client)")
         return kept
 
     def reference(self, norms: Mapping[int, float]) -> float | None:
@@ -352,7 +364,7 @@ class NormBounds:
         """Cut ``num_examples`` above ``max_examples_ratio`` × the data sizes' reference to that
         bound (a data-size weight, not a verdict: the reply's work is kept); returns how many were
         cut. Runs after the verdicts, on the reports to be accepted."""
-        nodes = [node_of(r) if node_of is not None else getattr(r, "node_id", -(i + 1)) for i, r in enumerate(reports)]
+        nodes = [node_of(r) if node_of is not None else getattr(r, "client_id", -(i + 1)) for i, r in enumerate(reports)]
         limit = self.examples.limit({n: float(r.num_examples) for n, r in zip(nodes, reports, strict=True)})
         cut = 0
         for r in reports:
@@ -366,10 +378,13 @@ class NormBounds:
         self.ratio.commit(self._pending)
         self.fresh.commit({n: v for n, v in self._pending.items() if n not in self.fresh.entries})
         self.work.commit(self._steps)
-        self.examples.commit({r.node_id: float(r.num_examples) for r in accepted if hasattr(r, "num_examples")})
+        self.examples.commit({r.client_id: float(r.num_examples) for r in accepted if hasattr(r, "num_examples")})
         self.rounds += 1
-        for node in self._pending:
-            self.last_seen[node] = self.rounds
+        for identity in self._pending:
+            self.last_seen.pop(identity, None)
+            self.last_seen[identity] = self.rounds
+        while len(self.last_seen) > NODES:  # the least recently judged go first, as the entries'
+            del self.last_seen[next(iter(self.last_seen))]
         self.new_round()
 
     def new_round(self, fix: bool = False) -> None:

@@ -15,6 +15,7 @@ replied are not failures: under churn that is what unavailability looks like.
 from __future__ import annotations
 
 import logging
+import re
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -27,6 +28,32 @@ from .replies import brief, shown
 log = logging.getLogger("flwr")
 SHOWN_NODES = 3  # node ids named per log line
 NO_HANDLER = "No train function registered with name 'adopt'"  # Flower's ClientApp, in the error reason
+
+
+_TRACEBACK_LAST = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning)): ?(.*)$")
+_WRAPPERS = ("ClientAppException", "RayTaskError")  # Flower's and Ray's wrappers around the real exception
+_FLOWER_REASON = re.compile(r"^<class '([\w.]+)'>:<'(.*)'>$", re.S)
+
+
+def quoted_error(reason: str | None) -> str:
+    """The exception behind a Flower error reply, as ``Type: first line`` (Flower writes
+    ``<class 'T'>:<'message'>``; in simulation the message holds Ray's traceback, whose first
+    ``Type: ...`` line that is not a wrapper is the real exception); the reason's first line where
+    it holds none."""
+    text = (reason or "").strip()
+    if not text:
+        return "(no reason given)"
+    found = [m for line in text.splitlines() if (m := _TRACEBACK_LAST.match(line.strip()))
+             and not m.group(1).endswith(_WRAPPERS)]
+    if found:  # a traceback (Ray's, in simulation): its first exception, the root of the chain
+        kind, message = found[0].group(1), found[0].group(2)
+        return f"{kind.rsplit('.', 1)[-1]}: {message.strip()}"[:300]
+    outer = _FLOWER_REASON.match(text)
+    if outer:
+        first = next((line.strip() for line in outer.group(2).splitlines() if line.strip()), "")
+        return f"{outer.group(1).rsplit('.', 1)[-1]}: {first}"[:300]
+    return next(line.strip() for line in text.splitlines() if line.strip())[:300]
+
 
 
 class StrategyFailure(RuntimeError):

@@ -351,7 +351,8 @@ class ReplyIntake:
                     report.norm = limit
                     rnd.norms_clipped += 1
             reports = bounds.check(reports, norm_of, lambda r: r.node_id, rnd.reject, scale, clip,
-                                   steps_of=lambda r: r.num_steps, stateful=rnd.stateful)
+                                   steps_of=lambda r: r.num_steps, stateful=rnd.stateful,
+                                   identity_of=lambda r: r.client_id)
         return reports
 
     def release(self, report: ClientReport | None) -> None:

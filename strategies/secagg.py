@@ -38,15 +38,24 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.common import FitIns, Parameters, parameters_to_ndarrays
+from flwr.common.constant import ErrorCode
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
 from flwr.server.workflow import SecAggPlusWorkflow
 from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD, Key as WorkflowKey
 from flwr.server.workflow.secure_aggregation.secaggplus_workflow import WorkflowState
 from flwr.serverapp import Grid
 
+from .failures import quoted_error
 from .grid import DelegatingGrid
 from .protocol import SERVER_ROUND
-from .secagg_checks import attack_reason, capture_sum, model_entries, problems_of, sum_problem
+from .secagg_checks import (
+    SECURE_CLIENT_HINT,
+    attack_reason,
+    capture_sum,
+    model_entries,
+    problems_of,
+    sum_problem,
+)
 
 log = logging.getLogger("flwr")  # Flower's logger: ChurnGrid follows SecAgg+'s outcome lines on it
 
@@ -116,6 +125,8 @@ class SecAggOutcome:
     attacks : why the round failed closed (a malformed stage reply, its node named and dropped; an
         exception of a stage; an unmasked sum no honest survivors can give): the round applies
         nothing, and is a failed round, not churn.
+    problems : why a halted round is not churn either: every node that answered the setup raised
+        in its ClientApp (a ClientApp without the secure client half does): a failed round.
     """
 
     stage: str = Stage.SETUP
@@ -129,6 +140,7 @@ class SecAggOutcome:
     failures: list[str] = field(default_factory=list)
     setup_answers: list[int] = field(default_factory=list)  # the nodes that answered the setup stage
     attacks: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
 
 
 class _Nodes:
@@ -243,6 +255,11 @@ def _run(grid: Grid, server_round: int, contents: Mapping[int, RecordDict], node
         out.failures += [_reason(m, stages.node_of) for m in stages.replies.get(stage, []) if m.has_error()]
         if stage == Stage.SETUP:
             out.setup_answers = [m.metadata.src_node_id for m in stages.replies.get(stage, []) if not m.has_error()]
+            raised = [m for m in stages.replies.get(stage, [])
+                      if m.has_error() and m.error.code == ErrorCode.CLIENT_APP_RAISED_EXCEPTION]
+            if raised and not out.setup_answers:
+                out.problems.append(f"every node that answered SecAgg+'s setup raised in its ClientApp "
+                                    f"({len(raised)}; {_reason(raised[0], stages.node_of)}): {SECURE_CLIENT_HINT}")
         if not ok:
             need = f"threshold {state.threshold}" if state.threshold else "SecAgg+ needs 2 or more"
             out.failures.append(f"SecAgg+ halted at stage {stage}: {len(state.active_node_ids)} of {len(nodes)} "
@@ -268,6 +285,5 @@ def _run(grid: Grid, server_round: int, contents: Mapping[int, RecordDict], node
 
 
 def _reason(m: Message, node_of: Mapping[str, int]) -> str:
-    first = next((line for line in str(m.error.reason).splitlines() if line.strip()), "")
     node = node_of.get(m.metadata.reply_to_message_id, m.metadata.src_node_id)
-    return f"node {node}: {first.strip()[:200]}"
+    return f"node {node}: {quoted_error(m.error.reason)}"

@@ -46,12 +46,19 @@ def model_entries(content: Any) -> int:
     return int(sum(a.size for a in arrays if a.dtype.kind == "f"))
 
 
+# what a ClientApp that lacks the client's half of secure=secagg+ does with SecAgg+'s setup message
+# (its train handler runs on it: an exception, or a plain reply), and what to change
+SECURE_CLIENT_HINT = ("the ClientApp lacks the secure client half: add client_app.secure.secure_mod to its "
+                      "mods (ClientApp(mods=[secure_mod, ...]); docs/secure-aggregation.md)")
+
+
 def reply_problem(stage: str, reply: Message, sent: Message | None, entries: int) -> str:
     """Why ``reply`` (to ``sent``, stage ``stage``) is not a well-formed SecAgg+ reply ("" when it is)."""
     try:
         record = reply.content.config_records.get(RECORD_KEY_CONFIGS)
         if record is None:
-            return f"no '{RECORD_KEY_CONFIGS}' record"
+            return (f"no '{RECORD_KEY_CONFIGS}' record" if stage != Stage.SETUP else
+                    f"no '{RECORD_KEY_CONFIGS}' record in its setup reply: {SECURE_CLIENT_HINT}")
         if stage == Stage.SETUP:
             return _bytes_fields(record, (Key.PUBLIC_KEY_1, Key.PUBLIC_KEY_2))
         if stage == Stage.SHARE_KEYS:

@@ -250,10 +250,13 @@ class SecureRound(AvailabilityStrategy):
                                          reply_to=out.sent[node]))
         elif out.attacks:  # a malformed reply, a stage that raised, a sum no honest survivors give: failed closed
             rnd.problems += out.attacks  # (logged by secagg_plus_round)
+        elif out.problems:  # not churn: the ClientApps cannot do SecAgg+ (a failed round, the reason named)
+            log.error("%s (secure), round %d: %s", self.name, server_round, out.problems[0])
+            rnd.problems += out.problems
         elif out.addressed:  # halted: too few were there (offline, left, or answered errors): an empty round
             log.warning("%s (secure), round %d: %s: an empty round (churn), not a failed one", self.name,
                         server_round, out.failures[-1])
-        for why in out.failures[:-1] if not (out.completed or out.attacks) else out.failures:
+        for why in out.failures[:-1] if not (out.completed or out.attacks or out.problems) else out.failures:
             log.warning("%s (secure), round %d: %s", self.name, server_round, why)
         new, aggregated = super().aggregate_train(server_round, synthetic)
         record_metrics: dict[str, Any] = dict(aggregated or {})

@@ -26,14 +26,16 @@ from strategies import build_strategy, named_arrays
 N, DIM, STEP, MODEL_NORM = 8, 16, 0.1, 12.0
 
 
-def _run(spec: str, times: dict[int, float], bad: set[int], horizon: float, seed: int
+def _run(spec: str, times: dict[int, float], bad: set[int], horizon: float, seed: int, fresh_ids: bool = False
          ) -> tuple[list[tuple[float, np.ndarray]], dict]:
     """One run: (time, model) after each arrival, and the counts of the ``bad`` nodes' arrivals
-    (of every node's when ``bad`` is empty)."""
+    (of every node's when ``bad`` is empty). ``fresh_ids``: each job of a ``bad`` client goes to
+    a node id never used before (it registers anew per job, its old node gone), claiming its own
+    client id."""
     direction = np.eye(DIM, dtype=np.float32)[1]
     x0 = np.zeros(DIM, np.float32)
     x0[2:] = MODEL_NORM / np.sqrt(DIM - 2)
-    connected = set(range(100, 100 + N))
+    node_of = {c: 100 + c for c in range(N)}
     s = build_strategy(spec, num_clients=N, max_failed_rounds=0)
     s.begin(named_arrays({"w": x0}))
     noise = np.random.default_rng(seed + 1)
@@ -47,8 +49,10 @@ def _run(spec: str, times: dict[int, float], bad: set[int], horizon: float, seed
     def dispatch(now: float) -> None:
         nonlocal key
         for c in range(N):
-            if c not in busy and not holds(100 + c):
-                msg, v = s.job(100 + c, key + 1)
+            if c not in busy and not holds(node_of[c]):
+                if fresh_ids and c in bad:
+                    node_of[c] = 10_000 + key
+                msg, v = s.job(node_of[c], key + 1)
                 msg.metadata.__dict__["_message_id"] = uuid.uuid4().hex
                 heapq.heappush(events, (now + times[c], key, c, msg, v))
                 busy.add(c)
@@ -74,7 +78,7 @@ def _run(spec: str, times: dict[int, float], bad: set[int], horizon: float, seed
             limit = s.arrival_limit(SimpleNamespace(num_steps=None))
             size = 0.99 * (s.bounds.max_update_norm if limit is None else min(limit, s.bounds.max_update_norm))
             delta = (size * direction).astype(np.float32)
-        o = s.arrive(reply(msg, start + delta, **{"client-id": c}), msg, v, connected, now)
+        o = s.arrive(reply(msg, start + delta, **{"client-id": c}), msg, v, set(node_of.values()), now)
         if c in bad or not bad:
             counts["arrivals"] += 1
             counts["accepted"] += not o.reason
@@ -93,14 +97,15 @@ def _times(attackers: int, fast: float | None, seed: int) -> dict[int, float]:
 
 
 def async_influence(spec: str, attackers: int = 1, fast: float | None = 0.2, horizon: float = 60.0,
-                    seed: int = 0) -> dict:
-    """The attackers' influence on an asynchronous rule (the module docstring)."""
+                    seed: int = 0, fresh_ids: bool = False) -> dict:
+    """The attackers' influence on an asynchronous rule (the module docstring); ``fresh_ids``:
+    each of their jobs from a fresh node id."""
     times = _times(attackers, fast, seed)
     flwr_log = logging.getLogger("flwr")
     level = flwr_log.level  # setLevel, not .level: it clears logging's cache
     flwr_log.setLevel(logging.ERROR)
     try:
-        hostile, counts = _run(spec, times, set(range(N - attackers, N)), horizon, seed)
+        hostile, counts = _run(spec, times, set(range(N - attackers, N)), horizon, seed, fresh_ids)
         honest, _ = _run(spec, times, set(), horizon, seed)
     finally:
         flwr_log.setLevel(level)

@@ -52,49 +52,62 @@ def honest_updates(rounds: int, seed: int, n: int = N) -> list[np.ndarray]:
     return out
 
 
+def node_of(c: int, t: int, n: int, attackers: int, fresh_ids: bool) -> int:
+    """Client ``c``'s node id in round ``t``: 100 + c, or, for an attacker with ``fresh_ids``, a
+    node id never used before (it registers anew each round; its old node is gone)."""
+    return 10_000 * t + c if fresh_ids and c >= n - attackers else 100 + c
+
+
 def play_round(s, name: str, t: int, x: np.ndarray, ups: np.ndarray, attack: Attack | None, attackers: int = 1,
-               silent: bool = False, steady_c: bool = False):
+               silent: bool = False, steady_c: bool = False, fresh_ids: bool = False):
     """One round; returns (new x, whether the (first) attacker's reply was accepted). The last
     ``attackers`` clients all send ``attack`` (None: they reply honestly; ``silent``: they are
     offline, neither sent to nor replying); ``len(ups)`` clients. ``steady_c``: SCAFFOLD's honest
     Δc_i is 0 after round 1 (c_i stays at its first scale, as a mean gradient does; the default
-    0.5 Δy_i every round makes c_i grow by it, past the c_i bound after about 20 rounds)."""
+    0.5 Δy_i every round makes c_i grow by it, past the c_i bound after about 20 rounds).
+    ``fresh_ids``: the attackers reply from a fresh node id each round, claiming their own client
+    ids (the node-id churn of issue 47)."""
     n = len(ups)
-    sent = start_round(s, t, x, [100 + c for c in range(n - attackers if silent else n)])
+    nodes = {c: node_of(c, t, n, attackers, fresh_ids) for c in range(n)}
+    sent = start_round(s, t, x, [nodes[c] for c in range(n - attackers if silent else n)])
     honest = dict(**{"num-examples": 10, "num-steps": 2, "a-norm": 2.0, "train-loss": 1.0})
     steady = {SCAFFOLD_DC_PREFIX + "w": np.zeros(DIM, np.float32)} if steady_c and t > 1 and name.endswith("scaffold") else None
-    replies = [rule_reply(name, sent[100 + c], x + ups[c], c, ups[c], arrays=steady, **honest)
-               for c in range(n - attackers) if 100 + c in sent]
+    replies = [rule_reply(name, sent[nodes[c]], x + ups[c], c, ups[c], arrays=steady, **honest)
+               for c in range(n - attackers) if nodes[c] in sent]
     direction = np.zeros(DIM, np.float32)
     direction[1] = 1.0  # orthogonal to the honest drift
     for a in range(n - attackers, n):
-        if 100 + a not in sent:  # not picked (power-of-choice)
+        if nodes[a] not in sent:  # not picked (power-of-choice)
             continue
         if attack is None:
-            replies.append(rule_reply(name, sent[100 + a], x + ups[a], a, ups[a], arrays=steady, **honest))
+            replies.append(rule_reply(name, sent[nodes[a]], x + ups[a], a, ups[a], arrays=steady, **honest))
         else:
             delta = (attack.size * float(np.linalg.norm(ups, axis=1).max()) * direction).astype(np.float32)
             # SCAFFOLD: Δc_i = 0, its c_i kept within its bound (the Δc_i channel: tests/test_scaffold_channel.py)
             dc = {SCAFFOLD_DC_PREFIX + "w": np.zeros(DIM, np.float32)} if name.endswith("scaffold") else None
-            replies.append(rule_reply(name, sent[100 + a], x + delta, a, delta, arrays=dc, **attack.metrics(),
+            replies.append(rule_reply(name, sent[nodes[a]], x + delta, a, delta, arrays=dc, **attack.metrics(),
                                       **{"train-loss": 1.0}))
     out, _ = s.aggregate_train(t, replies)
     return out["w"].numpy(), n - attackers in s.round_log.participants
 
 
-def strongest(s, name: str, t: int, x: np.ndarray, ups: np.ndarray, attackers: int = 1, refine: int = 0) -> Attack:
+def strongest(s, name: str, t: int, x: np.ndarray, ups: np.ndarray, attackers: int = 1, refine: int = 0,
+              fresh_ids: bool = False, smallest: bool = False) -> Attack:
     """The strongest attack the rule accepts this round (greedy, on copies of the strategy);
-    ``refine``: the size's bisections past the grid (:func:`largest_size`)."""
+    ``refine``: the size's bisections past the grid (:func:`largest_size`); ``smallest``: the
+    smallest update instead (0), to drag the references down."""
+    if smallest:
+        return Attack(size=0.0)
     attack = Attack()
     if refine:
-        attack.size = largest_size(lambda v: play_round(copy.deepcopy(s), name, t, x, ups, Attack(v), attackers)[1],
-                                   refine) or 1.0
+        attack.size = largest_size(lambda v: play_round(copy.deepcopy(s), name, t, x, ups, Attack(v), attackers,
+                                                        fresh_ids=fresh_ids)[1], refine) or 1.0
     choices = ([] if refine else [("size", SIZES)]) + [("num_examples", EXAMPLES)]
     choices += [("steps", STEPS)] if name == "fednova" else []
     for field, values in choices:
         for value in values:
             trial = Attack(**{**attack.__dict__, field: value})
-            _, accepted = play_round(copy.deepcopy(s), name, t, x, ups, trial, attackers)
+            _, accepted = play_round(copy.deepcopy(s), name, t, x, ups, trial, attackers, fresh_ids=fresh_ids)
             if accepted:
                 attack = trial
                 break
@@ -102,11 +115,13 @@ def strongest(s, name: str, t: int, x: np.ndarray, ups: np.ndarray, attackers: i
 
 
 def influence(spec: str, rounds: int = 30, seed: int = 0, search_every: int = 1, attackers: int = 1, n: int = N,
-              refine: int = 0, **kwargs) -> dict:
+              refine: int = 0, fresh_ids: bool = False, smallest: bool = False, **kwargs) -> dict:
     """The attackers' influence on ``spec`` over ``rounds`` rounds, in units of STEP (``attackers``
     of the ``n`` clients, the last ones, all sending the same attack). The attack is searched anew
     every ``search_every`` rounds (and whenever the last one is rejected); ``refine``: its size
-    bisected that many times past the grid of :data:`SIZES`."""
+    bisected that many times past the grid of :data:`SIZES`; ``fresh_ids``: from a fresh node id
+    each round; ``smallest``: a zero update every round (to drag the references down). Also
+    returns ``honest-accepted``: the honest replies accepted in the attacked run's last round."""
     name = spec.split(":")[0]
     flwr_log = logging.getLogger("flwr")
     level = flwr_log.level  # setLevel, not .level: it clears logging's cache
@@ -122,10 +137,11 @@ def influence(spec: str, rounds: int = 30, seed: int = 0, search_every: int = 1,
         attack = None
         for t in range(1, rounds + 1):
             if attack is None or (t - 1) % search_every == 0:
-                attack = strongest(hostile, name, t, xa, ups[t - 1], attackers, refine)
-            elif not play_round(copy.deepcopy(hostile), name, t, xa, ups[t - 1], attack, attackers)[1]:
-                attack = strongest(hostile, name, t, xa, ups[t - 1], attackers, refine)
-            xa, ok = play_round(hostile, name, t, xa, ups[t - 1], attack, attackers)
+                attack = strongest(hostile, name, t, xa, ups[t - 1], attackers, refine, fresh_ids, smallest)
+            elif not play_round(copy.deepcopy(hostile), name, t, xa, ups[t - 1], attack, attackers,
+                                fresh_ids=fresh_ids)[1]:
+                attack = strongest(hostile, name, t, xa, ups[t - 1], attackers, refine, fresh_ids, smallest)
+            xa, ok = play_round(hostile, name, t, xa, ups[t - 1], attack, attackers, fresh_ids=fresh_ids)
             xh, _ = play_round(honest, name, t, xh, ups[t - 1], None)
             accepted += ok
             attacks.append(attack)
@@ -134,8 +150,9 @@ def influence(spec: str, rounds: int = 30, seed: int = 0, search_every: int = 1,
             distance = new
     finally:
         flwr_log.setLevel(level)
+    honest_accepted = len([c for c in hostile.round_log.participants if c < n - attackers])
     return {"per-round": max(per_round), "round-1": per_round[0], "run": distance / STEP, "accepted": accepted,
-            "finite": bool(np.all(np.isfinite(xa))), "attacks": attacks}
+            "finite": bool(np.all(np.isfinite(xa))), "attacks": attacks, "honest-accepted": honest_accepted}
 
 
 # ------------------------------------ the widening channels: declared work and silence (issue 39, item 6)

@@ -9,8 +9,8 @@ from test_churn_dropin import flower_fedavg, foreign_app, start
 
 from experiments.inprocess import InProcessGrid, run_inprocess
 from server_app.dropin import NoWorkDone, with_availability
-from server_app.identity import quoted_error
 from strategies import StrategyFailure
+from strategies.failures import quoted_error
 
 QUADRATIC = {"dataset": "quadratic", "model": "quadratic", "partition": "natural", "num-clients": 4,
              "num-server-rounds": 2, "local-steps": "steps:n=1", "batch-size": 1, "schedule-seed": 0,

@@ -165,3 +165,66 @@ def test_the_churn_grid_records_a_failed_closed_round_as_an_attack_not_churn(tmp
     lines = [json.loads(line) for line in (tmp_path / "rounds.jsonl").read_text().splitlines()]
     assert [line["secure"]["status"] for line in lines[:2]] == ["failed-closed", "completed"]
     assert any(says in p and "fails closed" in p for p in lines[0]["problems"]), lines[0]["problems"]
+
+
+def _as_flower_runs(app):
+    """``app`` called as Flower's runtime calls a ClientApp: an exception becomes an error reply
+    with Flower's reason (``<class 'T'>:<'message'>``, code CLIENT_APP_RAISED_EXCEPTION)."""
+    from flwr.app import Error, Message
+    from flwr.common.constant import ErrorCode
+
+    def run(msg, context):
+        try:
+            return app(msg, context)
+        except Exception as ex:  # noqa: BLE001  # what flwr's runtime does (vce_api, run_clientapp)
+            return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
+                                 reason=str(type(ex)) + ":<'" + str(ex) + "'>"), reply_to=msg)
+    return run
+
+
+def test_a_foreign_clientapp_without_the_secure_half_gets_a_failed_round_naming_secure_mod():
+    """A Flower user's ClientApp (a train handler that reads ``arrays``, as Flower's templates do)
+    without ``secure_mod`` under ``secure=secagg+``: SecAgg+'s setup message reaches its train
+    handler, which raises. The round is a failed one naming the missing mod and the exception
+    (type and first line), not "an empty round (churn)", and three such rounds end the run."""
+    from flwr.clientapp import ClientApp
+
+    foreign = ClientApp()
+
+    @foreign.train()
+    def train(msg, context):
+        return msg.reply_to if msg.content["arrays"] is None else None  # KeyError at SecAgg+'s setup
+
+    run_config = {**default_run_config(), **TINY}
+    grid = InProcessGrid(N, run_config, client_app=_as_flower_runs(foreign))
+    strategy = build_strategy("fedavg-active:secure=secagg+", num_clients=N, min_available_nodes=0)
+    x = ArrayRecord(get_workload(from_run_config(WorkloadConfig, run_config)).new_model().state_dict())
+    new, metrics = one_round(strategy, 1, x, grid)
+    assert metrics["secure-completed"] == 0 and "secure-attack" not in metrics
+    (problem,) = strategy.problems
+    assert "client_app.secure.secure_mod" in problem and "KeyError: 'arrays'" in problem, problem
+    one_round(strategy, 2, x, grid)
+    with pytest.raises(StrategyFailure, match="secure_mod"):
+        one_round(strategy, 3, x, grid)
+
+
+class PlainSetupGrid(HostileGrid):
+    """One node answers SecAgg+'s setup with a reply that has no SecAgg+ record."""
+
+    def send_and_receive(self, messages, *, timeout=None):
+        replies = list(self.grid.send_and_receive(list(messages), timeout=timeout))
+        for r in replies:
+            record = r.content.config_records.get(RECORD_KEY_CONFIGS) if not r.has_error() else None
+            if r.metadata.src_node_id == self.node and record is not None and Key.PUBLIC_KEY_1 in record:
+                del r.content.config_records[RECORD_KEY_CONFIGS]
+        return replies
+
+
+def test_a_plain_reply_to_the_setup_fails_closed_naming_secure_mod():
+    """A ClientApp without ``secure_mod`` whose train handler answers anything gives a setup reply
+    without SecAgg+'s record: failed closed (nothing applied), the node and the hint named."""
+    grid, strategy, x, layout = hostile_run("fedavg-active:secure=secagg+", Stage.SETUP, None)
+    grid = PlainSetupGrid(grid.grid, grid.node, Stage.SETUP, None)
+    new, metrics = one_round(strategy, 1, x, grid)
+    assert np.array_equal(layout.flatten(new), layout.flatten(x)) and metrics["secure-attack"] == 1
+    assert any("secure_mod" in p and f"node {grid.node}" in p for p in strategy.problems), strategy.problems

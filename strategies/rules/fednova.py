@@ -122,7 +122,7 @@ class FedNovaRule(Rule):
     def check_round(self, state: FedNovaState, reports: list[ClientReport],
                     reject: Callable[[int, str], None]) -> list[ClientReport]:
         """τ_i and ‖a_i‖_1 within ``max_steps_ratio`` × the lower median over nodes of each node's
-        latest accepted one (:class:`RatioBound`: one entry per node; the first round's own), so
+        latest accepted one (:class:`RatioBound`: one entry per client identity; the first round's own), so
         that no client inflates τ_eff (which scales every client's normalised update) by more than
         that factor (the norm bounds come next)."""
         ratio = float(self.params.max_steps_ratio)
@@ -130,7 +130,7 @@ class FedNovaRule(Rule):
             ("num-steps", state.steps_bound, lambda r: float(r.num_steps or 0)),
             ("a-norm", state.a_norm_bound, lambda r: float(r.a_norm or 0.0)))
         for name, bound, value_of in checks:
-            ref = bound.reference({r.node_id: value_of(r) for r in reports})
+            ref = bound.reference({r.client_id: value_of(r) for r in reports})
             limit = ratio * ref if ratio and ref is not None else math.inf
             for r in reports:
                 if value_of(r) > limit:
@@ -140,11 +140,11 @@ class FedNovaRule(Rule):
         return reports
 
     def accepted(self, state: FedNovaState, reports: list[ClientReport]) -> FedNovaState:
-        """The references with the round's accepted τ_i and ‖a_i‖_1 (one entry per node)."""
+        """The references with the round's accepted τ_i and ‖a_i‖_1 (one entry per client identity)."""
         steps, a_norm = _reference(), _reference()
         steps.entries, a_norm.entries = OrderedDict(state.steps_bound.entries), OrderedDict(state.a_norm_bound.entries)
-        steps.commit({r.node_id: float(r.num_steps) for r in reports if r.num_steps is not None})
-        a_norm.commit({r.node_id: float(r.a_norm) for r in reports if r.a_norm is not None})
+        steps.commit({r.client_id: float(r.num_steps) for r in reports if r.num_steps is not None})
+        a_norm.commit({r.client_id: float(r.a_norm) for r in reports if r.a_norm is not None})
         return replace(state, steps_bound=steps, a_norm_bound=a_norm)
 
     def references(self, state: FedNovaState) -> tuple[RatioBound, ...]:
