@@ -228,7 +228,7 @@ class ReplyIntake:
 
         Per reply, in arrival order: the reply alone, then who may claim which client id
         (:class:`strategies.client_binding.RoundClaims`), then the counts and the norms
-        (:meth:`judge`). The bounds' references hold one entry per node and come from earlier
+        (:meth:`judge`). The bounds' references hold one entry per client identity and come from earlier
         rounds once 3 nodes have one (:mod:`strategies.bounds`); before that they take this
         round's values from its first :data:`REFERENCE_WINDOW` replies that pass the per-reply
         checks. A reply whose verdict reads such a reference is held until the window is full
@@ -334,9 +334,9 @@ class ReplyIntake:
 
     def check_norms(self, rnd: RoundIntake, reports: list[ClientReport]) -> list[ClientReport]:
         """Reject reports beyond any of the rule's ``norm_checks`` (:meth:`NormBounds.check`): each
-        reply against the reference of its bound (one entry per node), widened by its declared
+        reply against the reference of its bound (one entry per client identity), widened by its declared
         num-steps and, for a rule whose client keeps state across rounds (:func:`keeps_client_state`),
-        by the rounds since its node was last judged."""
+        by the rounds since its client was last judged."""
         checks = self.rule.norm_checks()
         scale = 0.0  # ‖x^τ‖, for max-model-ratio (a bound without a median): once a round, where it is on
         if rnd.current is not None and any(bounds.max_model_ratio for bounds, _ in checks):
