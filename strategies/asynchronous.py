@@ -1,11 +1,10 @@
 """Asynchronous rules: arrivals, model versions, staleness, and the staleness functions.
 
-An asynchronous rule (FedBuff, FedAsync: :mod:`strategies.rules.fedbuff`,
-:mod:`strategies.rules.fedasync`) sees one client update at a time, an :class:`Arrival`: the
-client's change Δ_i = x_i − x^τ from the model version τ it was sent, and its staleness
+An asynchronous rule (FedBuff, FedAsync: :mod:`strategies.rules.fedbuff`, ``fedasync``) sees one
+client update at a time, an :class:`Arrival`: the client's change Δ_i = x_i − x^τ from the model version τ it was sent, and its staleness
 t − τ (t: the number of aggregations so far, the current version). The rule says after each
-arrival whether it aggregates now (:meth:`AsyncRule.add`) and then applies what it holds
-(:meth:`AsyncRule.apply`). The version counts aggregations.
+arrival whether it aggregates now (:meth:`AsyncRule.add`), then applies what it holds
+(:meth:`AsyncRule.apply`); the version counts aggregations.
 
 Two drivers use the same two hooks:
 
@@ -23,11 +22,10 @@ Two drivers use the same two hooks:
 Two guards of the bounds, off with ``max-norm-ratio=0`` (the papers' rules; ``docs/threat-model.md``,
 "A fast asynchronous node", with their cost to honest runs):
 
-- **one client's share of a window**: one client identity's accepted updates among the last
-  ``share_window`` accepted arrivals (FedBuff: its K; FedAsync: 10), from whichever node ids spoke
-  for it, together have a norm of at most one update's bound (``max-norm-ratio`` x the reference x
-  its work factor): beyond what it has left an arrival is cut to it (``share-cut`` in the row), or
-  rejected when nothing is left;
+- **one client's share of a window**: one client identity's accepted updates (from any node id)
+  among the last ``share_window`` accepted arrivals (FedBuff: its K; FedAsync: 10) have a norm of at
+  most one update's bound (``max-norm-ratio`` x the reference x its work factor): beyond what it has
+  left an arrival is cut to it (``share-cut`` in the row), or rejected when nothing is left;
 - **the start-up hold**: until a majority of the run's clients (3 to 64 distinct client identities,
   of ``num_clients`` or of the nodes connected) have an entry in the bounds,
   the rule's aggregations wait (``held``, at most ``max_staleness`` + 1 arrivals); the first one
@@ -267,11 +265,10 @@ class AsyncRule(AvailabilityStrategy):
         return outcome
 
     def _holding(self) -> bool:
-        """Whether the start-up hold is on: until a majority of the run's clients (at least
-        :data:`MIN_POOL`, at most :data:`REFERENCE_WINDOW` distinct client identities: node ids
-        that speak for one client count once) have an entry in the bounds, so that
-        the reference that judges the held arrivals is a majority's even when the fastest nodes
-        are hostile; and at most ``max_staleness`` + 1 held arrivals (churn may keep most nodes
+        """Whether the start-up hold is on: until a majority of the run's clients (:data:`MIN_POOL`
+        to :data:`REFERENCE_WINDOW` client identities: a client's node ids count once) have an entry
+        in the bounds, so that the reference that judges the held arrivals is a majority's even
+        when the fastest nodes are hostile; and at most ``max_staleness`` + 1 held arrivals (churn may keep most nodes
         away): then it ends against the reference there is, or, with fewer than 3 nodes heard,
         none (``max-update-norm`` alone, logged: the honest side)."""
         if self._released or not (self.start_up_hold and self.bounds.max_norm_ratio and self._nodes >= MIN_POOL):
@@ -308,10 +305,9 @@ class AsyncRule(AvailabilityStrategy):
         return bounds.max_norm_ratio * reference * bounds.work_factor(report.num_steps, bounds.work.reference({}))
 
     def _share(self, arrival: Arrival, judge: bool) -> tuple[str, bool]:
-        """One client's share of the window: ("", cut?) with ``arrival``'s Δ_i scaled down to what
-        its client identity has left (the bound client id: every node id that speaks for it shares
-        one share), or (why, False) when it is rejected. ``judge``: a held arrival, first judged
-        here against the reference that released it."""
+        """One client's share of the window (every node id speaking for it shares one): ("", cut?)
+        with ``arrival``'s Δ_i scaled down to what it has left, or (why, False) when rejected.
+        ``judge``: a held arrival, first judged here against the reference that released it."""
         report, client = arrival.report, arrival.report.client_id
         limit = self.arrival_limit(report)
         if limit is None:  # no reference and no hold (fewer than 3 nodes, or the rule holds nothing)

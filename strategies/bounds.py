@@ -1,14 +1,12 @@
 """Sanity bounds on what a reply may change before it is rejected (or, for data sizes, cut).
 
-**One reference per identity.** A reply is judged against references that hold at most one
-entry per client identity (its latest judged value: accepted, or beyond the ratio bound), never
-one per arrival nor one per node id: the identity is the client id the reply's node is bound to
-(:mod:`strategies.client_binding`; under SuperNode authentication the node id is its key's, so
-the binding is to a key). A node that comes back with a fresh node id and claims its client id
-is the same entry, so minting node ids buys no entries (docs/threat-model.md, "Identities"). A
-reference is the lower median over the identities of those entries, so a minority cannot move it
-far whatever it sends and however often or in whatever order it replies (a client making 80 % of
-an asynchronous run's arrivals is one entry). Once :data:`MIN_POOL` nodes have an entry,
+**One reference per identity.** References hold at most one entry per client identity (its
+latest judged value: accepted, or beyond the ratio bound), never one per arrival or node id: the
+client id the reply's node is bound to (:mod:`strategies.client_binding`; under SuperNode
+authentication a node id is its key's). A node back with a fresh node id, claiming its id, is the
+same entry: minting node ids buys none (docs/threat-model.md). A reference is the lower median over
+the identities' entries, so a minority cannot move it far whatever it sends, however often or in
+whatever order (a client making 80 % of asynchronous arrivals is one entry). Once :data:`MIN_POOL` have one,
 a round's reference comes from earlier rounds' entries alone, independent of arrival order, and
 each reply is judged at once; before that (the first round) the round's own values join (its
 reference window, :data:`REFERENCE_WINDOW` replies, held until judged: the only place arrival
@@ -23,20 +21,17 @@ reached 53.5 x the median of the latest norms under FedAdam, 3.2 x the larger; a
 so does an attacker's bound when it displaces the model and the honest updates answer it: without
 the cap, geometric growth); a reply's limit is ``max_norm_ratio`` x the reference x √(its declared
 ``num-steps`` / the nodes' median), at most ``WORK_RATIO``, x (for rules whose client keeps state across rounds,
-SCAFFOLD's c_i or FedAWE's copy) 1 + the rounds since its identity was last judged (1 for one
-judged for the first time: absence is counted per identity, so a fresh one gets no widening), at most
-``GAP_RATIO``; the product of the two at most ``WIDEN_RATIO`` (honest replies use one or the
+SCAFFOLD's c_i or FedAWE's copy) 1 + the rounds since its identity was last judged (1 the first
+time), at most ``GAP_RATIO``; the product of the two at most ``WIDEN_RATIO`` (honest replies use one or the
 other: an attacker that declared 100 x the median work and stayed silent 49 rounds got both, 500
 x, and moved SCAFFOLD's model 1,256 m in one reply, 126 with the cap; ``tests/test_widening.py``).
 
 Defaults drawn from the honest-heterogeneity matrix (``python benchmarks/honest_matrix.py``, its
-cases in docs/threat-model.md): honest replies reach 7.3 x the widened reference, against
-``max_norm_ratio`` 20 (FedAWE 30), and 10.9 x the first norms' reference, against R G = 100;
-data sizes are not cut by default (``max_examples_ratio`` 0: 1 to 10,000 cannot be told from a
-claim); FedNova's num-steps within ``max_steps_ratio`` 300 x the nodes' median (honest 1-250).
-``max_model_ratio`` is off by default (a model initialised near zero has no scale), 10 when set.
-``max_update_norm = 1e6`` rejects what breaks float32 rules (norms ≳ 1e19 overflow a float32 sum
-of squares or Gram matrix). What the bounds guarantee per rule: ``docs/threat-model.md``.
+cases in docs/threat-model.md): honest replies reach 7.3 x the widened reference (``max_norm_ratio``
+20, FedAWE 30) and 10.9 x the first norms' (R G = 100); data sizes uncut by default (1 to 10,000
+cannot be told from a claim); FedNova's num-steps within 300 x the median (honest 1-250);
+``max_model_ratio`` off (a model near zero has no scale); ``max_update_norm = 1e6`` rejects what
+breaks float32 rules (norms ≳ 1e19 overflow a float32 sum of squares). Per rule: the threat model.
 """
 from __future__ import annotations
 
@@ -60,9 +55,8 @@ WIDEN_RATIO = GAP_RATIO  # the product of the two widenings, at most this (they 
 
 NODES = 10_000  # identities whose latest value a reference remembers (the most recently heard)
 MIN_POOL = 3  # nodes below which a median says nothing about which one is wrong
-# the first round's values that join its reference (before MIN_POOL nodes have an entry): those of
-# its first REFERENCE_WINDOW replies that pass the per-reply checks, so that a streaming rule need
-# not hold a round's replies (strategies.intake)
+# the first round's values joining its reference (before MIN_POOL have an entry): its first replies
+# passing the per-reply checks, this many, so a streaming rule need not hold a round (strategies.intake)
 REFERENCE_WINDOW = 64
 
 
@@ -109,8 +103,7 @@ class RatioBound:
             self.fixed = ref
         return ref
 
-    def new_round(self, fix: bool = False) -> None:
-        """Forget the last round's reference; ``fix``: this round's first call fixes it."""
+    def new_round(self, fix: bool = False) -> None:  # fix: this round's first call fixes the reference
         self.fixed, self.fix = None, fix
 
     def limit(self, values: Mapping[int, float] | Iterable[float]) -> float:
@@ -131,8 +124,7 @@ class RatioBound:
         return {"nodes": list(self.entries), "values": list(self.entries.values())}
 
     def load_state_dict(self, state: Mapping[str, Any] | list[float] | None) -> None:
-        """Entries from :meth:`state_dict` (a list of values alone, an older checkpoint's, gives
-        each value a node of its own)."""
+        """Entries from :meth:`state_dict` (an older checkpoint's list of values: one identity each)."""
         if isinstance(state, Mapping):
             pairs = list(zip(state.get("nodes", ()), state.get("values", ()), strict=True))
         else:
@@ -224,7 +216,7 @@ class NormBounds:
 
     @property
     def history(self) -> list[float]:
-        """The nodes' latest judged norms (the reference's entries), the most recent last."""
+        """The identities' latest judged norms (the reference's entries), the most recent last."""
         return list(self.ratio.entries.values())
 
     @staticmethod
@@ -243,10 +235,8 @@ class NormBounds:
         return min(work * gap, WIDEN_RATIO)
 
     def gap_factor(self, identity: int) -> float:
-        """1 + the rounds since ``identity`` was last judged, at most GAP_RATIO: a client that
-        keeps state (a control variate, a copy) returns with a change that grew with its absence.
-        1 for an identity never judged: its state is new (SCAFFOLD's c_i = 0, FedAWE's copy
-        x^t), and a fresh node id's first reply must not get the absence of the run so far."""
+        """1 + the rounds since ``identity`` was last judged, at most GAP_RATIO (a client keeping
+        state returns with a change grown with its absence); 1 for one never judged (new state)."""
         seen = self.last_seen.get(identity)
         return 1.0 if seen is None else min(1.0 + self.rounds - seen, GAP_RATIO)
 
@@ -255,9 +245,8 @@ class NormBounds:
               clip: Callable[[R, float, float], None] | None = None,
               steps_of: Callable[[R], float | None] | None = None, stateful: bool = False,
               identity_of: Callable[[R], int] | None = None) -> list[R]:
-        """The reports within the bounds; the others go to ``reject`` (with ``node_of``'s node)
-        and the reason. ``identity_of``: whose entry a report's values are (the bound client id;
-        default ``node_of``).
+        """The reports within the bounds; the others go to ``reject`` (``node_of``'s node, the
+        reason). ``identity_of``: whose entry a report's values are (default ``node_of``).
 
         First the absolute cap ``max_update_norm`` (and a norm that is not a finite number, or
         whose computation raised), and without a reference ``max_model_ratio`` × ``scale``
@@ -388,8 +377,7 @@ class NormBounds:
         self.new_round()
 
     def new_round(self, fix: bool = False) -> None:
-        """Forget the last round's references and pending norms; ``fix``: this round's first
-        :meth:`check` (and :meth:`clip_examples`) fixes its references."""
+        """Forget the last round's references and pending norms; ``fix``: the first check fixes them."""
         self._pending, self._steps = {}, {}
         self._no_reference = None
         for bound in (self.ratio, self.examples, self.work, self.fresh):
