@@ -146,3 +146,16 @@ def test_one_reply_after_100_silent_rounds_or_from_a_new_id_moves_the_model_as_d
     assert f"| `{name}` | {silent:g} |" in DOC.read_text() and f"| {new:g} |" in DOC.read_text()
     assert 0 < silent_then_one(name) <= silent
     assert 0 < silent_then_one(name, new=True) <= new
+
+
+GAPS = (5, 20, 49)  # shorter silences than the 100 above: with only gaps of 50 or more capped,
+# debiased-fedavg's one reply moved the model 4.7, 16.3 and 34.3 m (the weight grows with the gap)
+
+
+@pytest.mark.parametrize("name", sorted(SILENCE))
+def test_one_reply_after_any_silent_gap_moves_the_model_within_the_documented_bound(name):
+    from attacks import silent_then_one
+
+    silent, _ = SILENCE[name]
+    moved = {gap: silent_then_one(name, silent=gap) for gap in GAPS}
+    assert all(0 < m <= silent for m in moved.values()), moved
