@@ -7,7 +7,7 @@ import os
 import shutil
 
 import pytest
-from conftest import DATA_DIR, ROOT
+from conftest import DATA_DIR, ROOT, extra_deploy
 
 from availability import build_schedule
 
@@ -18,6 +18,10 @@ EXAMPLE = ROOT / "examples" / "advanced-pytorch-flchurn"
 ROUNDS, SPEC, SEED = 3, "bernoulli:p=0.5", 3  # seed 3: clients on 1111, 0011, 1011
 
 
+@extra_deploy("Flower's advanced-pytorch example deployed as processes under churn (~185 s on an idle 2-core "
+              "machine, 259-347 s in full suites: a ClientApp process per message, each importing torch)",
+              "tests/test_example_advanced.py (the same example and wrapper under flwr run) and the process "
+              "deployments under churn of tests/test_deploy.py and tests/test_multihost.py")
 def test_a_foreign_app_deployed_with_churn_follows_the_schedule(tmp_path):
     from deploy.app import app_run
     from deploy.local import ProcessSite
