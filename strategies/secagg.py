@@ -49,6 +49,8 @@ from .failures import quoted_error
 from .grid import DelegatingGrid
 from .protocol import SERVER_ROUND
 from .secagg_checks import (
+    DROPPED_FROM,
+    DROPPED_TO,
     SECURE_CLIENT_HINT,
     attack_reason,
     capture_sum,
@@ -127,6 +129,9 @@ class SecAggOutcome:
         nothing, and is a failed round, not churn.
     problems : why a halted round is not churn either: every node that answered the setup raised
         in its ClientApp (a ClientApp without the secure client half does): a failed round.
+    named : the nodes whose malformed replies are among ``attacks`` (a stage exception names none).
+    dropped : the attacks of nodes dropped before the stage that trains, the round run again
+        without them (:func:`secagg_plus_round`): they no longer fail the round.
     """
 
     stage: str = Stage.SETUP
@@ -141,6 +146,8 @@ class SecAggOutcome:
     setup_answers: list[int] = field(default_factory=list)  # the nodes that answered the setup stage
     attacks: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    named: list[int] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
 
 
 class _Nodes:
@@ -210,6 +217,16 @@ def secagg_plus_round(grid: Grid, server_round: int, contents: Mapping[int, Reco
                  "(its shares and threshold count the nodes that are there)", len(answered), len(nodes))
         out = _run(grid, server_round, {n: contents[n] for n in answered}, answered, settings, seed)
         out.addressed = nodes
+    rest = [n for n in (sorted(set(out.setup_answers)) or nodes) if n not in out.named]
+    if (out.stage in (Stage.SETUP, Stage.SHARE_KEYS) and out.named and len(out.named) == len(out.attacks)
+            and len(rest) >= 2):
+        # only named nodes' malformed replies, before anyone trained: the round again without them, so
+        # that no one client can veto a secure round (issue 47); a second attack fails it closed
+        dropped = [why.replace(DROPPED_FROM, DROPPED_TO) for why in out.attacks]
+        for why in dropped:
+            log.warning(FAILED_CLOSED, server_round, why)
+        out = _run(grid, server_round, {n: contents[n] for n in rest}, rest, settings, seed)
+        out.addressed, out.dropped = nodes, dropped
     for why in out.attacks:
         log.warning(FAILED_CLOSED, server_round, why)
     log.info("Secure aggregation completed." if out.completed else "Secure aggregation halted.")
@@ -243,6 +260,7 @@ def _run(grid: Grid, server_round: int, contents: Mapping[int, RecordDict], node
         finally:
             random.setstate(saved)
         out.attacks[:0] = [attack_reason(node, st, why) for node, st, why in stages.attacks]
+        out.named += [node for node, _, _ in stages.attacks]
         stages.attacks = []
         if out.attacks:  # a malformed reply (its node dropped) or a stage that raised: fail closed now
             out.failures += [_reason(m, stages.node_of) for m in stages.replies.get(stage, []) if m.has_error()]

@@ -264,6 +264,8 @@ class SecureRound(AvailabilityStrategy):
                                "secure-threshold": out.threshold, "secure-addressed": len(out.addressed)})
         if out.attacks or self.secure_attack:  # failed closed: recorded as an attack (the reason: the problems)
             record_metrics["secure-attack"] = 1
+        if out.dropped:  # malformed before training: those nodes dropped, the round run again (logged)
+            record_metrics["secure-dropped"] = len(out.dropped)
         return new, MetricRecord(record_metrics)
 
     def start_fold(self, t: int, x: np.ndarray) -> Fold:
