@@ -17,9 +17,12 @@ EXAMPLE = ROOT / "examples" / "quickstart-flchurn"
 # in CI the two rules with a stage of their own in Flower's template: FedAWE (its client half keeps
 # a copy) and power-of-choice (its probe round); the others are opt-in (each 50-85 s here), and every
 # rule runs as a drop-in in process in tests/test_dropin.py
-OPT_IN = extra_deploy("another rule in Flower's template under flwr run", "the fedawe and pow-d cases here")
+OPT_IN = extra_deploy("another rule in Flower's template under flwr run", "the fedawe case here")
+POW_D_OPT_IN = extra_deploy("power-of-choice in Flower's template under flwr run (~35-50 s)",
+                            "the fedawe case here, and pow-d's probes in tests/test_power_of_choice.py (in process) "
+                            "and under Flower's own Strategy.start in tests/test_sampling.py")
 RULES = [pytest.param("fedavg-active", marks=OPT_IN), pytest.param("fedau", marks=OPT_IN),
-         pytest.param("fednova", marks=OPT_IN), "fedawe", "pow-d:d=4,m=2,probe-timeout=600"]
+         pytest.param("fednova", marks=OPT_IN), "fedawe", pytest.param("pow-d:d=4,m=2,probe-timeout=600", marks=POW_D_OPT_IN)]
 
 
 @pytest.fixture(scope="module")
