@@ -1,8 +1,8 @@
 """Asynchronous rules: arrivals, model versions, staleness, and the staleness functions.
 
 An asynchronous rule (FedBuff, FedAsync: :mod:`strategies.rules.fedbuff`, ``fedasync``) sees one
-client update at a time, an :class:`Arrival`: the client's change Δ_i = x_i − x^τ from the model version τ it was sent, and its staleness
-t − τ (t: the number of aggregations so far, the current version). The rule says after each
+update at a time, an :class:`Arrival`: Δ_i = x_i − x^τ from the version τ it was sent, and its
+staleness t − τ (t: the number of aggregations so far, the current version). The rule says after each
 arrival whether it aggregates now (:meth:`AsyncRule.add`), then applies what it holds
 (:meth:`AsyncRule.apply`); the version counts aggregations.
 

@@ -184,9 +184,9 @@ class NormBounds:
     ratio: RatioBound = field(init=False, compare=False, repr=False)
     examples: RatioBound = field(init=False, compare=False, repr=False)
     work: RatioBound = field(init=False, compare=False, repr=False)  # declared num-steps, per identity
-    fresh: RatioBound = field(init=False, compare=False, repr=False)  # each node's first judged norm
+    fresh: RatioBound = field(init=False, compare=False, repr=False)  # each identity's first judged norm
     last_reference: float | None = field(default=None, compare=False, repr=False)  # the last check's
-    last_seen: dict[int, int] = field(default_factory=dict, compare=False, repr=False)  # node -> round judged
+    last_seen: dict[int, int] = field(default_factory=dict, compare=False, repr=False)  # identity -> round judged
     rounds: int = field(default=0, compare=False, repr=False)  # rounds committed
     _pending: dict[int, float] = field(default_factory=dict, compare=False, repr=False)  # node -> norm
     _steps: dict[int, float] = field(default_factory=dict, compare=False, repr=False)  # node -> num-steps

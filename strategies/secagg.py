@@ -49,8 +49,7 @@ from .failures import quoted_error
 from .grid import DelegatingGrid
 from .protocol import SERVER_ROUND
 from .secagg_checks import (
-    DROPPED_FROM,
-    DROPPED_TO,
+    DROPPED,
     SECURE_CLIENT_HINT,
     attack_reason,
     capture_sum,
@@ -64,6 +63,7 @@ log = logging.getLogger("flwr")  # Flower's logger: ChurnGrid follows SecAgg+'s 
 STAGES = (Stage.SETUP, Stage.SHARE_KEYS, Stage.COLLECT_MASKED_VECTORS, Stage.UNMASK)
 MAX_WEIGHT = 1.0  # each client's Flower weight is 1 (num_examples = 1): its vector is already weighted
 FAILED_CLOSED = "SecAgg+, round %s: %s"  # one line per attack, before "halted." (server_app's watch records it)
+DROPPED_NODE = "SecAgg+, round %s, before training: %s"  # a malformed reply's node dropped (not a failed round)
 
 
 @dataclass(frozen=True)
@@ -129,7 +129,7 @@ class SecAggOutcome:
         nothing, and is a failed round, not churn.
     problems : why a halted round is not churn either: every node that answered the setup raised
         in its ClientApp (a ClientApp without the secure client half does): a failed round.
-    named : the nodes whose malformed replies are among ``attacks`` (a stage exception names none).
+    malformed : (node, stage, why) of each malformed reply among ``attacks`` (a stage exception has none).
     dropped : the attacks of nodes dropped before the stage that trains, the round run again
         without them (:func:`secagg_plus_round`): they no longer fail the round.
     """
@@ -146,7 +146,7 @@ class SecAggOutcome:
     setup_answers: list[int] = field(default_factory=list)  # the nodes that answered the setup stage
     attacks: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
-    named: list[int] = field(default_factory=list)
+    malformed: list[tuple[int, str, str]] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
 
 
@@ -217,14 +217,15 @@ def secagg_plus_round(grid: Grid, server_round: int, contents: Mapping[int, Reco
                  "(its shares and threshold count the nodes that are there)", len(answered), len(nodes))
         out = _run(grid, server_round, {n: contents[n] for n in answered}, answered, settings, seed)
         out.addressed = nodes
-    rest = [n for n in (sorted(set(out.setup_answers)) or nodes) if n not in out.named]
-    if (out.stage in (Stage.SETUP, Stage.SHARE_KEYS) and out.named and len(out.named) == len(out.attacks)
+    named = {node for node, _, _ in out.malformed}
+    rest = [n for n in (sorted(set(out.setup_answers)) or nodes) if n not in named]
+    if (out.stage in (Stage.SETUP, Stage.SHARE_KEYS) and out.malformed and len(out.malformed) == len(out.attacks)
             and len(rest) >= 2):
         # only named nodes' malformed replies, before anyone trained: the round again without them, so
         # that no one client can veto a secure round (issue 47); a second attack fails it closed
-        dropped = [why.replace(DROPPED_FROM, DROPPED_TO) for why in out.attacks]
+        dropped = [attack_reason(node, stage, why, then=DROPPED) for node, stage, why in out.malformed]
         for why in dropped:
-            log.warning(FAILED_CLOSED, server_round, why)
+            log.warning(DROPPED_NODE, server_round, why)
         out = _run(grid, server_round, {n: contents[n] for n in rest}, rest, settings, seed)
         out.addressed, out.dropped = nodes, dropped
     for why in out.attacks:
@@ -260,7 +261,7 @@ def _run(grid: Grid, server_round: int, contents: Mapping[int, RecordDict], node
         finally:
             random.setstate(saved)
         out.attacks[:0] = [attack_reason(node, st, why) for node, st, why in stages.attacks]
-        out.named += [node for node, _, _ in stages.attacks]
+        out.malformed += stages.attacks
         stages.attacks = []
         if out.attacks:  # a malformed reply (its node dropped) or a stage that raised: fail closed now
             out.failures += [_reason(m, stages.node_of) for m in stages.replies.get(stage, []) if m.has_error()]

@@ -140,14 +140,15 @@ def capture_sum(into: dict[str, Any]) -> Iterator[None]:
         secaggplus_workflow.factor_extract = original
 
 
-DROPPED_FROM = "the round fails closed (no update applied)"  # an attack's consequence, as recorded
-DROPPED_TO = "its node dropped, the round run again without it"  # ... for a named node before training
+FAILS_CLOSED = "the round fails closed (no update applied)"  # an attack's consequence
+DROPPED = "its node dropped, the round run again without it"  # a named node's, before the stage that trains
 
 
-def attack_reason(node: int | None, stage: str, why: str, who: str = "") -> str:
-    """One attack's line for the round's record (``who``: the culprit when no node can be named)."""
+def attack_reason(node: int | None, stage: str, why: str, who: str = "", then: str = FAILS_CLOSED) -> str:
+    """One attack's line for the round's record (``who``: the culprit when no node can be named;
+    ``then``: what the round does about it)."""
     who = f"node {node}" if node is not None else who or "a survivor (not attributable: the sum is masked)"
-    return f"SecAgg+ attack at stage {stage}: {who}: {why}: {DROPPED_FROM}"
+    return f"SecAgg+ attack at stage {stage}: {who}: {why}: {then}"
 
 
 def problems_of(replies: list[Message], sent: Mapping[int, Message], node_of: Mapping[str, int], stage: str,
