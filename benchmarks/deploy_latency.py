@@ -20,9 +20,10 @@ What is measured:
 
     python benchmarks/deploy_latency.py [--nodes 4] [--rounds 6] [--ray] [--no-churn]
         [--variants tuned defaults]
-    python benchmarks/deploy_latency.py --returning [--nodes 4] [--rounds 6]
-        (the README's churn launch: rounds where a group returns vs continuing rounds, the
-        returning node's worker cold and warm)
+    python benchmarks/deploy_latency.py --returning [--nodes 4] [--rounds 6] [--warm-only]
+        (the README's churn launch with the app's default model: rounds where a group returns vs
+        continuing rounds, the waits between rounds, the returning node's worker warm and cold;
+        beside it Flower's own deployment of the same app without churn, and the ratio)
 
 The ServerApp pulls replies every 0.1 s (``server_app.network.fast_pull``); ``defaults`` sets
 ``FLCHURN_PULL_INTERVAL=3`` on the SuperLink, Flower's own 3 s.
@@ -188,40 +189,77 @@ def cold_client(n: int, tmp: Path) -> dict:
             "torch+workload-module": torch_s, "workload-build": build_s, "train": train_s}
 
 
-def returning_rounds(n: int, rounds: int, tmp: Path, warm: bool) -> dict:
-    """The README's churn launch (``group-cyclic:groups=2,window=2``): round times of the rounds in
-    which a group returns against the continuing ones; ``warm`` (``--warm-workers``): the look-ahead
-    start also readies the returning node's client worker (deploy.warmstart.start_warm_worker), else
-    the worker starts at the node's first message (the default)."""
-    from deploy.local import ProcessSite
-    from deploy.run import run_deployment
+def launch_config(n: int, rounds: int, tmp: Path, name: str, availability: str) -> dict:
+    """What ``python -m deploy launch --num-nodes N --run-config "num-server-rounds=R
+    availability=..."`` runs: the app's defaults (digits, the cnn, 10 steps of 32) for the rest."""
+    return {"num-clients": n, "num-server-rounds": rounds, "availability": availability,
+            "results-dir": str(tmp / "results"), "run-name": name, "progress": False}
 
-    spec = "group-cyclic:groups=2,window=2"
-    name = f"returning-{'warm' if warm else 'cold'}"
-    cfg = {**workload(n, rounds, tmp, name), "availability": spec}
-    with ProcessSite(n, tmp / name, warm_workers=warm) as dep:
-        out = run_deployment(dep, cfg, churn="rounds")
-    rs = rows(out.run_dir)
+
+def timed_rounds(rs: list[dict]) -> dict:
+    """Round times, split into rounds in which a node returns and continuing ones (round 1 is
+    neither: every node starts), and the waits between rounds (the server waiting for returning
+    nodes to register, outside any round's time)."""
     back, going = [], []
     for prev, row in zip(rs, rs[1:], strict=False):
         (back if set(row["participants"]) - set(prev["participants"]) else going).append(row)
-    return {"status": out.status, "median": statistics.median(r["round-time"] for r in rs),
+    gaps = [row["wall-time"] - row["round-time"] - prev["wall-time"] for prev, row in zip(rs, rs[1:], strict=False)]
+    return {"median": statistics.median(r["round-time"] for r in rs), "rounds": [r["round-time"] for r in rs],
             "returning": [r["round-time"] for r in back], "continuing": [r["round-time"] for r in going],
-            "returning-reply": [max(r.get("client-reply-time", {"-": 0.0}).values()) for r in back]}
+            "returning-reply": [max(r.get("client-reply-time", {"-": 0.0}).values()) for r in back],
+            "gaps": gaps, "run": rs[-1]["wall-time"]}
+
+
+def returning_rounds(n: int, rounds: int, tmp: Path, warm: bool) -> dict:
+    """The README's churn launch (``group-cyclic:groups=2,window=2``, the app's default model):
+    round times of the rounds in which a group returns against the continuing ones; ``warm``
+    (``--warm-workers``, the default): the look-ahead start also readies the returning node's
+    client worker (deploy.warmstart.start_warm_worker), else the worker starts at its first message."""
+    from deploy.local import ProcessSite
+    from deploy.run import run_deployment
+
+    name = f"returning-{'warm' if warm else 'cold'}"
+    cfg = launch_config(n, rounds, tmp, name, "group-cyclic:groups=2,window=2")
+    with ProcessSite(n, tmp / name, warm_workers=warm) as dep:
+        out = run_deployment(dep, cfg, churn="rounds")
+    return {"status": out.status, **timed_rounds(rows(out.run_dir))}
+
+
+def flower_without_churn(n: int, rounds: int, tmp: Path) -> dict:
+    """The same app and workload deployed as Flower deploys it: ``flower-supernode`` with Flower's
+    waits, a ``flwr-clientapp`` process per message that builds the workload, the ServerApp's
+    3 s pulls (variant ``defaults``), every node on every round."""
+    from deploy.run import run_deployment
+
+    Site = deployment_class("defaults")
+    cfg = launch_config(n, rounds, tmp, "flower-defaults", "always")
+    with Site(n, tmp / "flower-defaults", **variant_options("defaults", n)) as dep:
+        out = run_deployment(dep, cfg)
+    return {"status": out.status, **timed_rounds(rows(out.run_dir))}
 
 
 def main_returning(a: argparse.Namespace) -> None:
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="deploy-bench-") as d:
-        res = {w: returning_rounds(a.nodes, a.rounds, Path(d), w) for w in (False, True)}
-    print(f"\n{a.nodes} nodes, group-cyclic:groups=2,window=2, {a.rounds} rounds, digits/logreg; "
-          f"{os.cpu_count()} CPUs; load before {load_before[0]:.1f}, after {os.getloadavg()[0]:.1f}")
-    print("| returning node's worker | median round | rounds a group returns (slowest reply) | continuing rounds |")
-    print("|---|---|---|---|")
-    for w, r in res.items():
+        res = {f"launcher, churn, {'warm' if w else 'cold'} returning workers": returning_rounds(
+            a.nodes, a.rounds, Path(d), w) for w in ((True,) if a.warm_only else (True, False))}
+        flower = flower_without_churn(a.nodes, a.rounds, Path(d))
+    print(f"\n{a.nodes} nodes, the README's churn launch (group-cyclic:groups=2,window=2, the app's defaults: "
+          f"digits, cnn, 10 steps of 32), {a.rounds} rounds; {os.cpu_count()} CPUs; load before "
+          f"{load_before[0]:.1f}, after {os.getloadavg()[0]:.1f}")
+    print("| deployment | median round | rounds a group returns (slowest reply) | continuing rounds | "
+          "waits between rounds | round 1 -> last round's end |")
+    print("|---|---|---|---|---|---|")
+    for label, r in res.items():
         back = ", ".join(f"{t:.1f} ({s:.1f})" for t, s in zip(r["returning"], r["returning-reply"], strict=True))
-        print(f"| {'warm (look-ahead start)' if w else 'cold (first message)'} | {r['median']:.2f} | {back} | "
-              f"{', '.join(f'{t:.1f}' for t in r['continuing'])} | ({r['status']})")
+        print(f"| {label} | {r['median']:.2f} | {back} | {', '.join(f'{t:.1f}' for t in r['continuing'])} | "
+              f"{', '.join(f'{g:.1f}' for g in r['gaps'])} | {r['run']:.1f} | ({r['status']})")
+    print(f"| Flower's own (flower-supernode, defaults), no churn | {flower['median']:.2f} | - | "
+          f"{', '.join(f'{t:.1f}' for t in flower['rounds'][1:])} | {', '.join(f'{g:.1f}' for g in flower['gaps'])} "
+          f"| {flower['run']:.1f} | ({flower['status']})")
+    ours = next(iter(res.values()))
+    print(f"launcher with churn / Flower's own without: median round {ours['median'] / flower['median']:.2f}x, "
+          f"round 1 -> end {ours['run'] / flower['run']:.2f}x")
 
 
 def main() -> None:
@@ -232,7 +270,9 @@ def main() -> None:
     ap.add_argument("--no-churn", action="store_true", help="skip the restart, SIGTERM and SIGKILL measurements")
     ap.add_argument("--variants", nargs="+", default=["tuned", "defaults"], help="deployment variants to time")
     ap.add_argument("--returning", action="store_true",
-                    help="only: returning vs continuing rounds under churn, the returning worker cold and warm")
+                    help="only: the README's churn launch (returning vs continuing rounds, the returning worker "
+                         "warm and cold) beside Flower's own deployment of the app without churn")
+    ap.add_argument("--warm-only", action="store_true", help="with --returning: skip the cold-worker launch")
     a = ap.parse_args()
     if a.returning:
         return main_returning(a)

@@ -59,6 +59,7 @@ from .pidinfo import start_time
 
 log = logging.getLogger(__name__)
 
+FORKED_BY = "FLCHURN_FORKED_BY"  # env: the SuperNode whose forker (deploy.prefork) forked this process's chain
 SWITCH = "client-worker"  # node_config key: true = hand messages to this node's worker
 TRAIN_UNTIL = "train-until"  # node_config key the worker's handlers see: a straggler's stop (epoch seconds)
 APP_ROOT = Path(__file__).resolve().parent.parent  # the installed app (Flower unpacks one per FAB)
@@ -114,6 +115,12 @@ def parent_pid_arg(pid: int) -> int | None:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
     except OSError:
         return None
+    return parent_pid_in(argv)
+
+
+def parent_pid_in(argv: list[str]) -> int | None:
+    """The ``--parent-pid`` argument in ``argv`` (a ``flwr-clientapp`` forked by :mod:`deploy.prefork`
+    has its arguments in ``sys.argv``, its forker's in /proc)."""
     for flag, value in zip(argv, argv[1:], strict=False):
         if flag == "--parent-pid" and value.isdigit():
             return int(value)
@@ -124,10 +131,17 @@ def supernode_of(pid: int) -> int | None:
     """The SuperNode that process ``pid`` (a ``flwr-clientapp``) works for, or None.
 
     Flower's chain: ``flower-supernode`` starts ``flower-superexec --parent-pid SUPERNODE``, which
-    starts ``flwr-clientapp --parent-pid SUPEREXEC`` for each message.
+    starts ``flwr-clientapp --parent-pid SUPEREXEC`` for each message. The launcher's SuperNode forks
+    both (:mod:`deploy.prefork`), so their /proc arguments are the SuperNode's: its environment
+    (``FORKED_BY``, inherited by its descendants only) names it then.
     """
-    superexec = parent_pid_arg(pid)
-    return None if superexec is None else parent_pid_arg(superexec)
+    superexec = parent_pid_arg(pid) if pid != os.getpid() else parent_pid_in(sys.argv)
+    if superexec is None:
+        return None
+    supernode = parent_pid_arg(superexec)
+    if supernode is None and pid == os.getpid() and (forked := os.environ.get(FORKED_BY, "")).isdigit():
+        supernode = int(forked)  # a SuperExec forked by deploy.prefork: its /proc arguments are its SuperNode's
+    return supernode
 
 
 def address(supernode: int, started: int) -> str:

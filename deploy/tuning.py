@@ -15,6 +15,8 @@ Where a deployed round waits in Flower 1.42 (``site-packages/flwr``) and what ca
 | SuperExec looks for a task to launch | ``supercore/superexec/run_superexec.py`` | 1 s | ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` (0.01-60 s) |
 | ServerApp looks for replies | ``superlink/grid/http_grid.py`` ``send_and_receive`` | 3 s | no: ``server_app.network.fast_pull`` (0.1 s) |
 | a fresh ``flwr-clientapp`` process per message | ``supernode/runtime/run_clientapp.py`` | imports + workload, ~6 s | ``client-worker`` below |
+| that process imports Flower's SuperNode CLI | ``supernode/cli/flwr_clientapp.py`` | 1.5-2.6 s a message | no: ``SUPERNODE`` forks it (:mod:`deploy.prefork`) |
+| a SuperNode's SuperExec imports Flower's CLI | ``supercore/cli/flower_superexec.py`` | 1.5-2.7 s a start | no: ``SUPERNODE`` forks it (:mod:`deploy.prefork`) |
 | a claimed task's first heartbeat, then between two | ``supercore/corestate/*_corestate.py`` | 30 s, then 60 s | no (hard-coded): ``SUPERNODE``, ``SUPERLINK`` |
 
 A node that has just replied looks for the next message at once, finds none (the server is still
@@ -121,10 +123,16 @@ def task_patience() -> float:
 
 
 def run_supernode(argv: list[str]) -> None:
-    """``flower-supernode ARGV`` (Flower 1.42's own) with its pull loop's sleeps capped at IDLE_SLEEP
-    and its ClientApps' task patience lengthened (:func:`patch_task_patience`)."""
-    from flowerlink import cap_supernode_sleeps, run_flower_supernode
+    """``flower-supernode ARGV`` (Flower 1.42's own) with its pull loop's sleeps capped at IDLE_SLEEP,
+    its ClientApps' task patience lengthened (:func:`patch_task_patience`) and each message's
+    ``flwr-clientapp`` forked from a process that has imported it (:mod:`deploy.prefork`)."""
+    from flowerlink import cap_supernode_sleeps, flower_entry_point, run_flower_supernode
 
+    from .prefork import COMMANDS, start_for_this_process
+
+    for command in COMMANDS:  # Flower's CLI modules: the SuperNode imports most of them anyway
+        flower_entry_point(command)
+    os.environ.update(start_for_this_process())  # forked now, before Flower starts a thread
     patch_task_patience(task_patience())
     cap_supernode_sleeps(_CappedSleep(IDLE_SLEEP))  # the loop calls time.sleep(3) / (0.5)
     run_flower_supernode(argv)

@@ -11,6 +11,7 @@ from .internals import (
     TOUCHES,
     cap_supernode_sleeps,
     control_client,
+    flower_entry_point,
     guard_ray_actor_pool,
     is_http_grid,
     ray_actor_node,
@@ -26,7 +27,7 @@ from .internals import (
     wrap_http_grid_object_pulls,
 )
 
-__all__ = ["TOUCHES", "cap_supernode_sleeps", "control_client", "guard_ray_actor_pool", "is_http_grid",
-           "ray_actor_node", "recorddict_from_bytes", "recorddict_to_bytes", "run_flower_superlink",
-           "run_flower_supernode", "set_message_id", "set_task_heartbeat_window",
+__all__ = ["TOUCHES", "cap_supernode_sleeps", "control_client", "flower_entry_point", "guard_ray_actor_pool",
+           "is_http_grid", "ray_actor_node", "recorddict_from_bytes", "recorddict_to_bytes",
+           "run_flower_superlink", "run_flower_supernode", "set_message_id", "set_task_heartbeat_window",
            "set_task_identity", "task_identity", "unavailable_node_reply", "wrap_http_grid_object_pulls"]

@@ -7,6 +7,7 @@ without failing the build."""
 from __future__ import annotations
 
 import inspect
+import sys
 import time
 
 import numpy as np
@@ -113,6 +114,19 @@ def test_run_flower_supernode():
     from flwr.supernode import cli
 
     assert callable(cli.flower_supernode), "flwr.supernode.cli.flower_supernode is gone (deploy.tuning runs it)"
+
+
+@pytest.mark.parametrize("command, flag", [("flwr-clientapp", "--runtime-api-address"),
+                                           ("flower-superexec", "--runtime-api-address")])
+def test_flower_entry_point(command, flag, monkeypatch, capsys):
+    """Flower's own entry point of each command deploy.prefork forks: it parses sys.argv as the
+    command does (its --help names the flag the SuperNode passes), and an unknown command is named."""
+    monkeypatch.setattr(sys, "argv", [command, "--help"])
+    with pytest.raises(SystemExit) as stop:
+        internals.flower_entry_point(command)()
+    assert stop.value.code == 0 and flag in capsys.readouterr().out
+    with pytest.raises(ValueError, match="flwr-cliantapp.*known: flwr-clientapp"):
+        internals.flower_entry_point("flwr-cliantapp")
 
 
 def test_set_task_heartbeat_window(monkeypatch):

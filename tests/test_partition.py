@@ -199,9 +199,36 @@ def test_iid_is_flower_datasets_iid_partitioner(n, size, seed):
     the same seeded order."""
     from flwr_datasets.partitioner import IidPartitioner
 
-    from workloads.partition import _flwr_partition
+    from workloads.partition import _flwr_partition_now
 
     labels = np.random.default_rng(seed).integers(0, 10, size)
     ours = partition("iid", labels, n, seed)
-    theirs = _flwr_partition(lambda: IidPartitioner(num_partitions=n), labels, n, seed)
+    theirs = _flwr_partition_now(lambda: IidPartitioner(num_partitions=n), labels, n, seed)
     assert len(ours) == n and all(np.array_equal(a, b) for a, b in zip(ours, theirs, strict=True))
+
+
+@pytest.mark.parametrize("spec", ["dirichlet:alpha=0.3", "shards:per-client=2"])
+def test_flwr_datasets_partitions_are_cached_and_equal_when_read_back(spec, tmp_path, monkeypatch):
+    """A flwr-datasets partition is read back from the cache as it was drawn, a second process
+    reads it without importing flwr-datasets (what cost a node's worker 3 s), and a corrupt entry
+    is drawn again."""
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    labels = np.random.default_rng(5).integers(0, 10, 400)
+    first = partition(spec, labels, 10, seed=3)
+    (entry,) = (tmp_path / "flchurn").glob("partition-*.npz")
+    again = partition(spec, labels, 10, seed=3)
+    assert all(np.array_equal(a, b) and b.dtype == np.int64 for a, b in zip(first, again, strict=True))
+    other_seed = partition(spec, labels, 10, seed=4)
+    assert not all(np.array_equal(a, b) for a, b in zip(first, other_seed, strict=True))
+    code = ("import sys, numpy as np; from workloads.partition import partition; "
+            f"p = partition({spec!r}, np.random.default_rng(5).integers(0, 10, 400), 10, seed=3); "
+            "print(sum(map(len, p)), 'flwr_datasets' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**__import__("os").environ, "XDG_CACHE_HOME": str(tmp_path)}).stdout.split()
+    assert out == [str(sum(map(len, first))), "False"]
+    entry.write_bytes(b"not an npz")
+    redrawn = partition(spec, labels, 10, seed=3)
+    assert all(np.array_equal(a, b) for a, b in zip(first, redrawn, strict=True))

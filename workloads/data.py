@@ -41,6 +41,7 @@ import torch
 from availability.spec import SpecError, canonical_key, parse_spec
 from runconfig.extensions import Reference, resolve
 
+from .cache import cache_dir, cache_put
 from .extensions import user_dataset
 from .generated import GENERATED
 from .tensordata import DatasetError, TensorData
@@ -148,7 +149,7 @@ def _load_digits(data_dir: Path | None, download: bool, seed: int, cache: bool =
     """scikit-learn's digits split 80/20 by ``seed``, cached per seed and scikit-learn version: importing
     scikit-learn was 8.2 of a deployed worker's 9.1 s digits build at load 22 on 2 cores (issue 40)."""
     from importlib.metadata import version
-    file = _cache_dir() / f"digits-sklearn{version('scikit-learn')}-s{seed}.npz"
+    file = cache_dir() / f"digits-sklearn{version('scikit-learn')}-s{seed}.npz"
     try:
         if cache and file.is_file():
             with np.load(file) as z:
@@ -161,7 +162,7 @@ def _load_digits(data_dir: Path | None, download: bool, seed: int, cache: bool =
     x, y = (d.images.astype(np.float32) / 16.0)[:, None], d.target.astype(np.int64)  # x: (1797, 1, 8, 8) in [0, 1]
     xtr, xte, ytr, yte = train_test_split(x, y, test_size=0.2, stratify=y, random_state=seed)
     if cache:
-        _cache_put(file, lambda fh: np.savez(fh, xtr=xtr, ytr=ytr, xte=xte, yte=yte))
+        cache_put(file, lambda fh: np.savez(fh, xtr=xtr, ytr=ytr, xte=xte, yte=yte))
     return xtr, ytr, xte, yte
 
 
@@ -196,22 +197,6 @@ def _load_idx_dataset(name: str):
     return load
 
 
-def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "flchurn"
-
-
-def _cache_put(file: Path, save: Callable[[Any], None]) -> None:
-    """Write a cache file atomically (nodes building at once never read half a file); best-effort."""
-    try:
-        file.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp := file.with_suffix(f".{os.getpid()}.tmp"), "wb") as fh:
-            save(fh)
-        os.replace(tmp, file)
-    except OSError:
-        pass  # read-only home, full disk, ...
-
-
 def _decode_jpegs(blob: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     from PIL import Image
 
@@ -232,7 +217,7 @@ def _load_cifar_npz(path: Path, cache: bool) -> Raw:
             for chunk in iter(lambda: fh.read(1 << 22), b""):
                 h.update(chunk)
         key = h.hexdigest()[:16]
-        files = [_cache_dir() / f"cifar10-{key}-{s}.npy" for s in ("xtr", "ytr", "xte", "yte")]
+        files = [cache_dir() / f"cifar10-{key}-{s}.npy" for s in ("xtr", "ytr", "xte", "yte")]
         if all(f.is_file() for f in files):
             try:
                 return tuple(np.load(f) for f in files)
@@ -245,7 +230,7 @@ def _load_cifar_npz(path: Path, cache: bool) -> Raw:
                z["test_labels"].astype(np.int64))
     if key is not None:
         for f, arr in zip(files, out, strict=True):
-            _cache_put(f, lambda fh, a=arr: np.save(fh, np.ascontiguousarray(a)))  # type: ignore[misc]
+            cache_put(f, lambda fh, a=arr: np.save(fh, np.ascontiguousarray(a)))  # type: ignore[misc]
     return out
 
 

@@ -39,6 +39,7 @@ All are deterministic in ``seed``; every returned array is int64, sorted order i
 
 from __future__ import annotations
 
+import hashlib
 import os
 import warnings
 from typing import Any
@@ -48,6 +49,7 @@ import numpy as np
 from availability.spec import SpecError, parse_spec
 from runconfig.extensions import Reference, resolve
 
+from .cache import cache_dir, cache_put
 from .extensions import user_partition
 
 PARTITIONERS = ("iid", "dirichlet", "client-dirichlet", "shards", "clustered", "natural")
@@ -70,8 +72,29 @@ def _params(spec: str) -> tuple[str, dict[str, Any]]:
     return parsed.name, parsed.take(_PARAMS[parsed.name], what="partitioner")
 
 
-def _flwr_partition(make: Any, labels: np.ndarray, n: int, seed: int) -> list[np.ndarray]:
-    """Run a flwr-datasets partitioner on an in-memory dataset in a seeded order, read 'idx'."""
+def _flwr_partition(make: Any, labels: np.ndarray, n: int, seed: int, spec: str) -> list[np.ndarray]:
+    """Run a flwr-datasets partitioner on an in-memory dataset in a seeded order, read 'idx'.
+
+    Cached (:mod:`workloads.cache`), keyed by the labels, ``spec``, ``n``, ``seed`` and the versions
+    of flwr-datasets and datasets: importing flwr-datasets costs 3 s (it imports seaborn, scipy and
+    pandas), which every node's client worker paid again when it started."""
+    from importlib.metadata import version
+
+    key = hashlib.sha256(labels.tobytes() + repr((spec, n, seed, version("flwr-datasets"),
+                                                  version("datasets"))).encode()).hexdigest()[:24]
+    file = cache_dir() / f"partition-{key}.npz"
+    try:
+        with np.load(file) as cached:
+            return [cached[f"p{i}"] for i in range(n)]
+    except (OSError, KeyError, ValueError):
+        pass  # absent or corrupt: partition again
+    parts = _flwr_partition_now(make, labels, n, seed)
+    arrays: dict[str, Any] = {f"p{i}": part for i, part in enumerate(parts)}
+    cache_put(file, lambda fh: np.savez(fh, **arrays))
+    return parts
+
+
+def _flwr_partition_now(make: Any, labels: np.ndarray, n: int, seed: int) -> list[np.ndarray]:
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
@@ -125,9 +148,9 @@ def partition(spec: str, labels: np.ndarray, num_partitions: int, seed: int,
         return _client_dirichlet(labels, n, seed, **p)
 
     if name == "dirichlet":
-        from flwr_datasets.partitioner import DirichletPartitioner
+        def make() -> Any:  # imports flwr-datasets only when the partition is not cached
+            from flwr_datasets.partitioner import DirichletPartitioner
 
-        def make() -> Any:
             return DirichletPartitioner(num_partitions=n, partition_by="label", alpha=p["alpha"],
                                         min_partition_size=p["min_size"], self_balancing=False,
                                         shuffle=True, seed=seed)
@@ -135,7 +158,7 @@ def partition(spec: str, labels: np.ndarray, num_partitions: int, seed: int,
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # its per-retry min_size warnings
             try:
-                return _flwr_partition(make, labels, n, seed)
+                return _flwr_partition(make, labels, n, seed, spec)
             except ValueError as exc:
                 raise ValueError(f"partitioner 'dirichlet': no draw with min_size="
                                  f"{p['min_size']} for alpha={p['alpha']}, {n} clients, "
@@ -147,13 +170,13 @@ def partition(spec: str, labels: np.ndarray, num_partitions: int, seed: int,
         if k < 1 or n * k > len(labels):
             raise SpecError(f"partitioner 'shards': per_client={k} needs {n * k} shards of at "
                             f"least one example, but there are {len(labels)} examples")
-        from flwr_datasets.partitioner import ShardPartitioner
-
         def make_shards() -> Any:
+            from flwr_datasets.partitioner import ShardPartitioner
+
             return ShardPartitioner(num_partitions=n, partition_by="label",
                                     num_shards_per_partition=k, shuffle=True, seed=seed)
 
-        return _flwr_partition(make_shards, labels, n, seed)
+        return _flwr_partition(make_shards, labels, n, seed, spec)
 
     if name == "clustered":
         return _clustered(labels, n, seed, **p)

@@ -15,7 +15,15 @@ Without this folder on the PYTHONPATH the key is inert: the ClientApp never read
 import os
 import sys
 
-if os.path.basename(sys.argv[0] if sys.argv else "") == "flwr-clientapp":
+
+def _runs_clientapps() -> bool:
+    """A ``flwr-clientapp`` process, or a tuned SuperNode, whose forks are its ClientApps (deploy.prefork)."""
+    argv = open("/proc/self/cmdline", "rb").read().split(b"\0")
+    clientapp = os.path.basename(argv[1] if len(argv) > 1 else b"") == b"flwr-clientapp"
+    return clientapp or argv[1:4] == [b"-m", b"deploy.tuning", b"supernode"]
+
+
+if _runs_clientapps():
     import numpy as np
     from flwr.app import Array, ArrayRecord
     from flwr.clientapp import ClientApp
