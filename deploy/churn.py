@@ -30,6 +30,8 @@ leaves after S_r still gets a message (its reply is an error or never comes).
   evaluation / round-end broadcast (messages addressed to *all connected* nodes after training)
   reach it; use ``lookahead=False`` with D >= a node's start time to be exact there.
   Without lookahead, nodes are started at L_{r-1} and the driver waits up to D for them.
+  Nodes that can (``deploy.nodes.BootsAhead``: processes) are *booted* at S_r when they come on in
+  r + 1 or r + 2 (:mod:`deploy.boot`: imports done, not connected), so a start is a registration.
 - Round-start signal (``signal_dir``; the launcher's default): instead of a fixed D, the
   server waits before round r until the driver has written ``<signal_dir>/round-<r>``, at most
   D (``round-start-signal`` / ``round-start-delay`` in the run config). The driver writes it as
@@ -83,7 +85,7 @@ from availability.traces import TraceIntervals
 
 from .errors import DeployError
 from .follow import Event, RoundFinished, RunDone, RunStarted, Submitted, Tick
-from .nodes import MODES, Nodes
+from .nodes import MODES, BootsAhead, Nodes
 
 #: a crash on purpose: (client, seconds after the round's start[, "kill" (default) | "term"])
 Crash = tuple[int, float] | tuple[int, float, str]
@@ -299,6 +301,10 @@ class RoundChurn:
             when = at + self.grace + self.margin
             for i in sorted(self.on(r + 1) - want):
                 self.timers.append((when, "lookahead", r + 1, i))
+            if isinstance(self.nodes, BootsAhead):  # rounds r + 1's and r + 2's, booted now (deploy.boot)
+                ahead = self.on(r + 1) | (self.on(r + 2) if r + 2 <= self.num_rounds else set())
+                for i in sorted(ahead - want):
+                    self.nodes.boot_node(i)
 
     def _arm_crashes(self, r: int, want: set[int], start: float) -> None:
         """The crashes on purpose of round r (``crashes``), timed from its start."""

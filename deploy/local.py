@@ -3,21 +3,19 @@
 
 - ``flower-superlink --insecure`` (``deploy.tuning.SUPERLINK``) on a reserved 127.0.0.1 port (a
   ``deploy.procs.PortReservation``), its own ``FLWR_HOME`` and cwd, no dependency install, no telemetry;
-- N SuperNodes (``flower-supernode`` through ``deploy.tuning.SUPERNODE``) ``--insecure --superlink
-  127.0.0.1:PORT --port P_i`` (a reserved port) ``--node-config "partition-id=i num-partitions=N state-dir=...
-  [data-dir=...]"``, each with its own ``FLWR_HOME``; a node can be stopped (SIGTERM, graceful) or crashed
-  (SIGKILL of its whole process tree) and started again, which gives it a new Flower node id;
+- N SuperNodes (``deploy.tuning.SUPERNODE``) ``--insecure --superlink 127.0.0.1:PORT --port P_i`` (a
+  reserved port) ``--node-config "partition-id=i num-partitions=N state-dir=... [data-dir=...]"``, each
+  with its own ``FLWR_HOME``; a node can be stopped (SIGTERM) or crashed (SIGKILL of its process tree),
+  booted ahead of its round (:mod:`deploy.boot`) and started again, which gives it a new Flower node id;
 - a ``flwr`` CLI (:class:`deploy.flwr_cli.FlwrCli`) connected to the SuperLink.
 
 Every wait comes from :mod:`deploy.waits` (scaled to the host, settable, named when it runs out);
 401s to ClientApps (lost replies) are named from the logs as they happen (:mod:`deploy.auth`).
-
-No process outlives the deployment (:mod:`deploy.procs`): :meth:`ProcessSite.close`
-(context-manager exit, ``atexit``, the CLI's SIGINT/SIGTERM handlers) kills every process it
-started and reaps the helpers. A temp work dir (``/tmp/flchurn-deploy-*``) is removed by
-``close`` unless ``keep_workdir`` (``--keep-workdir``). Everything is single-threaded: the churn
-driver is stepped from the caller's loop, so a parent-death signal can never fire because a
-helper thread ended.
+No process outlives the deployment (:mod:`deploy.procs`): :meth:`ProcessSite.close` (context-manager
+exit, ``atexit``, the CLI's SIGINT/SIGTERM handlers) kills every process it started and reaps the
+helpers; it removes a temp work dir (``/tmp/flchurn-deploy-*``) unless ``keep_workdir``. Everything is
+single-threaded: the churn driver is stepped from the caller's loop, so a parent-death signal can
+never fire because a helper thread ended.
 """
 
 from __future__ import annotations
@@ -29,7 +27,6 @@ import subprocess
 import tempfile
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,8 +34,10 @@ from client_app.timing import SWITCH as TIMING  # clients time their training (c
 from runconfig.defaults import ROOT, default_run_config
 
 from .auth import new_auth_failures
+from .boot import BOOTED_VAR, RELEASE, blocking_release
 from .errors import DeployError
 from .flwr_cli import FLOWER_ENV, FlwrCli, toml_value
+from .localnode import Node
 from .nodes import MODES, NODE_ID_RE
 from .procs import PortReservation, Proc, SiteLifetime, Spawner, hold_signals, port_open, release_signals
 from .tuning import (  # round-latency settings: env, node config, the SuperNode and SuperLink commands
@@ -57,25 +56,6 @@ if TYPE_CHECKING:  # edge emulation is imported only when a site has device clas
     from .edge.limits import EdgeLimits
 
 BASE_ENV = {**TUNING_ENV, **FLOWER_ENV}
-
-
-@dataclass
-class Node:
-    partition: int
-    port: int
-    proc: Proc | None = None
-    reservation: PortReservation | None = None  # its Runtime API port, held until it stops
-    node_ids: list[int] = field(default_factory=list)  # one per incarnation, once registered
-    incarnations: int = 0
-
-    @property
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.alive
-
-    def reserve_port(self) -> None:
-        """A fresh Runtime API port, held while the node runs: nobody else gets it."""
-        self.reservation = PortReservation.replacing(self.reservation)
-        self.port = self.reservation.port
 
 
 class ProcessSite(SiteLifetime):
@@ -183,26 +163,52 @@ class ProcessSite(SiteLifetime):
         return " ".join(f"{k}={toml_value(v)}" for k, v in cfg.items())
 
     def start_node(self, i: int) -> Node:
-        """Start SuperNode ``i`` (no-op if running) on a port it holds while it runs, with its
-        ``partition-id`` in its node config; returns at once (:meth:`wait_registered`)."""
+        """Start SuperNode ``i`` (no-op if running; a booted one is released, :mod:`deploy.boot`) on
+        a port it holds while it runs, with its ``partition-id`` in its node config; returns at once
+        (:meth:`wait_registered`)."""
         node = self.nodes[i]
         if node.running:
             return node
+        booted, node.booted = node.booted, None
+        if booted is not None and booted.alive:  # released: its worker starts then if it could not at boot
+            self._share_app(i)
+            node.proc = booted
+            booted.popen.send_signal(RELEASE)
+        else:
+            node.proc = self._spawn_node(i, booted=False)
+        self.log(f"node {i}: started (incarnation {node.incarnations}, pid {node.proc.popen.pid}"
+                 f"{', booted ahead' if node.proc is booted else ''})")
+        return node
+
+    def boot_node(self, i: int) -> None:
+        """Start node ``i``'s process ahead of its round, unconnected until :meth:`start_node`."""
+        node = self.nodes[i]
+        if not node.running and (node.booted is None or not node.booted.alive):
+            node.booted = self._spawn_node(i, booted=True)
+            self.log(f"node {i}: booted (incarnation {node.incarnations}, pid {node.booted.popen.pid})")
+
+    def _share_app(self, i: int) -> Path:
+        """Node ``i``'s home, with the app its siblings installed if it has none and its worker
+        starts warm (``deploy.warmstart.share_installed_app``)."""
+        home = self.work_dir / f"node-{i}"
+        if self.warm_env:
+            share_installed_app(home, [self.work_dir / f"node-{j}" for j in self.nodes if j != i])
+        return home
+
+    def _spawn_node(self, i: int, booted: bool) -> Proc:
         if self.superlink is None:
             raise DeployError("start the SuperLink first")
+        node = self.nodes[i]
         node.incarnations += 1
         node.reserve_port()
-        home = self.work_dir / f"node-{i}"
-        if self.warm_env:  # its worker starts warm: from the app its siblings installed, if it has none
-            share_installed_app(home, [self.work_dir / f"node-{j}" for j in self.nodes if j != i])
+        home = self._share_app(i)
         link, env, preexec = self._node_limits(i)
-        node.proc = self._spawn(
+        env = {**env, **self.warm_env, **self.node_env.get(i, {}), **({BOOTED_VAR: "1"} if booted else {})}
+        return self._spawn(
             f"node-{i}.{node.incarnations}",
             [*TUNING_SUPERNODE, "--insecure", "--superlink", link,
              "--host", "127.0.0.1", "--port", str(node.port), "--node-config", self.node_config(i)],
-            home, home, {**env, **self.warm_env, **self.node_env.get(i, {})}, preexec)
-        self.log(f"node {i}: started (incarnation {node.incarnations}, pid {node.proc.popen.pid})")
-        return node
+            home, home, env, blocking_release(preexec) if booted else preexec)
 
     # ------------------------------------------------------------------ edge emulation (opt-in: devices)
     def _edge_setup(self) -> str:
@@ -326,8 +332,11 @@ class ProcessSite(SiteLifetime):
     def restart(self) -> None:
         """A fresh SuperLink (new port, empty state) and no SuperNode running: what a resumed run
         starts from. The nodes are started again by the caller (the churn driver or run_deployment)."""
-        for i in self.nodes:
+        for i, node in self.nodes.items():
             self.stop_node(i, "kill")
+            if node.booted is not None:  # booted for the old SuperLink's port
+                node.booted.kill_tree()
+                node.booted = None
         self.kill_superlink()
         self.reap_orphans()
         self.start_superlink()
@@ -358,9 +367,8 @@ class ProcessSite(SiteLifetime):
         try:
             if self.cli is not None:
                 self.cli.close()
-            procs = [n.proc for n in self.nodes.values() if n.proc is not None]
-            if self.superlink is not None:
-                procs.append(self.superlink)
+            procs = [p for n in self.nodes.values() for p in (n.proc, n.booted) if p is not None]
+            procs += [self.superlink] if self.superlink is not None else []
             if self.edge is not None:
                 procs += self.edge.relay_procs()
             self.spawner.close(procs)

@@ -59,6 +59,15 @@ class Nodes(Protocol):
 
 
 @runtime_checkable
+class BootsAhead(Protocol):
+    """Nodes whose process can start ahead of their round without connecting (:mod:`deploy.boot`)."""
+
+    def boot_node(self, i: int) -> None:
+        """Start node ``i``'s process now, unconnected (a no-op while it runs or is booted); the
+        next ``start_node(i)`` connects it at once."""
+
+
+@runtime_checkable
 class Site(Nodes, Protocol):
     """Nodes plus the SuperLink they talk to: what one run needs (:func:`deploy.run.run_deployment`)."""
 

@@ -177,6 +177,7 @@ def _run_child(request: dict, fds: list[int], forker_side: list) -> None:
                 os.close(fd)
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
                 signal.signal(sig, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_SETMASK, set())  # a booted SuperNode's blocked release (deploy.boot)
             os.chdir(request["cwd"])
             os.environ.clear()
             os.environ.update(request["env"])

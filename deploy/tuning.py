@@ -40,6 +40,7 @@ import sys
 import time
 from pathlib import Path
 
+warm_worker = None  # this SuperNode's client worker, started with it (deploy.warmstart), if it could be
 if __name__ == "__main__":
     # A SuperNode stopped while it starts (the churn driver's `docker stop` of a node that is off
     # in round 1, a second after `up`): until Flower registers its own handlers (imports, then
@@ -50,7 +51,8 @@ if __name__ == "__main__":
         start_warm_worker,
     )
     if sys.argv[1:2] == ["supernode"] and os.environ.get(WARM_VAR):
-        start_warm_worker(os.environ[WARM_VAR])  # a returning node's worker, beside this process's imports
+        # a returning node's worker, beside this process's imports (none yet: no app installed)
+        warm_worker = start_warm_worker(os.environ[WARM_VAR])
 
 from client_app.worker import SWITCH as CLIENT_WORKER  # noqa: E402  (after the early SIGTERM handler)
 
@@ -128,11 +130,15 @@ def run_supernode(argv: list[str]) -> None:
     ``flwr-clientapp`` forked from a process that has imported it (:mod:`deploy.prefork`)."""
     from flowerlink import cap_supernode_sleeps, flower_entry_point, run_flower_supernode
 
+    from .boot import wait_for_release
     from .prefork import COMMANDS, start_for_this_process
+    from .warmstart import WARM_VAR, start_warm_worker
 
     for command in COMMANDS:  # Flower's CLI modules: the SuperNode imports most of them anyway
         flower_entry_point(command)
     os.environ.update(start_for_this_process())  # forked now, before Flower starts a thread
+    if wait_for_release() and os.environ.get(WARM_VAR) and warm_worker is None:  # (it logs BOOTED_LINE)
+        start_warm_worker(os.environ[WARM_VAR])  # booted before any node had installed the app: now one has
     patch_task_patience(task_patience())
     cap_supernode_sleeps(_CappedSleep(IDLE_SLEEP))  # the loop calls time.sleep(3) / (0.5)
     run_flower_supernode(argv)

@@ -812,3 +812,94 @@ def test_launch_app_refuses_a_missing_schedule_and_round_churn_only_options_befo
                  "always", "--wall-clock"]) == 2
     assert "round churn only" in " ".join(capsys.readouterr().err.split())
     assert not work.exists()
+
+
+class BootingNodes(FakeNodes):
+    """FakeNodes that can boot a node ahead (deploy.nodes.BootsAhead): booted, not running."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__(n)
+        self.booted: set[int] = set()
+        self.boots: list[tuple[int, frozenset[int]]] = []  # (node, who was up when it was booted)
+
+    def boot_node(self, i):
+        assert i not in self.up, f"node {i} booted while it runs"
+        self.booted.add(i)
+        self.boots.append((i, frozenset(self.up)))
+
+    def start_node(self, i):
+        self.booted.discard(i)
+        super().start_node(i)
+
+
+def test_the_driver_boots_the_next_two_rounds_returning_nodes_and_starts_them_as_before(tmp_path):
+    """With nodes that can boot ahead (processes), every node that comes back in round r + 1 or
+    r + 2 and is down at round r's start is booted then; who runs in each round is exactly what
+    the schedule says, as without booting (FakeNodes cannot boot: the same rounds)."""
+    import json
+
+    from availability import build_schedule
+    from deploy.churn import RoundChurn
+    from deploy.follow import RunFollower
+    from deploy.nodes import BootsAhead
+
+    schedule = build_schedule("group-cyclic:groups=2,window=2", 4, 0)  # {0,1} x2, {2,3} x2, ...
+    ups = {}
+    for nodes in (BootingNodes(4), FakeNodes(4)):
+        run = tmp_path / type(nodes).__name__
+        run.mkdir()
+        driver = RoundChurn(nodes, schedule, 6, grace=0.0, margin=0.0)
+        follow = RunFollower(run)
+        driver.prepare()
+        (run / "config.json").write_text("{}")
+        seen = []
+        for t in range(0, 7):
+            if t:
+                with (run / "metrics.jsonl").open("a") as fh:
+                    fh.write(json.dumps({"round": t}) + "\n")
+            for _ in range(3):  # the round's line, then ticks that fire the look-ahead starts
+                for event in follow.events():
+                    driver.on_event(event)
+            seen.append(nodes.running_nodes())
+        ups[type(nodes).__name__] = seen
+    assert isinstance(BootingNodes(1), BootsAhead) and not isinstance(FakeNodes(1), BootsAhead)
+    assert ups["BootingNodes"] == ups["FakeNodes"]
+    booting = BootingNodes(4)
+    driver = RoundChurn(booting, schedule, 6, grace=0.0, margin=0.0)
+    driver.prepare()
+    driver._begin(1, 0.0)  # round 1: {0, 1} run; {2, 3} come in round 3: booted now
+    assert booting.booted == {2, 3} and booting.running_nodes() == {0, 1}
+    driver._begin(3, 0.0)  # round 3: {0, 1} leave and come back in round 5: booted after they left
+    assert {0, 1} <= booting.booted and all(i not in up for i, up in booting.boots)
+
+
+@pytest.mark.slow
+def test_a_booted_node_is_unconnected_until_started_and_then_registers_as_that_process(tmp_path):
+    """ProcessSite.boot_node: the SuperNode process starts (its imports, its forker), logs that it
+    waits, and does not register; start_node releases that same process, which then registers;
+    close() removes a booted node that was never started."""
+    import time
+
+    from deploy.boot import BOOTED_LINE
+    from deploy.local import ProcessSite
+    from deploy.waits import wait_for
+
+    with ProcessSite(2, tmp_path / "work") as dep:
+        dep.start_superlink()
+        dep.boot_node(0)
+        dep.boot_node(1)
+        booted = dep.nodes[0].booted
+        assert booted is not None and dep.running_nodes() == set()
+        for i in (0, 1):
+            log = dep.nodes[i].booted.log
+            wait_for(lambda log=log: True if BOOTED_LINE in log.read_text() else None, dep.waits.register,
+                     what=f"node {i} boots", flag="-", see=log, log=dep.log)
+        time.sleep(1.0)  # a node that went on would register now (its imports are done)
+        assert dep.registered_id(0) is None and dep.registered_id(1) is None
+        pid = booted.popen.pid
+        dep.start_node(0)
+        nid = dep.wait_registered(0)
+        assert dep.nodes[0].proc is booted and booted.popen.pid == pid and dep.nodes[0].booted is None
+        assert nid > 0 and dep.incarnation(0) == 1 and dep.registered_id(1) is None
+        leftover = dep.nodes[1].booted
+    assert not leftover.alive and not dep.leftovers()
