@@ -84,4 +84,5 @@ class Site(Nodes, Protocol):
         """False once the SuperLink is known to have died (the run cannot finish)."""
 
     def housekeeping(self) -> None:
-        """Called every few seconds while a run is followed (reap exited helpers, ...)."""
+        """Called about every second while a run is followed (reap exited helpers, tell booted
+        nodes an app is installed, ...): cheap, no process start."""

@@ -137,8 +137,13 @@ def run_supernode(argv: list[str]) -> None:
     for command in COMMANDS:  # Flower's CLI modules: the SuperNode imports most of them anyway
         flower_entry_point(command)
     os.environ.update(start_for_this_process())  # forked now, before Flower starts a thread
-    if wait_for_release() and os.environ.get(WARM_VAR) and warm_worker is None:  # (it logs BOOTED_LINE)
-        start_warm_worker(os.environ[WARM_VAR])  # booted before any node had installed the app: now one has
+    def start_worker_once_an_app_is_installed() -> None:  # booted before any node had installed the app
+        global warm_worker
+        if os.environ.get(WARM_VAR) and warm_worker is None:
+            warm_worker = start_warm_worker(os.environ[WARM_VAR])
+
+    if wait_for_release(start_worker_once_an_app_is_installed):
+        start_worker_once_an_app_is_installed()
     patch_task_patience(task_patience())
     cap_supernode_sleeps(_CappedSleep(IDLE_SLEEP))  # the loop calls time.sleep(3) / (0.5)
     run_flower_supernode(argv)

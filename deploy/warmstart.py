@@ -2,7 +2,7 @@
 standard library and ``client_app.pidinfo``, so the SuperNode command (``python -m deploy.tuning
 supernode``) starts the worker before its own imports of Flower, and the two start side by side.
 
-The worker runs the app this node installed when it first took part, or its siblings'
+The worker runs the app this node installed when it first took part, or the SuperLink's
 (:func:`share_installed_app`; the newest under ``$FLWR_HOME/apps``), so the ClientApp finds it at
 the address it computes (``client_app.worker.address``); with no app installed yet (round 1) no
 worker starts early. It dies with the SuperNode (pidfd)."""
@@ -20,19 +20,26 @@ WARM_VAR = "FLCHURN_WARM_WORKER"  # a run config (JSON) whose workload a returni
 
 def installed_apps(flwr_home: Path) -> list[Path]:
     """The Flower apps installed in ``flwr_home`` (one folder per FAB), oldest first."""
-    return sorted((d for d in (flwr_home / "apps").glob("*") if d.is_dir()), key=lambda d: d.stat().st_mtime)
+    return sorted((d for d in (flwr_home / "apps").glob("*") if d.is_dir() and not d.name.startswith(".")),
+                  key=lambda d: d.stat().st_mtime)
 
 
-def share_installed_app(flwr_home: Path, others: list[Path]) -> None:
-    """A node that has not taken part in the run yet gets the app its siblings installed (the
-    newest in ``others``' homes; the same FAB, byte for byte, at the folder Flower would install
-    it in, which it then uses as it is): so its worker can start warm too."""
-    if installed_apps(flwr_home):
+def share_installed_app(flwr_home: Path, source_home: Path) -> None:
+    """A node that has not taken part in the run yet gets the app ``source_home`` installed (the
+    SuperLink's: its ServerApp installed it, whole, before round 1's messages went out; the same
+    FAB, byte for byte, at the folder Flower would install it in, which the node then uses as it
+    is): so its worker can start warm too. The copy appears at once and whole (a rename), or not at
+    all when Flower's own install of that folder came first; a node's half-written install (Flower
+    writes it file by file) is never a source."""
+    if installed_apps(flwr_home) or not (found := installed_apps(source_home)):
         return
-    found = [app for home in others for app in installed_apps(home)]
-    if found:
-        newest = max(found, key=lambda d: d.stat().st_mtime)
-        shutil.copytree(newest, flwr_home / "apps" / newest.name, dirs_exist_ok=True)
+    newest = found[-1]
+    tmp = flwr_home / "apps" / f".{newest.name}.{os.getpid()}.partial"
+    shutil.copytree(newest, tmp, dirs_exist_ok=True)
+    try:
+        os.rename(tmp, flwr_home / "apps" / newest.name)
+    except OSError:  # Flower began its own install of it meanwhile: that one is the node's
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def start_warm_worker(run_config_file: str) -> subprocess.Popen | None:

@@ -45,19 +45,29 @@ def test_a_node_without_an_installed_app_gets_no_warm_worker(tmp_path, monkeypat
     assert start_warm_worker(str(tmp_path / "warm.json")) is None
 
 
-def test_a_node_that_never_took_part_gets_its_siblings_installed_app_and_keeps_its_own(tmp_path):
+def test_a_node_that_never_took_part_gets_the_superlinks_installed_app_whole_and_keeps_its_own(tmp_path):
     from deploy.warmstart import installed_apps, share_installed_app
 
-    sibling = tmp_path / "node-0" / "apps" / "flchurn.flchurn.0.1.0.abcdef12"
-    (sibling / "client_app").mkdir(parents=True)
-    (sibling / "client_app" / "worker_process.py").write_text("# the app\n")
+    superlink = tmp_path / "superlink" / "apps" / "flchurn.flchurn.0.1.0.abcdef12"
+    (superlink / "client_app").mkdir(parents=True)
+    (superlink / "client_app" / "worker_process.py").write_text("# the app\n")
+    (superlink / "pyproject.toml").write_text("[project]\n")
     newcomer = tmp_path / "node-1"
-    share_installed_app(newcomer, [tmp_path / "node-0", tmp_path / "node-2"])  # node-2: no home yet
+    share_installed_app(newcomer, tmp_path / "nobody")  # no source yet: nothing
+    assert installed_apps(newcomer) == []
+    share_installed_app(newcomer, tmp_path / "superlink")
     (copy,) = installed_apps(newcomer)
-    assert copy.name == sibling.name and (copy / "client_app" / "worker_process.py").read_text() == "# the app\n"
+    assert copy.name == superlink.name and (copy / "client_app" / "worker_process.py").read_text() == "# the app\n"
+    assert (copy / "pyproject.toml").is_file() and sorted(p.name for p in (newcomer / "apps").iterdir()) == [copy.name]
     (copy / "own").write_text("kept")
-    share_installed_app(newcomer, [tmp_path / "node-0"])  # it has one now: left as it is
+    share_installed_app(newcomer, tmp_path / "superlink")  # it has one now: left as it is
     assert installed_apps(newcomer) == [copy] and (copy / "own").is_file()
+    racing = tmp_path / "node-2"  # Flower's own install began first (a folder, half-written): kept, no copy
+    (racing / "apps" / superlink.name).mkdir(parents=True)
+    (racing / "apps" / superlink.name / "half").write_text("")
+    share_installed_app(racing, tmp_path / "superlink")
+    assert [p.name for p in (racing / "apps").iterdir()] == [superlink.name]
+    assert not (racing / "apps" / superlink.name / "pyproject.toml").exists()
 
 
 def test_a_digits_worker_after_the_first_skips_scikit_learn_and_gets_the_same_split(tmp_path, monkeypatch):

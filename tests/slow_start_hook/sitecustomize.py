@@ -10,7 +10,6 @@ comes that much later after its task was claimed (what a starved import does).
 """
 
 import os
-import sys
 import time
 
 DELAY = float(os.environ.get("FLCHURN_TEST_CLIENTAPP_DELAY", "0"))
