@@ -21,30 +21,25 @@ import sys
 from collections.abc import Callable
 
 RELEASE = signal.SIGUSR1
-APP_READY = signal.SIGUSR2  # to a booted node: the app is installed in its home now, its worker can start
 BOOTED_VAR = "FLCHURN_BOOTED"  # "1" in a booted node's environment: wait for RELEASE before connecting
 BOOTED_LINE = "booted: waiting to be released (deploy.boot)"  # what a booted node logs once it waits
 
 
 def blocking_release(preexec: Callable[[], None] | None) -> Callable[[], None]:
-    """A child's first step (before exec; the mask survives it) that blocks :data:`RELEASE` and
-    :data:`APP_READY`, then ``preexec``."""
+    """A child's first step (before exec; the mask survives it) that blocks :data:`RELEASE`, then ``preexec``."""
     def setup() -> None:
-        signal.pthread_sigmask(signal.SIG_BLOCK, {RELEASE, APP_READY})
+        signal.pthread_sigmask(signal.SIG_BLOCK, {RELEASE})
         if preexec is not None:
             preexec()
 
     return setup
 
 
-def wait_for_release(app_ready: Callable[[], None]) -> bool:
-    """In a booted SuperNode: return once released (True), at once when not booted (False);
-    ``app_ready()`` is called for each :data:`APP_READY` meanwhile (a node booted before any node
-    had installed the app is told when a sibling has: its worker can start then)."""
+def wait_for_release() -> bool:
+    """In a booted SuperNode: return once released (True), at once when not booted (False)."""
     if os.environ.get(BOOTED_VAR) != "1":
         return False
     print(BOOTED_LINE, file=sys.stderr, flush=True)
-    while signal.sigwait({RELEASE, APP_READY}) == APP_READY:
-        app_ready()
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {RELEASE, APP_READY})
+    signal.sigwait({RELEASE})
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {RELEASE})
     return True

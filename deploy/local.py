@@ -34,7 +34,7 @@ from client_app.timing import SWITCH as TIMING  # clients time their training (c
 from runconfig.defaults import ROOT, default_run_config
 
 from .auth import new_auth_failures
-from .boot import APP_READY, BOOTED_VAR, RELEASE, blocking_release
+from .boot import BOOTED_VAR, RELEASE, blocking_release
 from .errors import DeployError
 from .flwr_cli import FLOWER_ENV, FlwrCli, toml_value
 from .localnode import Node
@@ -49,7 +49,7 @@ from .tuning import (  # round-latency settings: env, node config, the SuperNode
     host_share,
 )
 from .waits import Waits, for_host, slowest_cap, wait_for
-from .warmstart import WARM_VAR, installed_apps, share_installed_app  # returning nodes' workers started warm
+from .warmstart import WARM_VAR, share_installed_app  # returning nodes' workers started warm
 
 if TYPE_CHECKING:  # edge emulation is imported only when a site has device classes
     from .edge.devices import DevicePlan
@@ -100,7 +100,6 @@ class ProcessSite(SiteLifetime):
         self.auth_seen: dict[str, int] = {}  # node log -> 401 lines already reported
         self.warm = warm_workers  # returning nodes start their client worker at once (warm_workers)
         self.warm_env: dict[str, str] = {}  # set by warm_workers
-        self.without_app: set[int] = set()  # booted nodes whose worker waits for an installed app
         self.superlink: Proc | None = None
         self.superlink_port = 0
         self.nodes = {i: Node(i, 0) for i in range(num_nodes)}
@@ -187,19 +186,7 @@ class ProcessSite(SiteLifetime):
         if not node.running and (node.booted is None or not node.booted.alive):
             node.booted = self._spawn_node(i, booted=True)
             self.log(f"node {i}: booted (incarnation {node.incarnations}, pid {node.booted.popen.pid})")
-            if self.warm_env and not installed_apps(self.work_dir / f"node-{i}"):
-                self.without_app.add(i)  # no app to start its worker from yet (no run): housekeeping tells it
 
-    def housekeeping(self) -> None:
-        """Reap exited helpers; tell a booted node without an app that a sibling has installed one."""
-        self.reap_orphans()
-        for i in sorted(self.without_app):
-            booted = self.nodes[i].booted
-            if booted is None or not booted.alive:
-                self.without_app.discard(i)
-            elif installed_apps(self._share_app(i)):
-                self.without_app.discard(i)
-                booted.popen.send_signal(APP_READY)
 
     def _share_app(self, i: int) -> Path:
         """Node ``i``'s home, given the SuperLink's app if it has none and starts warm (share_installed_app)."""
@@ -363,6 +350,8 @@ class ProcessSite(SiteLifetime):
 
     def reap_orphans(self) -> None:
         self.spawner.reap_orphans()
+
+    housekeeping = reap_orphans
 
 
     def run_log(self, run_id: int) -> str:

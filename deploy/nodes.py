@@ -84,5 +84,4 @@ class Site(Nodes, Protocol):
         """False once the SuperLink is known to have died (the run cannot finish)."""
 
     def housekeeping(self) -> None:
-        """Called about every second while a run is followed (reap exited helpers, tell booted
-        nodes an app is installed, ...): cheap, no process start."""
+        """Called every few seconds while a run is followed (reap exited helpers, ...)."""

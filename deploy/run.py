@@ -48,7 +48,6 @@ from .submission import (
 DEFAULT_GRACE = 3.0
 # with the round-start signal, the most a round waits for its devices to register (then: late)
 DEFAULT_BOUND = 30.0
-HOUSEKEEPING_EVERY = 1.0  # seconds between two Site.housekeeping() calls while a run is followed
 
 
 @dataclass
@@ -252,7 +251,6 @@ def follow_run(site: Site, cli: FlwrCli, out: RunOutcome, follower: RunFollower,
     """Hand the follower's events to the driver and the rows to ``on_row`` until the run has
     finished (any status) or the SuperLink died; DeployError after the timeout."""
     next_status = out.submitted_at + follow.status_every
-    next_housekeeping = out.submitted_at
     while True:
         for event in follower.events():
             if out.driver is not None:
@@ -265,10 +263,8 @@ def follow_run(site: Site, cli: FlwrCli, out: RunOutcome, follower: RunFollower,
             out.status = "superlink-died"
             break
         now = time.monotonic()
-        if now >= next_housekeeping:
-            site.housekeeping()
-            next_housekeeping = now + HOUSEKEEPING_EVERY
         if now >= next_status and (status := cli.poll_status(out.run_id)) is not None:  # else: ask again
+            site.housekeeping()
             out.status = status
             if status.startswith(FINISHED):
                 break

@@ -17,6 +17,7 @@ Where a deployed round waits in Flower 1.42 (``site-packages/flwr``) and what ca
 | a fresh ``flwr-clientapp`` process per message | ``supernode/runtime/run_clientapp.py`` | imports + workload, ~6 s | ``client-worker`` below |
 | that process imports Flower's SuperNode CLI | ``supernode/cli/flwr_clientapp.py`` | 1.5-2.6 s a message | no: ``SUPERNODE`` forks it (:mod:`deploy.prefork`) |
 | a SuperNode's SuperExec imports Flower's CLI | ``supercore/cli/flower_superexec.py`` | 1.5-2.7 s a start | no: ``SUPERNODE`` forks it (:mod:`deploy.prefork`) |
+| a returning SuperNode's start (imports, its worker's torch) | before its round can start | 5-6 s (busy 2 cores) | booted ahead, released to connect (:mod:`deploy.boot`) |
 | a claimed task's first heartbeat, then between two | ``supercore/corestate/*_corestate.py`` | 30 s, then 60 s | no (hard-coded): ``SUPERNODE``, ``SUPERLINK`` |
 
 A node that has just replied looks for the next message at once, finds none (the server is still
@@ -137,13 +138,8 @@ def run_supernode(argv: list[str]) -> None:
     for command in COMMANDS:  # Flower's CLI modules: the SuperNode imports most of them anyway
         flower_entry_point(command)
     os.environ.update(start_for_this_process())  # forked now, before Flower starts a thread
-    def start_worker_once_an_app_is_installed() -> None:  # booted before any node had installed the app
-        global warm_worker
-        if os.environ.get(WARM_VAR) and warm_worker is None:
-            warm_worker = start_warm_worker(os.environ[WARM_VAR])
-
-    if wait_for_release(start_worker_once_an_app_is_installed):
-        start_worker_once_an_app_is_installed()
+    if wait_for_release() and os.environ.get(WARM_VAR) and warm_worker is None:
+        start_warm_worker(os.environ[WARM_VAR])  # booted with no app to start its worker from: now there is one
     patch_task_patience(task_patience())
     cap_supernode_sleeps(_CappedSleep(IDLE_SLEEP))  # the loop calls time.sleep(3) / (0.5)
     run_flower_supernode(argv)
