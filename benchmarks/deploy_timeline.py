@@ -37,19 +37,19 @@ _path = os.environ.get("FLCHURN_TIMELINE")
 _out = open(_path, "a", buffering=1) if _path else None
 _nodes = {}
 def _node():
-    """The SuperNode this process works for: itself or its nearest ancestor that is one (0: none)."""
+    """The SuperNode this process works for: the farthest ancestor (or itself) running one (its
+    forker, a fork of it, runs the same command line); 0 when none."""
     pid = os.getpid()
     if pid not in _nodes:
-        p = pid
+        p, found = pid, 0
         while p > 1:
             try:
                 if b"deploy.tuning\\0supernode" in open(f"/proc/{p}/cmdline", "rb").read():
-                    break
+                    found = p
                 p = int(open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1])
             except (OSError, ValueError):
-                p = 0
                 break
-        _nodes[pid] = p if p > 1 else 0
+        _nodes[pid] = found
     return _nodes[pid]
 def _write(what):
     if _out is not None:
@@ -78,7 +78,7 @@ def parse(lines: list[str]) -> dict[int, list[dict[str, float]]]:
         if node == "0" or not what.startswith("LOG "):
             continue
         for step, needle in STEPS:
-            if what[4:].startswith(needle):
+            if needle in what[4:]:
                 if step == "pulled":
                     current[int(node)] = {"pulled": float(t)}
                     messages.setdefault(int(node), []).append(current[int(node)])
