@@ -157,11 +157,12 @@ def send_obj(sock: socket.socket, obj) -> None:
 
 
 def recv_obj(sock: socket.socket):
-    header = _recv_exactly(sock, _HEADER.size)
-    return pickle.loads(_recv_exactly(sock, _HEADER.unpack(header)[0]))
+    header = recv_exactly(sock, _HEADER.size)
+    return pickle.loads(recv_exactly(sock, _HEADER.unpack(header)[0]))
 
 
-def _recv_exactly(sock: socket.socket, n: int) -> bytes:
+def recv_exactly(sock: socket.socket, n: int) -> bytes:
+    """``n`` bytes from ``sock`` (EOFError when it closes first)."""
     buf = bytearray()
     while len(buf) < n:
         chunk = sock.recv(min(n - len(buf), 1 << 20))
@@ -169,6 +170,12 @@ def _recv_exactly(sock: socket.socket, n: int) -> bytes:
             raise EOFError("connection closed")
         buf += chunk
     return bytes(buf)
+
+
+def same_user(conn: socket.socket) -> bool:
+    """Whether the process at the other end of Unix socket ``conn`` runs as this user (SO_PEERCRED)."""
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[1] == os.getuid()
 
 
 # ---------------------------------------------------------------------- the ClientApp side

@@ -13,14 +13,13 @@ import os
 import pickle
 import selectors
 import socket
-import struct
 import sys
 import traceback
 from pathlib import Path
 
 from flowerlink import set_task_identity
 
-from .worker import address, recv_obj, send_obj, start_time
+from .worker import address, recv_obj, same_user, send_obj, start_time
 
 
 def warm(run_config_file: str) -> None:
@@ -76,8 +75,7 @@ def serve(supernode: int, started: int, warm_config: str | None = None) -> int:
 
 
 def handle(conn: socket.socket, app) -> None:
-    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    if struct.unpack("3i", creds)[1] != os.getuid():
+    if not same_user(conn):
         return  # another user's process: not ours to answer
     try:
         identity, msg, context = recv_obj(conn)

@@ -187,7 +187,6 @@ class ProcessSite(SiteLifetime):
             node.booted = self._spawn_node(i, booted=True)
             self.log(f"node {i}: booted (incarnation {node.incarnations}, pid {node.booted.popen.pid})")
 
-
     def _share_app(self, i: int) -> Path:
         """Node ``i``'s home, given the SuperLink's app if it has none and starts warm (share_installed_app)."""
         home = self.work_dir / f"node-{i}"
@@ -352,7 +351,6 @@ class ProcessSite(SiteLifetime):
         self.spawner.reap_orphans()
 
     housekeeping = reap_orphans
-
 
     def run_log(self, run_id: int) -> str:
         if self.cli is None:

@@ -7,20 +7,20 @@ SuperNode receives. Before that process pulls its message it imports Flower's wh
 a deployed round), every message, every round. A deployed round of the README's churn launch
 trained for 0.05 s and spent 2.6 s there (docs/deployment.md, "Round latency").
 
-With the launcher's tuning (:mod:`deploy.tuning`), each SuperNode gets a *forker*: one process,
-started beside the SuperNode's own imports, that imports ``flwr-clientapp``'s entry point and waits.
-The SuperExec that the SuperNode starts (``flower-superexec``, found on ``PATH`` too) imports
-Flower's CLI as well (2.7 s), after which the node's first message can start: it goes the same
-way. The SuperNode's ``PATH`` starts with a folder whose ``flwr-clientapp`` and
-``flower-superexec`` are launchers of a few lines of the standard library (:func:`launcher_dir`): it hands its arguments, working folder,
-environment and standard streams to the forker, which forks a child that runs Flower's own
-``flwr_clientapp()`` with them, and the launcher exits with the child's exit status. Nothing of the
-ClientApp's work changes: the child is a fresh process (its own pid, its own memory), pulls its
-message with its own token, installs the FAB, loads the ClientApp and pushes its reply through
-Flower's code, exactly as a started ``flwr-clientapp`` does.
+With the launcher's tuning (:mod:`deploy.tuning`), each SuperNode, once it has imported Flower's
+entry points and before it starts a thread, forks a *forker* that waits. The SuperExec that the
+SuperNode starts (``flower-superexec``, found on ``PATH`` too) imports Flower's CLI as well (2.7 s)
+before the node's first message can start: it goes the same way. The SuperNode's ``PATH`` starts
+with a folder whose ``flwr-clientapp`` and ``flower-superexec`` are launchers of a few lines of the
+standard library (:func:`launcher_dir`): a launcher hands its arguments, working folder, environment
+and standard streams to the forker, which forks a child that runs Flower's own entry point of that
+command with them, and the launcher exits with the child's exit status. Nothing of the ClientApp's
+work changes: the child is a fresh process (its own pid, its own memory), pulls its message with its
+own token, installs the FAB, loads the ClientApp and pushes its reply through Flower's code, exactly
+as a started ``flwr-clientapp`` does.
 
-- The forker imports Flower and nothing of the app: the app is loaded by the child from the
-  installed FAB, as Flower does. It holds no thread, so forking it is safe.
+- The child forgets this checkout's modules (:func:`forget_our_modules`): the app is loaded from the
+  installed FAB, as Flower does. The forker holds no thread, so forking it is safe.
 - It exits when its SuperNode process exits (it waits on a pidfd of it) or on SIGTERM; a launcher
   that cannot reach it runs Flower's ``flwr-clientapp`` itself (``os.execv``), so a forker that is
   gone costs the imports, never a message.
@@ -45,14 +45,14 @@ import traceback
 from pathlib import Path
 
 from client_app.pidinfo import start_time
-from client_app.worker import FORKED_BY
+from client_app.worker import FORKED_BY, recv_exactly, same_user
 
 ADDRESS_VAR = "FLCHURN_PREFORK_ADDRESS"  # the launcher's environment: this SuperNode's forker
 SWITCH_VAR = "FLCHURN_PREFORK"  # "0": no forker, Flower's flwr-clientapp is started per message
 COMMANDS = ("flwr-clientapp", "flower-superexec")  # what a SuperNode starts, each through the forker
 PROJECT = Path(__file__).resolve().parent.parent  # this checkout (its modules are never a FAB's)
 _HEADER = struct.Struct("!Q")
-_STATUS = struct.Struct("!qi")  # (child pid, exit status); status -1000 = forked, still running
+_STATUS = struct.Struct("!qi")  # (child pid, exit status); status _FORKED = forked, still running
 _FORKED = -1000
 
 LAUNCHER = '''#!{python} -S
@@ -69,15 +69,15 @@ try:
     sock.connect("\\0" + address)
     body = json.dumps({{"command": {command!r}, "argv": sys.argv[1:], "cwd": os.getcwd(),
                        "env": dict(os.environ)}}).encode()
-    socket.send_fds(sock, [struct.pack("!Q", len(body))], [0, 1, 2])
+    socket.send_fds(sock, [struct.pack({header!r}, len(body))], [0, 1, 2])
     sock.sendall(body)
-    forked = sock.recv(12, socket.MSG_WAITALL)
+    forked = sock.recv({size}, socket.MSG_WAITALL)
 except OSError:
     forked = b""
-if len(forked) < 12:
+if len(forked) < {size}:
     flower_own()  # not forked: the task is still unclaimed
-done = sock.recv(12, socket.MSG_WAITALL)
-sys.exit(struct.unpack("!qi", done)[1] if len(done) == 12 else 1)
+done = sock.recv({size}, socket.MSG_WAITALL)
+sys.exit(struct.unpack({status!r}, done)[1] if len(done) == {size} else 1)
 '''
 
 
@@ -93,7 +93,9 @@ def address(supernode: int) -> str:
 def launcher_dir(python: str = sys.executable) -> Path:
     """A folder holding a launcher of each of :data:`COMMANDS` for ``python`` (written once, atomically)."""
     texts = {command: LAUNCHER.format(python=python, command=command, real=str(Path(python).parent / command),
-                                      address_var=ADDRESS_VAR) for command in COMMANDS}
+                                      address_var=ADDRESS_VAR, header=_HEADER.format, status=_STATUS.format,
+                                      size=_STATUS.size)
+             for command in COMMANDS}
     key = hashlib.sha1("".join(texts.values()).encode()).hexdigest()[:12]
     folder = Path.home() / ".cache" / "flchurn" / "prefork" / key
     for command, text in texts.items():
@@ -141,26 +143,11 @@ def start_for_this_process(python: str = sys.executable) -> dict[str, str]:
 
 
 # ---------------------------------------------------------------------- the forker
-def _recv_exactly(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
-            raise EOFError("launcher went away")
-        buf += chunk
-    return bytes(buf)
-
-
 def _request(conn: socket.socket) -> tuple[dict, list[int]]:
     header, fds, _flags, _addr = socket.recv_fds(conn, _HEADER.size, 3)
     if len(header) < _HEADER.size:
-        header += _recv_exactly(conn, _HEADER.size - len(header))
-    return json.loads(_recv_exactly(conn, _HEADER.unpack(header)[0])), list(fds)
-
-
-def _same_user(conn: socket.socket) -> bool:
-    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return struct.unpack("3i", creds)[1] == os.getuid()
+        header += recv_exactly(conn, _HEADER.size - len(header))
+    return json.loads(recv_exactly(conn, _HEADER.unpack(header)[0])), list(fds)
 
 
 def _run_child(request: dict, fds: list[int], forker_side: list) -> None:
@@ -181,9 +168,7 @@ def _run_child(request: dict, fds: list[int], forker_side: list) -> None:
             os.chdir(request["cwd"])
             os.environ.clear()
             os.environ.update(request["env"])
-            command = request["command"]
-            if command not in COMMANDS:
-                raise ValueError(f"deploy.prefork: no entry point for {command!r}; known: {COMMANDS}")
+            command = request["command"]  # an unknown one: flower_entry_point names it, then Flower's own
             sys.argv = [command, *request["argv"]]
             if "numpy" in sys.modules:  # a fresh process draws its global numpy state from the OS
                 sys.modules["numpy"].random.seed()
@@ -244,7 +229,7 @@ def serve(supernode: int) -> None:
             if key.data == "accept":
                 conn, _ = listener.accept()
                 try:
-                    if not _same_user(conn):
+                    if not same_user(conn):
                         conn.close()
                         continue
                     conn.settimeout(30.0)

@@ -52,7 +52,7 @@ if __name__ == "__main__":
         start_warm_worker,
     )
     if sys.argv[1:2] == ["supernode"] and os.environ.get(WARM_VAR):
-        # a returning node's worker, beside this process's imports (none yet: no app installed)
+        # a returning node's worker, beside this process's imports (None: no app installed yet)
         warm_worker = start_warm_worker(os.environ[WARM_VAR])
 
 from client_app.worker import SWITCH as CLIENT_WORKER  # noqa: E402  (after the early SIGTERM handler)

@@ -35,11 +35,11 @@ def share_installed_app(flwr_home: Path, source_home: Path) -> None:
         return
     newest = found[-1]
     tmp = flwr_home / "apps" / f".{newest.name}.{os.getpid()}.partial"
-    shutil.copytree(newest, tmp, dirs_exist_ok=True)
     try:
+        shutil.copytree(newest, tmp, dirs_exist_ok=True)
         os.rename(tmp, flwr_home / "apps" / newest.name)
-    except OSError:  # Flower began its own install of it meanwhile: that one is the node's
-        shutil.rmtree(tmp, ignore_errors=True)
+    except OSError:  # Flower began its own install of it meanwhile (that one is the node's), a full disk:
+        shutil.rmtree(tmp, ignore_errors=True)  # the node installs it itself and its worker starts cold
 
 
 def start_warm_worker(run_config_file: str) -> subprocess.Popen | None:

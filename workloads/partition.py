@@ -72,15 +72,17 @@ def _params(spec: str) -> tuple[str, dict[str, Any]]:
     return parsed.name, parsed.take(_PARAMS[parsed.name], what="partitioner")
 
 
-def _flwr_partition(make: Any, labels: np.ndarray, n: int, seed: int, spec: str) -> list[np.ndarray]:
+def _flwr_partition(make: Any, labels: np.ndarray, n: int, seed: int, name: str,
+                    params: dict[str, Any]) -> list[np.ndarray]:
     """Run a flwr-datasets partitioner on an in-memory dataset in a seeded order, read 'idx'.
 
-    Cached (:mod:`workloads.cache`), keyed by the labels, ``spec``, ``n``, ``seed`` and the versions
+    Cached (:mod:`workloads.cache`), keyed by the labels, the partitioner ``name`` and its parsed
+    ``params`` (defaults filled: two spellings of one spec share an entry), ``n``, ``seed`` and the versions
     of flwr-datasets and datasets: importing flwr-datasets costs 3 s (it imports seaborn, scipy and
     pandas), which every node's client worker paid again when it started."""
     from importlib.metadata import version
 
-    key = hashlib.sha256(labels.tobytes() + repr((spec, n, seed, version("flwr-datasets"),
+    key = hashlib.sha256(labels.tobytes() + repr((name, sorted(params.items()), n, seed, version("flwr-datasets"),
                                                   version("datasets"))).encode()).hexdigest()[:24]
     file = cache_dir() / f"partition-{key}.npz"
     try:
@@ -158,7 +160,7 @@ def partition(spec: str, labels: np.ndarray, num_partitions: int, seed: int,
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # its per-retry min_size warnings
             try:
-                return _flwr_partition(make, labels, n, seed, spec)
+                return _flwr_partition(make, labels, n, seed, name, p)
             except ValueError as exc:
                 raise ValueError(f"partitioner 'dirichlet': no draw with min_size="
                                  f"{p['min_size']} for alpha={p['alpha']}, {n} clients, "
@@ -176,7 +178,7 @@ def partition(spec: str, labels: np.ndarray, num_partitions: int, seed: int,
             return ShardPartitioner(num_partitions=n, partition_by="label",
                                     num_shards_per_partition=k, shuffle=True, seed=seed)
 
-        return _flwr_partition(make_shards, labels, n, seed, spec)
+        return _flwr_partition(make_shards, labels, n, seed, name, p)
 
     if name == "clustered":
         return _clustered(labels, n, seed, **p)
