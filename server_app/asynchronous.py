@@ -104,6 +104,7 @@ class AsyncRecorder:
             "unavailable-nodes": len(rlog.unavailable),
             "lost-nodes": [int(node) for node in rlog.unavailable],  # whose jobs were lost, in order
             "rejected": [[node, brief(why)] for node, why in rlog.rejected],
+            **rlog.errors_record(),
             "num-participants": len(reports),
             "num-rejected": len(rlog.rejected),
             "num-stale": sum(1 for _, why in rlog.rejected if why.startswith("stale")),

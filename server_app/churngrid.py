@@ -45,7 +45,7 @@ from flwr.serverapp import Grid
 from availability import Schedule
 from runconfig import did_you_mean
 from strategies.failures import quoted_error
-from strategies.secagg import FAILED_CLOSED
+from strategies.secagg import DROPPED_NODE, FAILED_CLOSED
 
 from .flowerlog import FlowerLogWatch
 from .messages import (
@@ -316,6 +316,8 @@ class ChurnGrid(AvailabilityGrid):
             info = self.rounds[rnd]["secure"]
             info["status"] = "completed" if completed else "halted"
             attacks = [str(args[1]) for msg, args in self.secure.notes if msg == FAILED_CLOSED and len(args) == 2]
+            self.rounds[rnd]["problems"] += [str(args[1]) for msg, args in self.secure.notes  # dropped, then run again
+                                             if msg == DROPPED_NODE and len(args) == 2]
             if not completed and attacks:  # the project's secure round failed closed: an attack, not churn
                 info["status"] = "failed-closed"
                 self.rounds[rnd]["problems"] += attacks

@@ -7,7 +7,7 @@ import logging
 import weakref
 from typing import Any, Protocol
 
-from strategies.secagg import FAILED_CLOSED
+from strategies.secagg import DROPPED_NODE, FAILED_CLOSED
 
 from .messages import ROUND_STARTS, RUN_ENDS, SECURE_DONE
 from .securecheck import SETUP_NOTES
@@ -48,5 +48,5 @@ class FlowerLogWatch(logging.Handler):
             grid.announce(int(str(record.args[0])))  # may raise NoWorkDone too
         elif record.msg in RUN_ENDS:
             grid.finish()  # raises NoWorkDone when no round had a participant: the run ends failed
-        elif record.msg in SETUP_NOTES or record.msg == FAILED_CLOSED:  # why a SecAgg+ round halted (recorded)
+        elif record.msg in SETUP_NOTES or record.msg in (FAILED_CLOSED, DROPPED_NODE):  # a SecAgg+ round's whys
             grid.secure.note(record.msg, tuple(record.args) if isinstance(record.args, tuple) else ())

@@ -29,6 +29,7 @@ from flwr.app import Message
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key
 
 from availability import Schedule
+from strategies.secagg import DROPPED_NODE
 
 flwr_log = logging.getLogger("flwr")
 HORIZON = 100  # rounds of the schedule the check looks at when the run's length is not given
@@ -178,8 +179,8 @@ class SecureMinimums:
     def setup(self, messages: list[Message]) -> None:
         """Messages going out: a SecAgg+ setup among them starts a round and shows the threshold."""
         threshold = next((t for m in messages if (t := setup_threshold(m)) is not None), None)
-        if threshold is not None:
-            self.notes = []
+        if threshold is not None:  # a round's setup, or the same round run again without dropped nodes
+            self.notes = [note for note in self.notes if note[0] == DROPPED_NODE]
             if "threshold" not in self.seen:
                 self.seen["threshold"] = threshold
                 self.check()

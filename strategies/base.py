@@ -285,7 +285,7 @@ class AvailabilityStrategy(Rule, Strategy):
         losses = [r.train_loss for r in reports if r.train_loss is not None]
         if losses:
             record["train-loss"] = float(np.mean(losses))
-        log_round(self.name, server_round, rnd.log.rejected, rnd.log.unavailable)
+        log_round(self.name, server_round, rnd.log)
         self.failures.end_round(server_round, rnd.received, len(reports), rnd.log.rejected, rnd.problems,
                                 nodes=[*rnd.log.sent, *rnd.log.unavailable])
         integers = aggregate_integers(self.integer_arrays, self.current_integers, [r.integers for r in reports],

@@ -21,9 +21,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from flwr.app import Message
+from flwr.common.constant import ErrorCode
 
 from .protocol import ADOPT
-from .replies import brief, shown
+from .replies import RoundLog, brief, shown
 
 log = logging.getLogger("flwr")
 SHOWN_NODES = 3  # node ids named per log line
@@ -55,6 +56,16 @@ def quoted_error(reason: str | None) -> str:
     return next(line.strip() for line in text.splitlines() if line.strip())[:300]
 
 
+# error replies that say the ClientApp failed; the others (a message or node unavailable, a lost
+# Ray worker's UNKNOWN) are what churn looks like
+CLIENT_FAILURES = frozenset({ErrorCode.LOAD_CLIENT_APP_EXCEPTION, ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
+                             ErrorCode.CLIENT_APP_CRASHED, ErrorCode.MOD_FAILED_PRECONDITION, ErrorCode.INVALID_FAB})
+
+
+def client_failure(msg: Message) -> str | None:
+    """The quoted exception of an error reply whose ClientApp failed, else None (churn)."""
+    return quoted_error(msg.error.reason) if msg.has_error() and msg.error.code in CLIENT_FAILURES else None
+
 
 class StrategyFailure(RuntimeError):
     """The run cannot go on usefully; the message says why and what to change."""
@@ -68,17 +79,22 @@ def group(rejected: list[tuple[int, str]]) -> dict[str, list[int]]:
     return out
 
 
-def log_round(rule: str, server_round: int, rejected: list[tuple[int, str]], unavailable: list[int]) -> None:
-    """One WARNING per rejection reason and one DEBUG line for the unavailable nodes, with counts.
+def log_round(rule: str, server_round: int, round_log: RoundLog) -> None:
+    """One WARNING per rejection reason and per ClientApp failure, and one DEBUG line for the
+    unavailable nodes, with counts.
 
     Unavailable nodes are the normal course of a run under churn (``unavailable-nodes`` in
-    metrics.jsonl records them), so they stay off a quiet console; rejections are not normal."""
-    for reason, nodes in group(rejected).items():
-        more = f", +{len(nodes) - SHOWN_NODES} more" if len(nodes) > SHOWN_NODES else ""
-        log.warning("%s, round %d: %d %s rejected: %s (node%s %s%s)", rule, server_round, len(nodes),
-                    "reply" if len(nodes) == 1 else "replies", brief(reason), "" if len(nodes) == 1 else "s",
-                    ", ".join(str(n) for n in nodes[:SHOWN_NODES]), more)
-    if unavailable:
+    metrics.jsonl records them), so they stay off a quiet console; rejections and failed
+    ClientApps (counted as unavailable, but not churn) are not normal."""
+    said = (("reply rejected", "replies rejected", round_log.rejected),
+            ("ClientApp failed (counted as unavailable)", "ClientApps failed (counted as unavailable)", round_log.errors))
+    for one, many, cases in said:
+        for reason, nodes in group(cases).items():
+            more = f", +{len(nodes) - SHOWN_NODES} more" if len(nodes) > SHOWN_NODES else ""
+            log.warning("%s, round %d: %d %s: %s (node%s %s%s)", rule, server_round, len(nodes),
+                        one if len(nodes) == 1 else many, brief(reason), "" if len(nodes) == 1 else "s",
+                        ", ".join(str(n) for n in nodes[:SHOWN_NODES]), more)
+    if unavailable := round_log.unavailable:
         log.debug("%s, round %d: %d node(s) unavailable (error reply or no reply)", rule, server_round,
                  len(unavailable))
 

@@ -31,6 +31,7 @@ from flwr.app import Message, RecordDict
 
 from .bounds import REFERENCE_WINDOW, NormBounds, RatioBound
 from .client_binding import ClientBinding
+from .failures import client_failure
 from .layout import Layout, Scratch, safe_norm
 from .metrics import carries_client_id
 from .options import RecordKeys
@@ -118,6 +119,7 @@ class RoundIntake:
         """Add ``other``'s verdicts (one asynchronous arrival's) to this value's record."""
         self.log.rejected += other.log.rejected
         self.log.unavailable += other.log.unavailable
+        self.log.errors += other.log.errors
         self.received += other.received
         self.examples_clipped += other.examples_clipped
         self.norms_clipped += other.norms_clipped
@@ -269,6 +271,8 @@ class ReplyIntake:
                 self.scratch.begin(slot[i])
             if msg.has_error():
                 rnd.log.unavailable.append(node)
+                if (failure := client_failure(msg)) is not None:
+                    rnd.log.errors.append((node, failure))
                 continue
             rnd.received += 1
             self.ids_reported |= carries_client_id(msg.content)

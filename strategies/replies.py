@@ -64,6 +64,13 @@ class RoundLog:
     participants: list[int] = field(default_factory=list)  # client ids of valid replies
     unavailable: list[int] = field(default_factory=list)  # node ids: error or no reply
     rejected: list[tuple[int, str]] = field(default_factory=list)  # (node id, reason)
+    # (node id, the exception quoted) of error replies whose ClientApp failed (not churn: still
+    # counted as unavailable, and recorded with the reason: strategies.failures.client_failure)
+    errors: list[tuple[int, str]] = field(default_factory=list)
+
+    def errors_record(self) -> dict[str, list[list[int | str]]]:
+        """The round record's ``client-errors`` (absent when no ClientApp failed)."""
+        return {"client-errors": [[node, why] for node, why in self.errors]} if self.errors else {}
 
 
 # -------------------------------------------------------------- what a reason may show

@@ -165,15 +165,18 @@ def test_a_run_whose_secure_rounds_all_fail_ends_failed_with_the_reason():
         one_round(strategy, 3, x, grid)  # max_failed_rounds = 3 in a row
 
 
-def test_the_churn_grid_records_a_failed_closed_round_as_an_attack_not_churn(tmp_path):
+@pytest.mark.parametrize("attack, status", [("weight element 1", "failed-closed"),
+                                            ("setup reply without its public keys", "completed")])
+def test_the_churn_grid_records_an_attack_as_an_attack_not_churn(tmp_path, attack, status):
     """The ServerApp's availability grid (the drop-in's ChurnGrid) says why in ``rounds.jsonl``:
-    status ``failed-closed`` and the attack's reason, not "halted (fewer than its threshold)"."""
+    status ``failed-closed`` and the attack's reason, not "halted (fewer than its threshold)"; a
+    node dropped before training, in the problems of the round that completed without it."""
     import json
     import logging
 
     from server_app.dropin import with_availability
 
-    stage, edit, says = ATTACKS["weight element 1"]
+    stage, edit, says = ATTACKS[attack]
     run_config = {**default_run_config(), **TINY}
     hostile = HostileGrid(InProcessGrid(N, run_config), 0, stage, edit)
     hostile.node = sorted(hostile.get_node_ids())[-1]
@@ -185,8 +188,10 @@ def test_the_churn_grid_records_a_failed_closed_round_as_an_attack_not_churn(tmp
         x, _ = one_round(strategy, rnd, x, grid)
         hostile.on = False
     lines = [json.loads(line) for line in (tmp_path / "rounds.jsonl").read_text().splitlines()]
-    assert [line["secure"]["status"] for line in lines[:2]] == ["failed-closed", "completed"]
-    assert any(says in p and "fails closed" in p for p in lines[0]["problems"]), lines[0]["problems"]
+    assert [line["secure"]["status"] for line in lines[:2]] == [status, "completed"]
+    then = "fails closed" if status == "failed-closed" else f"node {hostile.node}: {says}"
+    assert any(says in p and then in p for p in lines[0]["problems"]), lines[0]["problems"]
+    assert lines[1]["problems"] == []
 
 
 def _as_flower_runs(app):
