@@ -25,6 +25,7 @@ from strategies import StrategyFailure
 from strategies.protocol import IGNORE_AVAILABILITY, NUM_STEPS, TRAIN_TIME
 from strategies.registry import is_asynchronous
 from strategies.replies import brief, finite
+from strategies.weighting import one_blas_thread
 
 from . import checkpoint
 from .asynchronous import run_async
@@ -166,11 +167,12 @@ def run(grid: Grid, cfg: RunConfig, console: Console | None = None) -> Path:
     client_of_node = connect(grid, cfg)  # every check is done before the results folder exists
     new_folder = not setup.run_dir.exists()
     try:
-        if is_asynchronous(setup.strategy):
-            if (policy := cfg.stragglers.straggler_policy) != "drop":  # FedBuff, FedAsync: no round, no deadline
-                raise ConfigError(f"run config 'straggler-policy' = {policy!r}: '{cfg.server.strategy}' is asynchronous")
-            return run_async(grid, setup, client_of_node, console or Console())
-        return _run_rounds(grid, setup, client_of_node, console or Console())
+        with one_blas_thread():  # the server's vector math: busy cores make BLAS threads spin (strategies.weighting)
+            if is_asynchronous(setup.strategy):
+                if (policy := cfg.stragglers.straggler_policy) != "drop":  # FedBuff, FedAsync: no round, no deadline
+                    raise ConfigError(f"run config 'straggler-policy' = {policy!r}: '{cfg.server.strategy}' is asynchronous")
+                return run_async(grid, setup, client_of_node, console or Console())
+            return _run_rounds(grid, setup, client_of_node, console or Console())
     except BaseException:
         metrics = setup.run_dir / METRICS
         if new_folder and not (metrics.is_file() and metrics.stat().st_size):

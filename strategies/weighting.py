@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -116,6 +118,27 @@ def matrix_runs(vectors: Sequence[np.ndarray]) -> list[tuple[np.ndarray, list[in
         i = j
     runs += [(np.asarray(vectors[k])[None, :], [k]) for k in alone]
     return runs
+
+
+@functools.cache
+def _openblas() -> Any:
+    from threadpoolctl import ThreadpoolController  # scikit-learn's: already installed
+
+    return ThreadpoolController().select(internal_api="openblas")  # numpy's and scipy's, not torch's MKL
+
+
+def one_blas_thread() -> contextlib.AbstractContextManager[Any]:
+    """numpy's and scipy's OpenBLAS on one thread while the context lasts (the server's loops).
+
+    The server's vector math (folds, norms, the bounds' references) is a few memory-bound passes
+    over model-sized vectors. On a machine whose cores are busy training clients, OpenBLAS's worker
+    threads spin waiting for a core: in Flower's Ray simulation the ServerApp process spent 0.17 CPU s
+    a round of MNIST's MLP, 10 clients a round, on 2 cores, against 0.07 on one thread (issue 49,
+    ``benchmarks/ray_path.py``). The results are the same bit for bit: every kernel used here
+    computes each element, or each element's sum, on one thread whatever the thread count
+    (tests/test_rule_numbers.py passes under ``OPENBLAS_NUM_THREADS=1``). torch's MKL and OpenMP are
+    left as they are."""
+    return _openblas().limit(limits=1)
 
 
 def add_scaled(out: np.ndarray, w: float, v: np.ndarray) -> np.ndarray:
