@@ -242,9 +242,9 @@ class NormBounds:
 
     def check(self, reports: list[R], norm_of: Callable[[R], float], node_of: Callable[[R], int],
               reject: Callable[[int, str], None], scale: float = 0.0,
-              clip: Callable[[R, float, float], None] | None = None,
+              clip: Callable[[R, float, float, str], None] | None = None,
               steps_of: Callable[[R], float | None] | None = None, stateful: bool = False,
-              identity_of: Callable[[R], int] | None = None) -> list[R]:
+              identity_of: Callable[[R], int] | None = None, clip_known: bool = False) -> list[R]:
         """The reports within the bounds; the others go to ``reject`` (``node_of``'s node, the
         reason). ``identity_of``: whose entry a report's values are (default ``node_of``).
 
@@ -254,8 +254,14 @@ class NormBounds:
         × the work factor (``steps_of``: the declared num-steps) × the gap factor (``stateful``).
         Every norm that reaches the ratio test becomes its node's entry at :meth:`commit`.
         In a round begun with ``new_round(fix=True)`` the first call fixes the references.
-        ``clip`` (``robust=clip``): a report beyond the ratio bound is kept, scaled down by
-        ``clip(report, norm, limit)``, and its entry is ``limit``.
+        **Cut, not dropped**: a report beyond the ratio bound whose identity has no entry (a
+        newcomer the server cannot judge yet: every one in the first round), or any such report
+        with ``clip_known`` (``robust=clip``), is kept, scaled as one vector by ``clip(report,
+        norm, limit, reason)``; its entry is ``limit`` under ``clip_known``, else its norm, as a
+        rejected reply's (were it the limit, replies first in a first round could set every
+        newcomer's first entry and so the reference for good: tests/test_hostile_order.py).
+        Without ``clip``, or from an identity with an entry, it is rejected. The other tests
+        always reject (nothing honest fails them).
         """
         if not self.widens:
             steps_of, stateful = None, False
@@ -299,15 +305,16 @@ class NormBounds:
             limit = self.max_norm_ratio * reference * widen
             if norm <= limit:
                 kept.append(r)
-            elif clip is not None:
-                clip(r, norm, limit)
+                continue
+            why = (f"{self.what} {norm:.2g} > max-norm-ratio {self.max_norm_ratio:g}{f' x work {widen:.3g}' * (widen > 1)}"
+                   f" x the median of {'first' if self.first_only else 'recent'} norms"
+                   f"{' x their growth' if self.follows else ''} {reference:.2g} (one per client)")
+            if clip is not None and (clip_known or identity not in self.ratio.entries):
+                clip(r, norm, limit, why if clip_known else f"{why}, a newcomer: cut to the bound")
                 kept.append(r)
-                self._pending[identity] = limit
+                self._pending[identity] = limit if clip_known else norm  # a newcomer's: as if rejected
             else:
-                why = f" x work {widen:.3g}" if widen > 1 else ""
-                reject(node_of(r), f"{self.what} {norm:.2g} > max-norm-ratio {self.max_norm_ratio:g}{why} x the "
-                             f"median of {'first' if self.first_only else 'recent'} norms{' x their growth' if self.follows else ''} "
-                             f"{reference:.2g} (one per client)")
+                reject(node_of(r), why)
         return kept
 
     def reference(self, norms: Mapping[int, float]) -> float | None:

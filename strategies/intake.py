@@ -120,6 +120,7 @@ class RoundIntake:
         self.log.rejected += other.log.rejected
         self.log.unavailable += other.log.unavailable
         self.log.errors += other.log.errors
+        self.log.cut += other.log.cut
         self.received += other.received
         self.examples_clipped += other.examples_clipped
         self.norms_clipped += other.norms_clipped
@@ -144,6 +145,7 @@ class IntakeRule(Protocol):
     weighting: str
     bounds: NormBounds
     robust: Robust
+    robust_clip: bool
     @property
     def namespace(self) -> str: ...
     @property
@@ -347,16 +349,19 @@ class ReplyIntake:
             if rnd.model_norm is None:
                 rnd.model_norm = safe_norm(rnd.current)
             scale = rnd.model_norm
-        for i, (bounds, norm_of) in enumerate(checks):
-            clip = None
-            if i == 0 and self.rule.robust.clips:  # robust=clip: ‖Δ_i‖ only
-                def clip(report: ClientReport, norm: float, limit: float) -> None:
-                    report.delta = report.delta * np.float32(limit / norm)  # a new array: the buffer is shared
-                    report.norm = limit
-                    rnd.norms_clipped += 1
-            reports = bounds.check(reports, norm_of, lambda r: r.node_id, rnd.reject, scale, clip,
+        cut: dict[int, str] = {}  # id(report) -> why it was cut (counted if no later check rejects it)
+
+        def clip(report: ClientReport, norm: float, limit: float, why: str) -> None:
+            report.delta = report.delta * np.float32(limit / norm)  # a new array: the buffer is shared
+            report.norm, cut[id(report)] = limit, why
+
+        for i, (bounds, norm_of) in enumerate(checks):  # ‖Δ_i‖ alone is cut (the docstring), where it is Δ_i's
+            reports = bounds.check(reports, norm_of, lambda r: r.node_id, rnd.reject, scale,
+                                   clip if i == 0 and self.rule.robust_clip else None,
                                    steps_of=lambda r: r.num_steps, stateful=rnd.stateful,
-                                   identity_of=lambda r: r.client_id)
+                                   identity_of=lambda r: r.client_id, clip_known=self.rule.robust.clips)
+        rnd.log.cut += [(r.node_id, cut[id(r)]) for r in reports if id(r) in cut]
+        rnd.norms_clipped += sum(id(r) in cut for r in reports)
         return reports
 
     def release(self, report: ClientReport | None) -> None:
