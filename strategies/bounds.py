@@ -1,4 +1,15 @@
-"""Sanity bounds on what a reply may change before it is rejected (or, for data sizes, cut).
+"""Sanity bounds on what a reply may change before it is rejected or cut.
+
+**Cut, don't drop.** A reply beyond the ratio bound from an identity without an entry (a newcomer,
+every client of the first round: the server cannot judge it yet) is scaled to the bound as one
+vector and kept, reported as cut (``num-clipped``, the round's ``cut``, a WARNING); its entry is
+its norm, as a rejected reply's (the limit would let 64 replies sent first in round 1 set every
+honest first entry, so the reference, for good). A known identity beyond it is rejected
+(``robust=clip``: cut), as is anything beyond ``max-update-norm``, not finite or beyond the model
+cap. Only Δ_i is cut (:meth:`strategies.intake.ReplyIntake.check_norms`): a payload the client
+keeps in full cannot be scaled with it (SCAFFOLD's Δc_i, c_i^+: c is the mean of the c_i), nor an
+echo (FedAWE's, FedPBC's u_i and x_i^†, tied by the echo check): beyond a Δc_i or c_i^+ bound a
+reply is still rejected, and under FedAWE and FedPBC a newcomer's beyond any bound.
 
 **One reference per identity.** References hold at most one entry per client identity (its
 latest judged value: accepted, or beyond the ratio bound), never one per arrival or node id: the
@@ -132,12 +143,6 @@ class RatioBound:
         self.entries = OrderedDict((int(n), float(v)) for n, v in pairs)
         self.new_round()
 
-    def restored(self, state: Any) -> RatioBound:
-        """This bound with a checkpoint's entries (:meth:`state_dict`)."""
-        bound = RatioBound(self.ratio)
-        bound.load_state_dict(state)
-        return bound
-
 
 @dataclass
 class NormBounds:
@@ -146,7 +151,7 @@ class NormBounds:
     max_update_norm : a reply whose update norm exceeds this is rejected; 0 = no absolute cap.
         Spec key ``max-update-norm``.
     max_norm_ratio : a reply whose update norm exceeds this multiple of the reference (× its work
-        and gap factors, the module docstring) is rejected; 0 = off. Spec key ``max-norm-ratio``
+        and gap factors, the module docstring) is rejected (a newcomer's cut); 0 = off. Spec key ``max-norm-ratio``
         (e.g. ``mifa:max-norm-ratio=50``). The reference is the lower median over nodes of each
         node's latest judged norm (:class:`RatioBound`).
     max_model_ratio : when there is no reference (fewer than 3 nodes in the entries and this
@@ -193,22 +198,13 @@ class NormBounds:
     _no_reference: bool | None = field(default=None, compare=False, repr=False)  # fixed per round
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.max_update_norm) and self.max_update_norm >= 0):
-            raise ValueError(f"max_update_norm (spec key max-update-norm) must be a finite number >= 0 "
-                             f"(0 = no cap), got {self.max_update_norm}")
-        if not (math.isfinite(self.max_norm_ratio) and (self.max_norm_ratio == 0 or self.max_norm_ratio > 1)):
-            raise ValueError(f"max_norm_ratio (spec key max-norm-ratio) must be a finite number > 1 "
-                             f"(0 = off), got {self.max_norm_ratio}")
-        if not (math.isfinite(self.max_model_ratio) and self.max_model_ratio >= 0):
-            raise ValueError(f"max_model_ratio (spec key max-model-ratio) must be a finite number > 0 "
-                             f"(0 = off), got {self.max_model_ratio}")
-        if not (math.isfinite(self.max_examples_ratio) and (self.max_examples_ratio == 0 or self.max_examples_ratio >= 1)):
-            raise ValueError(f"max_examples_ratio (spec key max-examples-ratio) must be a finite number >= 1 "
-                             f"(0 = off), got {self.max_examples_ratio}")
-        if not (math.isfinite(self.max_reference_growth)
-                and (self.max_reference_growth == 0 or self.max_reference_growth >= 1)):
-            raise ValueError(f"max_reference_growth (spec key max-reference-growth) must be a finite number >= 1 "
-                             f"(0 = uncapped), got {self.max_reference_growth}")
+        for key, low, strict, allowed in (
+                ("max_update_norm", 0, False, ">= 0 (0 = no cap)"), ("max_norm_ratio", 1, True, "> 1 (0 = off)"),
+                ("max_model_ratio", 0, False, "> 0 (0 = off)"), ("max_examples_ratio", 1, False, ">= 1 (0 = off)"),
+                ("max_reference_growth", 1, False, ">= 1 (0 = uncapped)")):
+            value = getattr(self, key)
+            if not (math.isfinite(value) and (value == 0 or value > low or (value == low and not strict))):
+                raise ValueError(f"{key} (spec key {key.replace('_', '-')}) must be a finite number {allowed}, got {value}")
         self.ratio = RatioBound(self.max_norm_ratio)
         self.examples = RatioBound(self.max_examples_ratio)
         self.work = RatioBound(WORK_RATIO)
@@ -254,14 +250,9 @@ class NormBounds:
         × the work factor (``steps_of``: the declared num-steps) × the gap factor (``stateful``).
         Every norm that reaches the ratio test becomes its node's entry at :meth:`commit`.
         In a round begun with ``new_round(fix=True)`` the first call fixes the references.
-        **Cut, not dropped**: a report beyond the ratio bound whose identity has no entry (a
-        newcomer the server cannot judge yet: every one in the first round), or any such report
-        with ``clip_known`` (``robust=clip``), is kept, scaled as one vector by ``clip(report,
-        norm, limit, reason)``; its entry is ``limit`` under ``clip_known``, else its norm, as a
-        rejected reply's (were it the limit, replies first in a first round could set every
-        newcomer's first entry and so the reference for good: tests/test_hostile_order.py).
-        Without ``clip``, or from an identity with an entry, it is rejected. The other tests
-        always reject (nothing honest fails them).
+        Beyond the ratio bound a report is cut (the module docstring), not rejected, when ``clip``
+        is given and its identity has no entry or ``clip_known`` (``robust=clip``): kept, scaled by
+        ``clip(report, norm, limit, reason)``, its entry ``limit`` under ``clip_known``, else its norm.
         """
         if not self.widens:
             steps_of, stateful = None, False
