@@ -105,6 +105,7 @@ class AsyncRecorder:
             "lost-nodes": [int(node) for node in rlog.unavailable],  # whose jobs were lost, in order
             "rejected": [[node, brief(why)] for node, why in rlog.rejected],
             **rlog.errors_record(),
+            **rlog.cut_record(),
             "num-participants": len(reports),
             "num-rejected": len(rlog.rejected),
             "num-stale": sum(1 for _, why in rlog.rejected if why.startswith("stale")),

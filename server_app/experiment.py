@@ -241,6 +241,7 @@ def _run_rounds(grid: Grid, setup: Setup, client_of_node: dict[int, int], consol
                 "unavailable-nodes": len(rlog.unavailable),
                 "rejected": [[node, brief(why)] for node, why in rlog.rejected],
                 **rlog.errors_record(),
+                **rlog.cut_record(),
                 **(dict(metrics) if metrics else {}),
                 **dp,
                 **times.record(rlog.participants, strategy.node_of_client),

@@ -29,8 +29,8 @@ Two guards of the bounds, off with ``max-norm-ratio=0`` (the papers' rules; ``do
 - **the start-up hold**: until a majority of the run's clients (3 to 64 distinct client identities,
   of ``num_clients`` or of the nodes connected) have an entry in the bounds,
   the rule's aggregations wait (``held``, at most ``max_staleness`` + 1 arrivals); the first one
-  after it applies them, each arrival of the hold judged against that majority's reference (then
-  the share limit). Nothing honest is dropped: the first arrivals are applied later than in the paper.
+  after it applies them, each arrival of the hold cut to that majority's bound, never rejected by
+  it (then the share limit). Nothing honest is dropped: the first arrivals are applied later than in the paper.
 
 The staleness functions s(δ) live in :mod:`strategies.staleness`. What the loops call of a rule
 is declared here, with its defaults (:class:`AsyncRule`: ``buffer_size``, ``job_steps``,
@@ -307,20 +307,20 @@ class AsyncRule(AvailabilityStrategy):
     def _share(self, arrival: Arrival, judge: bool) -> tuple[str, bool]:
         """One client's share of the window (every node id speaking for it shares one): ("", cut?)
         with ``arrival``'s Δ_i scaled down to what it has left, or (why, False) when rejected.
-        ``judge``: a held arrival, first judged here against the reference that released it."""
+        ``judge``: a held arrival (it came before any reference), cut to the bound that released it."""
         report, client = arrival.report, arrival.report.client_id
         limit = self.arrival_limit(report)
         if limit is None:  # no reference and no hold (fewer than 3 nodes, or the rule holds nothing)
             return "", False
         norm = float(report.norm) if report.norm is not None else float(np.linalg.norm(report.delta))
-        if judge and norm > limit:
-            return (f"update norm {norm:.2g} > max-norm-ratio {self.bounds.max_norm_ratio:g} x the median of recent "
-                    f"norms (one per client), judged when the bounds first had a reference (start-up hold)"), False
         left = limit - sum(n for who, n in self.recent if who == client)
         cut = norm > left
         if cut and left <= 0:
             return (f"the client's share of the last {self.share_window} arrivals is spent (its updates there "
                     f"together reach one update's bound {limit:.2g})"), False
+        if cut and judge and norm > limit:  # held before any reference: cut, not rejected (strategies.bounds)
+            self.round_log.cut.append((report.node_id, f"update norm {norm:.2g} > max-norm-ratio x the reference, "
+                                       f"{limit:.2g}, judged when the bounds first had one (start-up hold): cut"))
         if cut:
             report.delta = report.delta * np.float32(left / norm)
             report.norm, norm = left, left

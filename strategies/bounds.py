@@ -1,4 +1,15 @@
-"""Sanity bounds on what a reply may change before it is rejected (or, for data sizes, cut).
+"""Sanity bounds on what a reply may change before it is rejected or cut.
+
+**Cut, don't drop.** A reply beyond the ratio bound from an identity without an entry (a newcomer,
+every client of the first round: the server cannot judge it yet) is scaled to the bound as one
+vector and kept, reported as cut (``num-clipped``, the round's ``cut``, a WARNING); its entry is
+its norm, as a rejected reply's (the limit would let 64 replies sent first in round 1 set every
+honest first entry, so the reference, for good). A known identity beyond it is rejected
+(``robust=clip``: cut), as is anything beyond ``max-update-norm``, not finite or beyond the model
+cap. Only Δ_i is cut (:meth:`strategies.intake.ReplyIntake.check_norms`): a payload the client
+keeps in full cannot be scaled with it (SCAFFOLD's Δc_i, c_i^+: c is the mean of the c_i), nor an
+echo (FedAWE's, FedPBC's u_i and x_i^†, tied by the echo check): beyond a Δc_i or c_i^+ bound a
+reply is still rejected, and under FedAWE and FedPBC a newcomer's beyond any bound.
 
 **One reference per identity.** References hold at most one entry per client identity (its
 latest judged value: accepted, or beyond the ratio bound), never one per arrival or node id: the
@@ -132,12 +143,6 @@ class RatioBound:
         self.entries = OrderedDict((int(n), float(v)) for n, v in pairs)
         self.new_round()
 
-    def restored(self, state: Any) -> RatioBound:
-        """This bound with a checkpoint's entries (:meth:`state_dict`)."""
-        bound = RatioBound(self.ratio)
-        bound.load_state_dict(state)
-        return bound
-
 
 @dataclass
 class NormBounds:
@@ -146,7 +151,7 @@ class NormBounds:
     max_update_norm : a reply whose update norm exceeds this is rejected; 0 = no absolute cap.
         Spec key ``max-update-norm``.
     max_norm_ratio : a reply whose update norm exceeds this multiple of the reference (× its work
-        and gap factors, the module docstring) is rejected; 0 = off. Spec key ``max-norm-ratio``
+        and gap factors, the module docstring) is rejected (a newcomer's cut); 0 = off. Spec key ``max-norm-ratio``
         (e.g. ``mifa:max-norm-ratio=50``). The reference is the lower median over nodes of each
         node's latest judged norm (:class:`RatioBound`).
     max_model_ratio : when there is no reference (fewer than 3 nodes in the entries and this
@@ -193,22 +198,13 @@ class NormBounds:
     _no_reference: bool | None = field(default=None, compare=False, repr=False)  # fixed per round
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.max_update_norm) and self.max_update_norm >= 0):
-            raise ValueError(f"max_update_norm (spec key max-update-norm) must be a finite number >= 0 "
-                             f"(0 = no cap), got {self.max_update_norm}")
-        if not (math.isfinite(self.max_norm_ratio) and (self.max_norm_ratio == 0 or self.max_norm_ratio > 1)):
-            raise ValueError(f"max_norm_ratio (spec key max-norm-ratio) must be a finite number > 1 "
-                             f"(0 = off), got {self.max_norm_ratio}")
-        if not (math.isfinite(self.max_model_ratio) and self.max_model_ratio >= 0):
-            raise ValueError(f"max_model_ratio (spec key max-model-ratio) must be a finite number > 0 "
-                             f"(0 = off), got {self.max_model_ratio}")
-        if not (math.isfinite(self.max_examples_ratio) and (self.max_examples_ratio == 0 or self.max_examples_ratio >= 1)):
-            raise ValueError(f"max_examples_ratio (spec key max-examples-ratio) must be a finite number >= 1 "
-                             f"(0 = off), got {self.max_examples_ratio}")
-        if not (math.isfinite(self.max_reference_growth)
-                and (self.max_reference_growth == 0 or self.max_reference_growth >= 1)):
-            raise ValueError(f"max_reference_growth (spec key max-reference-growth) must be a finite number >= 1 "
-                             f"(0 = uncapped), got {self.max_reference_growth}")
+        for key, low, strict, allowed in (
+                ("max_update_norm", 0, False, ">= 0 (0 = no cap)"), ("max_norm_ratio", 1, True, "> 1 (0 = off)"),
+                ("max_model_ratio", 0, False, "> 0 (0 = off)"), ("max_examples_ratio", 1, False, ">= 1 (0 = off)"),
+                ("max_reference_growth", 1, False, ">= 1 (0 = uncapped)")):
+            value = getattr(self, key)
+            if not (math.isfinite(value) and (value == 0 or value > low or (value == low and not strict))):
+                raise ValueError(f"{key} (spec key {key.replace('_', '-')}) must be a finite number {allowed}, got {value}")
         self.ratio = RatioBound(self.max_norm_ratio)
         self.examples = RatioBound(self.max_examples_ratio)
         self.work = RatioBound(WORK_RATIO)
@@ -242,9 +238,9 @@ class NormBounds:
 
     def check(self, reports: list[R], norm_of: Callable[[R], float], node_of: Callable[[R], int],
               reject: Callable[[int, str], None], scale: float = 0.0,
-              clip: Callable[[R, float, float], None] | None = None,
+              clip: Callable[[R, float, float, str], None] | None = None,
               steps_of: Callable[[R], float | None] | None = None, stateful: bool = False,
-              identity_of: Callable[[R], int] | None = None) -> list[R]:
+              identity_of: Callable[[R], int] | None = None, clip_known: bool = False) -> list[R]:
         """The reports within the bounds; the others go to ``reject`` (``node_of``'s node, the
         reason). ``identity_of``: whose entry a report's values are (default ``node_of``).
 
@@ -254,8 +250,9 @@ class NormBounds:
         × the work factor (``steps_of``: the declared num-steps) × the gap factor (``stateful``).
         Every norm that reaches the ratio test becomes its node's entry at :meth:`commit`.
         In a round begun with ``new_round(fix=True)`` the first call fixes the references.
-        ``clip`` (``robust=clip``): a report beyond the ratio bound is kept, scaled down by
-        ``clip(report, norm, limit)``, and its entry is ``limit``.
+        Beyond the ratio bound a report is cut (the module docstring), not rejected, when ``clip``
+        is given and its identity has no entry or ``clip_known`` (``robust=clip``): kept, scaled by
+        ``clip(report, norm, limit, reason)``, its entry ``limit`` under ``clip_known``, else its norm.
         """
         if not self.widens:
             steps_of, stateful = None, False
@@ -299,15 +296,16 @@ class NormBounds:
             limit = self.max_norm_ratio * reference * widen
             if norm <= limit:
                 kept.append(r)
-            elif clip is not None:
-                clip(r, norm, limit)
+                continue
+            why = (f"{self.what} {norm:.2g} > max-norm-ratio {self.max_norm_ratio:g}{f' x work {widen:.3g}' * (widen > 1)}"
+                   f" x the median of {'first' if self.first_only else 'recent'} norms"
+                   f"{' x their growth' if self.follows else ''} {reference:.2g} (one per client)")
+            if clip is not None and (clip_known or identity not in self.ratio.entries):
+                clip(r, norm, limit, why if clip_known else f"{why}, a newcomer: cut to the bound")
                 kept.append(r)
-                self._pending[identity] = limit
+                self._pending[identity] = limit if clip_known else norm  # a newcomer's: as if rejected
             else:
-                why = f" x work {widen:.3g}" if widen > 1 else ""
-                reject(node_of(r), f"{self.what} {norm:.2g} > max-norm-ratio {self.max_norm_ratio:g}{why} x the "
-                             f"median of {'first' if self.first_only else 'recent'} norms{' x their growth' if self.follows else ''} "
-                             f"{reference:.2g} (one per client)")
+                reject(node_of(r), why)
         return kept
 
     def reference(self, norms: Mapping[int, float]) -> float | None:

@@ -80,8 +80,9 @@ def group(rejected: list[tuple[int, str]]) -> dict[str, list[int]]:
 
 
 def log_round(rule: str, server_round: int, round_log: RoundLog) -> None:
-    """One WARNING per rejection reason and per ClientApp failure, and one DEBUG line for the
-    unavailable nodes, with counts.
+    """One WARNING per rejection reason and per ClientApp failure, one for the replies cut to a
+    norm bound (:meth:`strategies.bounds.NormBounds.check`: its first reason), and one DEBUG line
+    for the unavailable nodes, with counts.
 
     Unavailable nodes are the normal course of a run under churn (``unavailable-nodes`` in
     metrics.jsonl records them), so they stay off a quiet console; rejections and failed
@@ -94,6 +95,11 @@ def log_round(rule: str, server_round: int, round_log: RoundLog) -> None:
             log.warning("%s, round %d: %d %s: %s (node%s %s%s)", rule, server_round, len(nodes),
                         one if len(nodes) == 1 else many, brief(reason), "" if len(nodes) == 1 else "s",
                         ", ".join(str(n) for n in nodes[:SHOWN_NODES]), more)
+    if cut := round_log.cut:  # one line a round: its first reason, its nodes
+        more = f", +{len(cut) - SHOWN_NODES} more" if len(cut) > SHOWN_NODES else ""
+        log.warning("%s, round %d: %d %s to the norm bound, kept: %s (node%s %s%s)", rule, server_round, len(cut),
+                    "reply cut" if len(cut) == 1 else "replies cut", brief(cut[0][1]), "" if len(cut) == 1 else "s",
+                    ", ".join(str(n) for n, _ in cut[:SHOWN_NODES]), more)
     if unavailable := round_log.unavailable:
         log.debug("%s, round %d: %d node(s) unavailable (error reply or no reply)", rule, server_round,
                  len(unavailable))

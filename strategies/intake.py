@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 from flwr.app import Message, RecordDict
@@ -98,7 +98,7 @@ class RoundIntake:
     metrics_of: dict[int, RecordDict] = field(default_factory=dict)  # node -> its reply without arrays
     accepted_metrics: list[RecordDict] = field(default_factory=list)  # the accepted, by client id
     examples_clipped: int = 0  # num-examples cut to the data-size bound
-    norms_clipped: int = 0  # updates scaled down to the ratio bound (robust=clip)
+    norms_clipped: int = 0  # updates scaled down to the ratio bound (a newcomer's, robust=clip, a share)
     model_norm: float | None = None  # ‖current‖ (max-model-ratio), once computed
     stateful: bool = False  # the clients run a client rule (:func:`keeps_client_state`), set by stream()
     scratch: Scratch | None = field(default=None, repr=False)
@@ -117,9 +117,8 @@ class RoundIntake:
 
     def absorb(self, other: RoundIntake) -> None:
         """Add ``other``'s verdicts (one asynchronous arrival's) to this value's record."""
-        self.log.rejected += other.log.rejected
-        self.log.unavailable += other.log.unavailable
-        self.log.errors += other.log.errors
+        for name in ("rejected", "unavailable", "errors", "cut"):  # the record's lists, in arrival order
+            getattr(self.log, name).extend(getattr(other.log, name))
         self.received += other.received
         self.examples_clipped += other.examples_clipped
         self.norms_clipped += other.norms_clipped
@@ -144,6 +143,7 @@ class IntakeRule(Protocol):
     weighting: str
     bounds: NormBounds
     robust: Robust
+    robust_clip: ClassVar[bool]
     @property
     def namespace(self) -> str: ...
     @property
@@ -329,34 +329,34 @@ class ReplyIntake:
         kept = self.check_norms(rnd, self.rule.check_counts(rnd, batch))
         if self.rule.weighting == "num-examples":
             rnd.examples_clipped += self.rule.bounds.clip_examples(kept)
-        if len(kept) < len(batch):
-            ids = {id(r) for r in kept}
-            for r in batch:
-                if id(r) not in ids:
-                    self.release(r)
+        ids = {id(r) for r in kept}
+        for r in (r for r in batch if id(r) not in ids):
+            self.release(r)
         return kept
 
     def check_norms(self, rnd: RoundIntake, reports: list[ClientReport]) -> list[ClientReport]:
-        """Reject reports beyond any of the rule's ``norm_checks`` (:meth:`NormBounds.check`): each
-        reply against the reference of its bound (one entry per client identity), widened by its declared
-        num-steps and, for a rule whose client keeps state across rounds (:func:`keeps_client_state`),
-        by the rounds since its client was last judged."""
+        """Reject reports beyond any of the rule's ``norm_checks`` (:meth:`NormBounds.check`), each
+        against its bound's reference (one entry per client identity) widened by its declared num-steps
+        and, for a rule whose client keeps state (:func:`keeps_client_state`), the rounds since its
+        client was last judged. A newcomer's beyond the first (Δ_i's, with ``robust_clip``) is cut
+        instead (robust=clip: anyone's), counted and named if no later check rejects it."""
         checks = self.rule.norm_checks()
         scale = 0.0  # ‖x^τ‖, for max-model-ratio (a bound without a median): once a round, where it is on
         if rnd.current is not None and any(bounds.max_model_ratio for bounds, _ in checks):
-            if rnd.model_norm is None:
-                rnd.model_norm = safe_norm(rnd.current)
-            scale = rnd.model_norm
-        for i, (bounds, norm_of) in enumerate(checks):
-            clip = None
-            if i == 0 and self.rule.robust.clips:  # robust=clip: ‖Δ_i‖ only
-                def clip(report: ClientReport, norm: float, limit: float) -> None:
-                    report.delta = report.delta * np.float32(limit / norm)  # a new array: the buffer is shared
-                    report.norm = limit
-                    rnd.norms_clipped += 1
-            reports = bounds.check(reports, norm_of, lambda r: r.node_id, rnd.reject, scale, clip,
+            scale = rnd.model_norm = safe_norm(rnd.current) if rnd.model_norm is None else rnd.model_norm
+        cut: dict[int, str] = {}  # id(report) -> why it was cut (counted if no later check rejects it)
+
+        def clip(report: ClientReport, norm: float, limit: float, why: str) -> None:
+            report.delta = report.delta * np.float32(limit / norm)  # a new array: the buffer is shared
+            report.norm, cut[id(report)] = limit, why
+
+        for i, (bounds, norm_of) in enumerate(checks):  # Δ_i alone is cut (strategies.bounds says why)
+            reports = bounds.check(reports, norm_of, lambda r: r.node_id, rnd.reject, scale,
+                                   clip if i == 0 and self.rule.robust_clip else None,
                                    steps_of=lambda r: r.num_steps, stateful=rnd.stateful,
-                                   identity_of=lambda r: r.client_id)
+                                   identity_of=lambda r: r.client_id, clip_known=self.rule.robust.clips)
+        rnd.log.cut += [(r.node_id, cut[id(r)]) for r in reports if id(r) in cut]
+        rnd.norms_clipped += sum(id(r) in cut for r in reports)
         return reports
 
     def release(self, report: ClientReport | None) -> None:

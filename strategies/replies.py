@@ -67,6 +67,11 @@ class RoundLog:
     # (node id, the exception quoted) of error replies whose ClientApp failed (not churn: still
     # counted as unavailable, and recorded with the reason: strategies.failures.client_failure)
     errors: list[tuple[int, str]] = field(default_factory=list)
+    cut: list[tuple[int, str]] = field(default_factory=list)  # (node id, why): kept, scaled to a bound
+
+    def cut_record(self) -> dict[str, list[list[int | str]]]:
+        """The round record's ``cut`` (absent when no reply was cut to a norm bound)."""
+        return {"cut": [[node, brief(why)] for node, why in self.cut]} if self.cut else {}
 
     def errors_record(self) -> dict[str, list[list[int | str]]]:
         """The round record's ``client-errors`` (absent when no ClientApp failed)."""

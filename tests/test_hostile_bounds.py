@@ -1,7 +1,7 @@
 """Default bounds drawn from honest variation (issue 27, items 2 and 4, data sizes).
 
-Round 1 has no history: half the replies huge are rejected (the lower median is an honest norm),
-and one or two replies are bounded relative to the model. A reply just under the ratio bound is
+Round 1 has no history: half the replies huge are cut to the ratio bound, newcomers' (the lower
+median is an honest norm), and one or two replies are bounded relative to the model. A reply just under the ratio bound is
 accepted, just over it rejected. num-examples is cut (not rejected) under data-size weighting.
 """
 
@@ -27,14 +27,34 @@ def first_round(name, updates, n=None, **kwargs):
     return out["w"].numpy(), s
 
 
+def at_the_limit(updates):
+    """The round-1 limit of ``updates`` (max-norm-ratio x the lower median of their norms, as the
+    strategy takes them: Δ_i = (x + u) − x in float32) and each update scaled down to it."""
+    deltas = [(X + u) - X for u in updates]
+    limit = NormBounds().max_norm_ratio * lower_median(float(np.linalg.norm(d.astype(np.float64))) for d in deltas)
+    return limit, [u if np.linalg.norm(d) <= limit else d * np.float32(limit / np.linalg.norm(d.astype(np.float64)))
+                   for u, d in zip(updates, deltas, strict=True)]
+
+
 @pytest.mark.parametrize("name", RULES)
-def test_round_one_half_the_replies_huge_are_rejected(name):
+def test_round_one_half_the_replies_huge_are_cut_to_one_limit_each(name):
+    """Round 1 has no entries: the huge replies are newcomers', cut to the limit (not rejected)
+    and reported; the round is the round in which they replied at the limit. A rule whose cut
+    payload cannot be scaled with Δ_i (SCAFFOLD's Δc_i, FedAWE's and FedPBC's echoes) still
+    rejects them (strategies/bounds.py)."""
     honest = [np.array([0.1 * (1 + c), -0.05, 0.02], np.float32) for c in range(4)]
     huge = [np.array([9e5, 0.0, 0.0], np.float32)] * 4
     x, s = first_round(name, honest + huge)
-    rejected = {node for node, _ in s.round_log.rejected}
-    assert rejected == {104, 105, 106, 107} & set(s.round_log.sent)
-    assert np.linalg.norm(x - X) < 1.0
+    hostile = {104, 105, 106, 107} & set(s.round_log.sent)
+    if name.startswith(("scaffold", "amplified-scaffold", "fedawe", "fedpbc")):
+        assert {node for node, _ in s.round_log.rejected} == hostile and np.linalg.norm(x - X) < 1.0
+        return
+    assert s.round_log.rejected == [] and {node for node, _ in s.round_log.cut} == hostile
+    assert all("a newcomer: cut to the bound" in why for _, why in s.round_log.cut)
+    limit, capped = at_the_limit(honest + huge)
+    assert all(np.linalg.norm(u) <= limit * (1 + 1e-6) for u in capped)
+    want, _ = first_round(name, capped)  # the same round, the huge replies at the limit
+    np.testing.assert_allclose(x, want, rtol=1e-5, atol=1e-5 * limit)
 
 
 @pytest.mark.parametrize("name", RULES)

@@ -10,7 +10,8 @@ first 64 norms and the last 64 accepted ones, in arrival order) try, each in its
 - zero: zero updates: the reference stays honest and a 3e6 m reply is rejected.
 
 And a fast asynchronous node (80 % of the arrivals) at the bound is one entry of the reference;
-64 nodes replying FIRST in a first round of 200 deny at most that round. Asynchronous attackers
+64 nodes replying FIRST in a first round of 200 cut that round's honest replies to 20 x
+theirs (newcomers are cut, not rejected), and that round only. Asynchronous attackers
 (:mod:`async_attacks`: a fast node, f of 8) stay within docs/threat-model.md's asynchronous table.
 """
 
@@ -78,15 +79,19 @@ def test_the_last_64_replies_neither_deny_nor_ratchet(n, mode):
 
 def test_64_nodes_replying_first_in_a_first_round_of_200_deny_that_round_only():
     """Before any node has an entry, the first round's reference window (its first 64 replies)
-    sets its reference: 64 tiny replies first reject that round's honest replies; each judged norm
-    becomes its node's entry, so from the next round the reference is every node's again."""
+    sets its reference: 64 tiny replies first cut that round's honest replies (newcomers: cut, not
+    rejected) to 20 x theirs, so the round moves the model at most that far; each judged norm (not
+    the limit it was cut to) becomes its node's entry, so from the next round the reference is
+    every node's again."""
     rng = np.random.default_rng(0)
     n = 200
     s = build_rule("fedavg-active", n=n, max_failed_rounds=3, weighting="equal")
     x = np.zeros(D, np.float32)
     tiny = np.full(D, 1e-7, np.float32)
     x = play(s, 1, x, [(c, tiny) for c in range(136, 200)] + list(enumerate(honest(rng, n)[:136])))
-    assert len(s.round_log.rejected) == 136  # denied: the window was theirs
+    assert s.round_log.rejected == [] and sorted(node for node, _ in s.round_log.cut) == list(range(100, 236))
+    limit = s.bounds.max_norm_ratio * float(np.linalg.norm(tiny))  # the window's reference: the tiny norm
+    assert 0 < np.linalg.norm(x) <= limit * (1 + 1e-5)  # a mean of replies within the limit
     for t in (2, 3):
         x = play(s, t, x, [(c, tiny) for c in range(136, 200)] + list(enumerate(honest(rng, n)[:136])))
         assert s.round_log.rejected == [] and len(s.round_log.participants) == n
@@ -96,8 +101,11 @@ def test_a_zero_reference_bounds_instead_of_switching_the_test_off():
     s = build_rule("fedavg-active", n=4, max_failed_rounds=0, weighting="equal")
     x = np.zeros(D, np.float32)
     x = play(s, 1, x, [(c, np.zeros(D, np.float32)) for c in range(3)])
-    play(s, 2, x, [(0, np.zeros(D, np.float32)), (3, np.full(D, 3e5, np.float32))])
-    assert [node for node, _ in s.round_log.rejected] == [103]
+    huge = np.full(D, 3e5, np.float32)
+    assert np.array_equal(play(s, 2, x, [(0, np.zeros(D, np.float32)), (3, huge)]), x)  # cut to 20 x 0
+    assert s.round_log.rejected == [] and [node for node, _ in s.round_log.cut] == [103]  # a newcomer
+    play(s, 3, x, [(0, np.zeros(D, np.float32)), (1, huge)])  # a client with an entry: rejected
+    assert [node for node, _ in s.round_log.rejected] == [101] and s.round_log.cut == []
 
 
 @pytest.mark.parametrize("spec", ["fedasync:alpha=0.6", "fedbuff:k=10"])

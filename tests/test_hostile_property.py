@@ -1,7 +1,8 @@
 """Property test (hypothesis): every registered rule, several rounds, honest and hostile replies.
 
-Three honest clients (nodes 100-102) reply every round; two more nodes (103, 104) reply with a
-hostile reply drawn from issue 20's table and other malformed kinds, or stay silent. For every
+Three honest clients (nodes 100-102) reply every round; two more nodes (103, 104), which replied
+honestly in a first round, reply with a hostile reply drawn from issue 20's table and other
+malformed kinds, or stay silent. For every
 draw: ``aggregate_train`` never raises; every hostile reply is in ``rejected`` with a reason; the
 model stays finite and small; and the run gives exactly the numbers of the same run in which
 the hostile nodes stayed silent (nothing of a hostile reply reaches the model or the state).
@@ -101,8 +102,13 @@ def run(spec: str, honest_updates: list[np.ndarray], attacks: list[list[str | No
     # go on (issue 17, e.g. rpow-d when no reply carries train-loss) is tested in test_dropin
     s = build_rule(name, n=N, spec=spec if ":" in spec else "", max_failed_rounds=0)
     x = np.array([1.0, -1.0, 2.0], np.float32)
+    # round 1: every node replies honestly, so each has an entry in the bounds (a newcomer's reply
+    # beyond the ratio bound is cut, not rejected: tests/test_cut_newcomers.py, test_hostile_bounds.py)
+    sent = start_round(s, 1, x, [100, 101, 102, 103, 104])
+    first = [np.full(DIM, 0.02 * (c + 1), np.float32) for c in range(N)]
+    x = s.aggregate_train(1, [rule_reply(name, sent[100 + c], x + first[c], c, first[c]) for c in range(N)])[0]["w"].numpy()
     models, rejected = [], []
-    for t, (ups, kinds) in enumerate(zip(honest_updates, attacks, strict=True), start=1):
+    for t, (ups, kinds) in enumerate(zip(honest_updates, attacks, strict=True), start=2):
         sent = start_round(s, t, x, [100, 101, 102, 103, 104])
         replies = [rule_reply(name, sent[100 + c], x + ups[c], c, ups[c]) for c in HONEST]
         for node, kind in zip((103, 104), kinds, strict=True):

@@ -244,23 +244,44 @@ def test_fedexp_colluding_clients_cannot_extrapolate_beyond_max_step():
 
 
 # ------------------------------------------------- row: a big update in a round of 2 replies
-@pytest.mark.parametrize("name", RULES)
-def test_a_big_update_among_two_replies_is_bounded_by_the_running_median(name):
+def two_replies(name, big, client=3):
+    """Round 1: clients 0-2 honest; round 2: client 0 and ``client`` (``big``). (strategy, x^3)."""
     s = build_rule(name)
     x = X.astype(np.float32)
     sent = start_round(s, 1, x, [100, 101, 102])
     out, _ = s.aggregate_train(1, [rule_reply(name, sent[100 + c], x + u, c, u) for c, u in HONEST.items()])
     x1 = out["w"].numpy()
-    sent = start_round(s, 2, x1, [100, 103])
-    big = np.array([9e5, 0.0, 0.0], np.float32)
+    sent = start_round(s, 2, x1, [100, 100 + client])
     u0 = np.full(3, 0.1, np.float32)
-    replies = [rule_reply(name, sent[100], x1 + u0, 0, u0), rule_reply(name, sent[103], x1 + big, 3, big)]
+    replies = [rule_reply(name, sent[100], x1 + u0, 0, u0), rule_reply(name, sent[100 + client], x1 + big, client, big)]
     if name == "fedawe":  # round 2: client 0 adopted x^2 (echo factor 1); client 3 was never seen
-        replies[1] = rule_reply(name, sent[103], X + big, 3, big, factor=2)
+        replies[1] = rule_reply(name, sent[100 + client], (X if client == 3 else x1) + big, client, big,
+                                factor=2 if client == 3 else 1)
     out, _ = s.aggregate_train(2, replies)
+    return s, x1, out["w"].numpy()
+
+
+@pytest.mark.parametrize("name", RULES)
+def test_a_big_update_among_two_replies_is_bounded_by_the_running_median(name):
+    """From a client with an entry it is rejected; from a newcomer it is cut to the limit (the
+    median of round 1's norms x max-norm-ratio) and the round is the round with it at the limit;
+    where Δ_i's payloads cannot be cut with it (SCAFFOLD, FedAWE, FedPBC) it is rejected."""
+    big = np.array([9e5, 0.0, 0.0], np.float32)
+    s, _, x2 = two_replies(name, big, client=1)
     (node, reason), = s.round_log.rejected
-    assert node == 103 and "median of recent norms" in reason
-    assert np.abs(out["w"].numpy()).max() < 100
+    assert node == 101 and "median of recent norms" in reason and np.abs(x2).max() < 100
+    s, x1, x2 = two_replies(name, big)
+    if name.startswith(("scaffold", "amplified-scaffold", "fedawe", "fedpbc")):
+        (node, reason), = s.round_log.rejected
+        assert node == 103 and np.abs(x2).max() < 100
+        return
+    assert s.round_log.rejected == [] and [node for node, _ in s.round_log.cut] == [103]
+    x = X.astype(np.float32)
+    norms = [float(np.linalg.norm(((x + u.astype(np.float32)) - x).astype(np.float64))) for u in HONEST.values()]
+    limit = s.bounds.max_norm_ratio * sorted(norms)[1]  # the lower median of round 1's three norms
+    delta = (x1 + big) - x1
+    _, _, want = two_replies(name, delta * np.float32(limit / np.linalg.norm(delta.astype(np.float64))))
+    np.testing.assert_allclose(x2, want, rtol=1e-5, atol=1e-5 * limit)
 
 
 def test_the_running_median_survives_a_checkpoint():

@@ -224,7 +224,7 @@ def test_a_control_variate_attacker_moves_the_model_as_documented(rule, fixed, p
 # (rule, channels, rounds, documented m a round, documented m over the run): measured + 20 %
 FEEDBACK = [("scaffold", "y", 30, 32, 150), ("scaffold", "cy", 30, 41, 256),
             ("amplified-scaffold", "y", 40, 116, 220), ("amplified-scaffold", "cy", 40, 116, 350),
-            ("mifa", "y", 30, 7.2, 55)]
+            ("mifa", "y", 30, 8.7, 55)]  # mifa's round 1: a newcomer's reply, cut to the bound (7.21 m)
 
 
 @pytest.mark.parametrize(("rule", "channels", "rounds", "per_round", "total"), FEEDBACK)

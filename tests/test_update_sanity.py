@@ -109,21 +109,24 @@ def test_default_bounds_accept_an_honest_spread_of_norms(name):
 
 
 def test_ratio_needs_three_replies_and_a_nonzero_median():
-    def rejected(norms, **bounds):
+    """Round 1: every reply is a newcomer's, so beyond the ratio bound it is cut (with the reason
+    a rejection would have), not rejected; the absolute cap still rejects."""
+    def beyond(norms, **bounds):
         s = FedAvgActive(num_clients=len(norms), **bounds)
         play(s, "fedavg-active", 1, np.zeros(DIM), {c: np.array([v, 0.0, 0.0]) for c, v in enumerate(norms)})
-        return s.round_log.rejected
+        return s.round_log.rejected + s.round_log.cut
 
-    (node, reason), = rejected([1.0, 2.0, 1.5, 300.0], max_norm_ratio=100)
+    (node, reason), = beyond([1.0, 2.0, 1.5, 300.0], max_norm_ratio=100)
     assert node == 103 and "max-norm-ratio 100 x the median of recent norms 1.5" in reason  # the lower median
-    assert rejected([1.0, 300.0], max_norm_ratio=100) == []  # a median of two says nothing
-    (node, reason), = rejected([0.0, 0.0, 5.0], max_norm_ratio=100)  # a zero reference still bounds
+    assert "a newcomer: cut to the bound" in reason
+    assert beyond([1.0, 300.0], max_norm_ratio=100) == []  # a median of two says nothing
+    (node, reason), = beyond([0.0, 0.0, 5.0], max_norm_ratio=100)  # a zero reference still bounds
     assert node == 102 and "median of recent norms 0" in reason
-    assert rejected([1.0, 2.0, 1.5, 300.0], max_norm_ratio=0) == []  # 0 = off
+    assert beyond([1.0, 2.0, 1.5, 300.0], max_norm_ratio=0) == []  # 0 = off
     # the median is taken over the replies under the absolute cap: two huge ones do not raise it
-    reasons = [why for _, why in rejected([1.0, 2.0, 1.5, 300.0, 1e7, 1e8], max_norm_ratio=100)]
+    reasons = [why for _, why in beyond([1.0, 2.0, 1.5, 300.0, 1e7, 1e8], max_norm_ratio=100)]
     assert sum("max-update-norm" in r for r in reasons) == 2 and sum("max-norm-ratio" in r for r in reasons) == 1
-    assert rejected([1e7], max_update_norm=0) == []  # no cap
+    assert beyond([1e7], max_update_norm=0) == []  # no cap
 
 
 @pytest.mark.parametrize("name", sorted(STRATEGIES))
