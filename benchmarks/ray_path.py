@@ -12,7 +12,8 @@ FLWR_HOME and ports), Ray started by Flower's ``flwr-simulation`` as for any use
   mini-batches (the same work: MNIST, the 2NN MLP, 100 clients, 10 local steps of 32).
 
 **CPU seconds**: the user + system time of every process the SuperLink starts (it and its
-descendants carry one tag in their environment: the simulation, Ray's GCS, raylet and workers),
+descendants carry one tag in their environment: the simulation, Ray's GCS, raylet and workers;
+this benchmark's own ``flwr run`` and ``flwr ls``, which carry it too, are left out),
 sampled while they live and read as each round ends: when its line appears in the project's
 ``metrics.jsonl``, or in the plain app's round log (its FedAvg's ``evaluate_fn`` appends the round;
 polled every 20 ms). **Per round** = the CPU between the end of round 2 (the actors are warm) and
@@ -47,6 +48,8 @@ FLCHURN = {**WORK, "strategy": "fedavg-active", "availability": "group-cyclic:gr
            "checkpoint-every": 0, "progress": False, "device": "cpu"}
 PLAIN = {**WORK, "fraction-train": 0.1}
 TICK = 1.0 / os.sysconf("SC_CLK_TCK")
+CLI = "flwr cli"  # the kind of this benchmark's own flwr commands, left out of every figure
+STATUS_EVERY = 10.0  # s between `flwr ls` calls while a run goes (each is a Python process of ~1 CPU s)
 
 
 def cpu_seconds(pid: int) -> float | None:
@@ -63,7 +66,8 @@ class TreeCpu:
     :meth:`sample` (the largest reading of each pid counts: a process's time only grows)."""
 
     def __init__(self, tag: str, every: float = 0.2) -> None:
-        self.tag, self.every, self.seen = tag, every, {}
+        self.tag, self.every = tag, every
+        self.seen: dict[int, float] = {}  # pid -> the largest CPU seconds read
         self.pids: list[int] = []
         self.kinds: dict[int, str] = {}  # pid -> process_kind, read when first seen
         self.lock = threading.Lock()
@@ -102,9 +106,11 @@ class TreeCpu:
             return dict(self.seen)
 
     def total(self, exclude: dict[int, float] | None = None) -> float:
-        """Seconds since ``exclude``'s readings (a process alive before: its earlier time left out)."""
+        """Seconds since ``exclude``'s readings (a process alive before: its earlier time left out),
+        this benchmark's own ``flwr`` commands left out."""
         exclude = exclude or {}
-        return sum(cpu - exclude.get(pid, 0.0) for pid, cpu in self.seen.items())
+        with self.lock:
+            return sum(cpu - exclude.get(pid, 0.0) for pid, cpu in self.seen.items() if self.kinds.get(pid) != CLI)
 
 
 def process_kind(pid: int) -> str:
@@ -114,6 +120,8 @@ def process_kind(pid: int) -> str:
     except OSError:
         return "gone"
     text = b" ".join(argv).decode(errors="replace")
+    if argv[1:2] and argv[1].endswith(b"/flwr"):
+        return CLI  # this benchmark's own `flwr run` / `flwr ls`: not the run's
     for key, kind in (("superlink", "superlink"), ("flower-superexec", "superexec"), ("flwr-simulation", "serverapp+ray driver"),
                       ("ClientAppActor", "ray workers"), ("default_worker.py", "ray workers"), ("raylet/raylet", "raylet"),
                       ("gcs_server", "ray gcs"), ("log_monitor", "ray log monitor"), ("dashboard", "ray dashboard")):
@@ -141,7 +149,12 @@ def one_run(flwr: FlowerRun, app: str, rounds: int, folder: Path) -> dict[int, t
             run_id = flwr.cli.submit(PLAIN_APP, {**PLAIN, "num-server-rounds": rounds, "round-log": str(log)},
                                      federation_config=federation)
         ended: list[tuple[str, str]] = []  # the run's (status, details), from a thread (flwr ls takes seconds)
-        waiter = threading.Thread(target=lambda: ended.append(flwr.status(run_id, wait=3600.0)), daemon=True)
+        def wait_for_the_end() -> None:
+            while not (info := flwr.cli.run_info(run_id))[0].startswith("finished"):
+                time.sleep(STATUS_EVERY)
+            ended.append(info)
+
+        waiter = threading.Thread(target=wait_for_the_end, daemon=True)
         waiter.start()
         seen = 0
         while len(marks) < rounds and (not ended or seen < rounds):
@@ -168,7 +181,8 @@ def one_run(flwr: FlowerRun, app: str, rounds: int, folder: Path) -> dict[int, t
     first, last = snapshots[2], snapshots[rounds - 1]
     by_kind: dict[str, float] = {}
     for pid, cpu in last.items():
-        kind = kinds.get(pid, "gone")
+        if (kind := kinds.get(pid, "gone")) == CLI:
+            continue
         by_kind[kind] = by_kind.get(kind, 0.0) + (cpu - first.get(pid, 0.0)) / (rounds - 3)
     print(f"    {app} CPU s a round by process: " + ", ".join(f"{k} {v:.3f}" for k, v in sorted(by_kind.items())),
           flush=True)
