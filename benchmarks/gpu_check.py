@@ -124,7 +124,7 @@ def train_flop(cfg: dict[str, Any], participants: float) -> float | None:
         model(x)
     for h in hooks:
         h.remove()
-    steps = int(str(cfg["local-steps"]).split("n=")[-1])
+    steps = statistics.mean(wl.steps_for(c, 0) for c in range(wl.cfg.num_clients))  # the workload's own count
     return 3 * 2 * macs * steps * participants
 
 

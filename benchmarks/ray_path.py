@@ -157,7 +157,7 @@ def one_run(flwr: FlowerRun, app: str, rounds: int, folder: Path) -> dict[int, t
         waiter = threading.Thread(target=wait_for_the_end, daemon=True)
         waiter.start()
         seen = 0
-        while len(marks) < rounds and (not ended or seen < rounds):
+        while len(marks) < rounds:
             text = log.read_text() if log.exists() else ""
             lines = text[: text.rfind("\n") + 1].splitlines()  # whole lines only: the writer may be mid-line
             if len(lines) > seen:
