@@ -105,7 +105,7 @@ def run(spec: str, honest_updates: list[np.ndarray], attacks: list[list[str | No
     # round 1: every node replies honestly, so each has an entry in the bounds (a newcomer's reply
     # beyond the ratio bound is cut, not rejected: tests/test_cut_newcomers.py, test_hostile_bounds.py)
     sent = start_round(s, 1, x, [100, 101, 102, 103, 104])
-    first = [np.full(DIM, 0.02 * (c + 1), np.float32) for c in range(N)]
+    first = [np.full(DIM, 0.2 * (c + 1), np.float32) for c in range(N)]  # the honest updates' scale: no honest reply near a bound
     x = s.aggregate_train(1, [rule_reply(name, sent[100 + c], x + first[c], c, first[c]) for c in range(N)])[0]["w"].numpy()
     models, rejected = [], []
     for t, (ups, kinds) in enumerate(zip(honest_updates, attacks, strict=True), start=2):
